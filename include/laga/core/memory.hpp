@@ -1,0 +1,50 @@
+// The tracking allocator: every tensor's storage comes from a MemoryTracker, which counts live
+// bytes, the peak of live bytes, and live bytes per tag — the semantics of
+// torch.cuda.max_memory_allocated, counted exactly (requested bytes, no rounding), so that the
+// planner can match it to the byte.
+//
+// Each rank has its own tracker. A thread uses the tracker installed by the innermost
+// TrackerScope, or the process-wide default one. Trackers must outlive the tensors they allocated.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace laga {
+
+class MemoryTracker {
+ public:
+  void* allocate(int64_t bytes, const std::string& tag);
+  void release(void* ptr, int64_t bytes, const std::string& tag);
+
+  int64_t live_bytes() const;
+  int64_t peak_bytes() const;
+  int64_t allocations() const;              // number of allocate() calls so far
+  std::map<std::string, int64_t> live_by_tag() const;
+  std::map<std::string, int64_t> peak_by_tag() const;  // the live-by-tag breakdown when the peak was reached
+  void reset_peak();                         // peak := live now
+
+ private:
+  mutable std::mutex mutex_;
+  int64_t live_ = 0, peak_ = 0, allocations_ = 0;
+  std::map<std::string, int64_t> live_by_tag_, peak_by_tag_;
+};
+
+MemoryTracker& default_tracker();
+MemoryTracker& current_tracker();
+
+// Installs a tracker for this thread until the scope ends.
+class TrackerScope {
+ public:
+  explicit TrackerScope(MemoryTracker& tracker);
+  ~TrackerScope();
+  TrackerScope(const TrackerScope&) = delete;
+  TrackerScope& operator=(const TrackerScope&) = delete;
+
+ private:
+  MemoryTracker* previous_;
+};
+
+}  // namespace laga

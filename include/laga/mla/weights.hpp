@@ -1,0 +1,49 @@
+// The weights of an L-layer MLA stack, by DeepSeek-V3's reference names (DESIGN §1), row-major
+// [out, in] like a PyTorch Linear, and their gradients. Replicated on every rank.
+//
+// Layer l's tensors are named "layers.{l}.<name>" in files; gradients "layers.{l}.<name>.grad".
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "laga/core/config.hpp"
+#include "laga/core/tensor.hpp"
+
+namespace laga {
+
+struct LayerWeights {
+  Tensor attn_norm;  // [D]            RMSNorm before attention
+  Tensor wq_a;       // [Lq, D]        when q_lora_rank > 0
+  Tensor q_norm;     // [Lq]           when q_lora_rank > 0
+  Tensor wq_b;       // [H·Dqk, Lq]    when q_lora_rank > 0
+  Tensor wq;         // [H·Dqk, D]     when q_lora_rank == 0
+  Tensor wkv_a;      // [Lkv+Dr, D]
+  Tensor kv_norm;    // [Lkv]
+  Tensor wkv_b;      // [H·(Dn+Dv), Lkv]  per head: Dn k-rows then Dv v-rows
+  Tensor wo;         // [D, H·Dv]
+
+  // The defined tensors in a fixed order, with their names.
+  void for_each(const std::function<void(const std::string&, Tensor&)>& f);
+  void for_each(const std::function<void(const std::string&, const Tensor&)>& f) const;
+};
+
+struct Weights {
+  std::vector<LayerWeights> layers;
+  void for_each(const std::function<void(const std::string& full_name, Tensor&)>& f);
+  void for_each(const std::function<void(const std::string& full_name, const Tensor&)>& f) const;
+  int64_t bytes() const;
+};
+
+// The names and shapes of one layer's weights for this config, in for_each's order.
+std::vector<std::pair<std::string, Shape>> layer_weight_shapes(const MlaConfig& c);
+
+// Uninitialised (allocate) or zero (zeros) weights of the config's dtype, tagged "weights" / "grads".
+Weights allocate_weights(const MlaConfig& c, const std::string& tag = "weights");
+Weights zero_weights(const MlaConfig& c, const std::string& tag = "grads");
+// Deterministic initialisation from a seed: norms = 1 + small noise, projections ~ N(0, 1/fan_in).
+void init_weights(Weights& w, const MlaConfig& c, uint64_t seed);
+
+}  // namespace laga

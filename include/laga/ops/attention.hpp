@@ -1,0 +1,71 @@
+// Attention: causal softmax(scale · q kᵀ) v over the whole (gathered) sequence, in two kernels.
+//
+//   eager  materialises scores and probabilities [B, Hq, T, T] (PyTorch-math style); saves the
+//          probabilities (in the storage dtype) for backward.
+//   fused  flash-style tiles with online softmax; saves only o and the log-sum-exp [B, Hq, T]
+//          (fp32); backward recomputes probabilities per tile. Never allocates anything T×T.
+//
+// Both: causal (query t sees keys 0..t), Dqk ≠ Dv (192/128, 576/512), Hq query heads sharing
+// Hkv = Hq / group key/value heads (group = Hq for the absorbed form's shared latent), batch B ≥ 1,
+// fp32 or bf16 storage with fp32 accumulation.
+//
+// Layout: element (t, b, h, d) of a tensor X is at X + t·x_t_stride + b·x_b_stride + h·x_h_stride + d
+// (sequence-first; d contiguous). Strides let V be the first Lkv columns of the latent, or a head
+// shard live inside a wider buffer, without copies. Every buffer the kernels allocate comes from the
+// current MemoryTracker under a tag starting with "attn.".
+// The math and its backward: docs/attention.md.
+#pragma once
+
+#include <cstdint>
+
+#include "laga/core/config.hpp"
+#include "laga/core/dtype.hpp"
+#include "laga/core/tensor.hpp"
+
+namespace laga {
+
+struct AttentionStrides {
+  int64_t t = 0, b = 0, h = 0;  // in elements
+};
+
+struct AttentionFwdParams {
+  int64_t B = 1, T = 0;       // batch, sequence length (queries = keys = T)
+  int64_t Hq = 0, Hkv = 0;    // query heads, key/value heads; Hq % Hkv == 0
+  int64_t Dqk = 0, Dv = 0;
+  DType dtype = DType::f32;   // storage of q, k, v, o (and do, dq, dk, dv in backward)
+  float scale = 1.0f;
+  bool causal = true;
+  const void* q = nullptr;  AttentionStrides q_stride;  // [T, B, Hq, Dqk]
+  const void* k = nullptr;  AttentionStrides k_stride;  // [T, B, Hkv, Dqk]
+  const void* v = nullptr;  AttentionStrides v_stride;  // [T, B, Hkv, Dv]
+  void* o = nullptr;        AttentionStrides o_stride;  // [T, B, Hq, Dv] (=)
+};
+
+// What forward keeps for backward. Exactly one of probs (eager) and lse (fused) is defined.
+struct AttentionSaved {
+  Tensor probs;  // eager: [B, Hq, T, T] in the storage dtype, tag "attn.probs"
+  Tensor lse;    // fused: [B, Hq, T] fp32, tag "attn.lse"
+};
+
+struct AttentionBwdParams : AttentionFwdParams {
+  const void* dout = nullptr;  AttentionStrides dout_stride;  // [T, B, Hq, Dv]
+  void* dq = nullptr;          AttentionStrides dq_stride;    // [T, B, Hq, Dqk] (=)
+  void* dk = nullptr;          AttentionStrides dk_stride;    // [T, B, Hkv, Dqk] (=)
+  void* dv = nullptr;          AttentionStrides dv_stride;    // [T, B, Hkv, Dv] (=)
+};
+
+// Checks the params (shapes, head grouping, strides non-negative) and names what is wrong.
+void check_attention_params(const AttentionFwdParams& p);
+
+AttentionSaved attention_forward(Kernel kernel, const AttentionFwdParams& p);
+// p.o must hold forward's output (fused uses it for rowsum(dO·O)).
+void attention_backward(Kernel kernel, const AttentionBwdParams& p, const AttentionSaved& saved);
+
+// FLOPs by FlashAttention-3's convention: forward 2·B·Hq·T·avg_kv·(Dqk+Dv), causal avg_kv = (T+1)/2;
+// backward 2.5× forward.
+double attention_forward_flops(int64_t B, int64_t Hq, int64_t T, int64_t Dqk, int64_t Dv, bool causal);
+
+// Strides of a dense sequence-first [T, B, H, D] tensor.
+inline AttentionStrides dense_strides(int64_t B, int64_t H, int64_t D) { return {B * H * D, H * D, D}; }
+
+}  // namespace laga

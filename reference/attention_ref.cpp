@@ -1,0 +1,2 @@
+// placeholder, replaced by the reference attention
+#include "reference/attention_ref.hpp"

@@ -1,0 +1,238 @@
+#include "laga/core/config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+
+#include "laga/core/error.hpp"
+
+namespace laga {
+
+std::string_view form_name(Form f) {
+  switch (f) {
+    case Form::explicit_form: return "explicit";
+    case Form::absorbed: return "absorbed";
+    case Form::laga: return "laga";
+  }
+  return "?";
+}
+std::string_view kernel_name(Kernel k) { return k == Kernel::eager ? "eager" : "fused"; }
+std::string_view absorbed_kv_name(AbsorbedKv a) { return a == AbsorbedKv::shared ? "shared" : "expanded"; }
+
+Form parse_form(std::string_view s) {
+  if (s == "explicit") return Form::explicit_form;
+  if (s == "absorbed") return Form::absorbed;
+  if (s == "laga") return Form::laga;
+  LAGA_FAIL_USAGE("unknown form '{}'; valid: explicit, absorbed, laga", s);
+}
+Kernel parse_kernel(std::string_view s) {
+  if (s == "eager") return Kernel::eager;
+  if (s == "fused") return Kernel::fused;
+  LAGA_FAIL_USAGE("unknown kernel '{}'; valid: eager, fused", s);
+}
+AbsorbedKv parse_absorbed_kv(std::string_view s) {
+  if (s == "shared") return AbsorbedKv::shared;
+  if (s == "expanded") return AbsorbedKv::expanded;
+  LAGA_FAIL_USAGE("unknown absorbed-kv regime '{}'; valid: shared, expanded", s);
+}
+
+std::vector<std::string> MlaConfig::preset_names() { return {"deepseek-v3", "deepseek-v2-lite", "small", "tiny"}; }
+
+MlaConfig MlaConfig::preset(std::string_view name) {
+  MlaConfig c;
+  c.model = std::string(name);
+  auto dims = [&](int64_t D, int64_t H, int64_t Lq, int64_t Lkv, int64_t Dn, int64_t Dr, int64_t Dv) {
+    c.hidden_size = D, c.num_attention_heads = H, c.q_lora_rank = Lq, c.kv_lora_rank = Lkv;
+    c.qk_nope_head_dim = Dn, c.qk_rope_head_dim = Dr, c.v_head_dim = Dv;
+  };
+  if (name == "deepseek-v3") {
+    dims(7168, 128, 1536, 512, 128, 64, 128);
+  } else if (name == "deepseek-v2-lite") {
+    // Hugging Face's DeepSeek-V2-Lite config sets mscale = mscale_all_dim = 0.707.
+    dims(2048, 16, 0, 512, 128, 64, 128);
+    c.rope_scaling.mscale = c.rope_scaling.mscale_all_dim = 0.707;
+  } else if (name == "small") {
+    // DeepSeek's head dims (latent 576, 192/128 heads) at a hidden size one machine trains quickly.
+    dims(1024, 16, 512, 512, 128, 64, 128);
+  } else if (name == "tiny") {
+    // For tests against the fp64 reference: every dimension distinct, H = 8 so P = 1..8 divide it.
+    dims(64, 8, 48, 32, 16, 8, 12);
+  } else {
+    LAGA_FAIL_USAGE("unknown model preset '{}'; valid: deepseek-v3, deepseek-v2-lite, small, tiny", name);
+  }
+  c.seq_len = 16;
+  return c;
+}
+
+double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+double MlaConfig::rope_attention_factor() const {
+  if (!rope_scaling.enabled) return 1.0;
+  return yarn_mscale(rope_scaling.factor, rope_scaling.mscale) / yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
+}
+
+double MlaConfig::softmax_scale() const {
+  double s = 1.0 / std::sqrt(double(qk_head_dim()));
+  if (rope_scaling.enabled) {
+    double m = yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
+    s *= m * m;
+  }
+  return s;
+}
+
+std::vector<double> MlaConfig::rope_inv_freq() const {
+  const int64_t Dr = qk_rope_head_dim;
+  std::vector<double> inv(size_t(Dr / 2));
+  for (int64_t i = 0; i < Dr / 2; ++i) inv[size_t(i)] = std::pow(rope_theta, -2.0 * double(i) / double(Dr));
+  if (!rope_scaling.enabled) return inv;
+  const auto& rs = rope_scaling;
+  auto corr = [&](double n) {
+    return double(Dr) * std::log(double(rs.original_max_position_embeddings) / (n * 2 * M_PI)) / (2 * std::log(rope_theta));
+  };
+  double low = std::max(std::floor(corr(rs.beta_fast)), 0.0);
+  double high = std::min(std::ceil(corr(rs.beta_slow)), double(Dr - 1));
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < Dr / 2; ++i) {
+    double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+    double f = inv[size_t(i)];
+    inv[size_t(i)] = f / rs.factor * ramp + f * (1 - ramp);
+  }
+  return inv;
+}
+
+std::string divisors_str(int64_t n) {
+  std::string out;
+  int shown = 0;
+  for (int64_t d = 1; d <= n && shown < 12; ++d)
+    if (n % d == 0) out += (shown++ ? ", " : "") + std::to_string(d);
+  return out;
+}
+
+std::vector<std::string> MlaConfig::problems() const {
+  std::vector<std::string> p;
+  auto positive = [&](const char* name, int64_t v) {
+    if (v <= 0) p.push_back(fmt::format("{} = {} must be positive", name, v));
+  };
+  positive("hidden_size", hidden_size);
+  positive("num_attention_heads", num_attention_heads);
+  positive("kv_lora_rank", kv_lora_rank);
+  positive("qk_nope_head_dim", qk_nope_head_dim);
+  positive("qk_rope_head_dim", qk_rope_head_dim);
+  positive("v_head_dim", v_head_dim);
+  positive("num_layers (--layers)", num_layers);
+  positive("seq_len (--seq)", seq_len);
+  positive("batch (--batch)", batch);
+  positive("sp (--sp)", sp);
+  if (q_lora_rank < 0) p.push_back(fmt::format("q_lora_rank = {} must be 0 (no q compression) or positive", q_lora_rank));
+  if (qk_rope_head_dim > 0 && qk_rope_head_dim % 2)
+    p.push_back(fmt::format("qk_rope_head_dim = {} must be even (RoPE rotates pairs); try {}", qk_rope_head_dim,
+                            qk_rope_head_dim + 1));
+  if (!(rms_norm_eps > 0)) p.push_back(fmt::format("rms_norm_eps = {} must be positive", rms_norm_eps));
+  if (!(rope_theta > 1)) p.push_back(fmt::format("rope_theta = {} must be greater than 1", rope_theta));
+  if (rope_scaling.enabled) {
+    const auto& rs = rope_scaling;
+    if (!(rs.factor >= 1)) p.push_back(fmt::format("rope_scaling.factor = {} must be >= 1", rs.factor));
+    if (rs.original_max_position_embeddings <= 0)
+      p.push_back(fmt::format("rope_scaling.original_max_position_embeddings = {} must be positive",
+                              rs.original_max_position_embeddings));
+    if (!(rs.beta_fast > rs.beta_slow && rs.beta_slow > 0))
+      p.push_back(fmt::format("rope_scaling needs beta_fast > beta_slow > 0, got beta_fast = {}, beta_slow = {}",
+                              rs.beta_fast, rs.beta_slow));
+  }
+  if (sp > 0 && num_attention_heads > 0 && num_attention_heads % sp)
+    p.push_back(fmt::format("--sp {} does not divide num_attention_heads {}; try {}", sp, num_attention_heads,
+                            divisors_str(num_attention_heads)));
+  if (sp > 0 && seq_len > 0 && seq_len % sp)
+    p.push_back(fmt::format("--sp {} does not divide --seq {}; try {}", sp, seq_len, divisors_str(seq_len)));
+  return p;
+}
+
+void MlaConfig::validate() const {
+  auto p = problems();
+  if (p.empty()) return;
+  std::string msg = fmt::format("invalid configuration (model '{}'): ", model);
+  for (size_t i = 0; i < p.size(); ++i) msg += (i ? "; " : "") + p[i];
+  LAGA_FAIL_USAGE("{}", msg);
+}
+
+nlohmann::json MlaConfig::to_json() const {
+  nlohmann::json j;
+  j["model"] = model;
+  j["hidden_size"] = hidden_size;
+  j["num_attention_heads"] = num_attention_heads;
+  j["q_lora_rank"] = q_lora_rank;
+  j["kv_lora_rank"] = kv_lora_rank;
+  j["qk_nope_head_dim"] = qk_nope_head_dim;
+  j["qk_rope_head_dim"] = qk_rope_head_dim;
+  j["v_head_dim"] = v_head_dim;
+  j["num_layers"] = num_layers;
+  j["seq_len"] = seq_len;
+  j["batch"] = batch;
+  j["sp"] = sp;
+  j["form"] = form_name(form);
+  j["kernel"] = kernel_name(kernel);
+  j["absorbed_kv"] = absorbed_kv_name(absorbed_kv);
+  j["dtype"] = dtype_name(dtype);
+  j["softmax_scale"] = softmax_scale();
+  j["rms_norm_eps"] = rms_norm_eps;
+  j["rope_theta"] = rope_theta;
+  j["rope_interleaved"] = rope_interleaved;
+  if (rope_scaling.enabled) {
+    const auto& rs = rope_scaling;
+    j["rope_scaling"] = {{"type", "yarn"},
+                         {"factor", rs.factor},
+                         {"original_max_position_embeddings", rs.original_max_position_embeddings},
+                         {"beta_fast", rs.beta_fast},
+                         {"beta_slow", rs.beta_slow},
+                         {"mscale", rs.mscale},
+                         {"mscale_all_dim", rs.mscale_all_dim}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  return j;
+}
+
+MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
+  LAGA_CHECK(j.is_object(), "configuration JSON must be an object, got {}", j.type_name());
+  MlaConfig c;
+  try {
+    c.model = j.value("model", std::string("custom"));
+    c.hidden_size = j.at("hidden_size").get<int64_t>();
+    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
+    c.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? j["q_lora_rank"].get<int64_t>() : 0;
+    c.kv_lora_rank = j.at("kv_lora_rank").get<int64_t>();
+    c.qk_nope_head_dim = j.at("qk_nope_head_dim").get<int64_t>();
+    c.qk_rope_head_dim = j.at("qk_rope_head_dim").get<int64_t>();
+    c.v_head_dim = j.at("v_head_dim").get<int64_t>();
+    c.num_layers = j.value("num_layers", int64_t(1));
+    c.seq_len = j.value("seq_len", int64_t(16));
+    c.batch = j.value("batch", int64_t(1));
+    c.sp = j.value("sp", int64_t(1));
+    if (j.contains("form")) c.form = parse_form(j["form"].get<std::string>());
+    if (j.contains("kernel")) c.kernel = parse_kernel(j["kernel"].get<std::string>());
+    if (j.contains("absorbed_kv")) c.absorbed_kv = parse_absorbed_kv(j["absorbed_kv"].get<std::string>());
+    if (j.contains("dtype")) c.dtype = parse_dtype(j["dtype"].get<std::string>());
+    c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
+    c.rope_theta = j.value("rope_theta", 10000.0);
+    c.rope_interleaved = j.value("rope_interleaved", true);
+    if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) {
+      c.rope_scaling.enabled = false;
+    } else {
+      const auto& rs = j["rope_scaling"];
+      std::string type = rs.value("type", rs.value("rope_type", std::string("yarn")));
+      LAGA_CHECK(type == "yarn", "rope_scaling.type '{}' is not supported; valid: yarn (or null for none)", type);
+      c.rope_scaling.factor = rs.at("factor").get<double>();
+      c.rope_scaling.original_max_position_embeddings = rs.at("original_max_position_embeddings").get<int64_t>();
+      c.rope_scaling.beta_fast = rs.value("beta_fast", 32.0);
+      c.rope_scaling.beta_slow = rs.value("beta_slow", 1.0);
+      c.rope_scaling.mscale = rs.value("mscale", 1.0);
+      c.rope_scaling.mscale_all_dim = rs.value("mscale_all_dim", 0.0);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    LAGA_FAIL_USAGE("configuration JSON: {}", e.what());
+  }
+  c.validate();
+  return c;
+}
+
+}  // namespace laga

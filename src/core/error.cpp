@@ -1,0 +1,29 @@
+// laga::Error: formats "message (file:line)".
+#include "laga/core/error.hpp"
+
+#include <cstring>
+
+namespace laga {
+
+static const char* short_file(const char* file) {
+  // Keep the path from the project's top folders on so messages stay one line.
+  for (const char* top : {"src/", "include/", "tools/", "reference/", "tests/", "bench/"}) {
+    if (const char* p = std::strstr(file, top)) return p;
+  }
+  return file;
+}
+
+Error::Error(ErrorKind kind, const char* file, int line, const std::string& message)
+    : std::runtime_error(fmt::format("{} ({}:{})", message, short_file(file), line)),
+      kind_(kind), file_(short_file(file)), line_(line), message_(message) {}
+
+int Error::exit_status() const {
+  switch (kind_) {
+    case ErrorKind::usage: return 2;
+    case ErrorKind::failure: return 1;
+    case ErrorKind::internal: return 3;
+  }
+  return 3;
+}
+
+}  // namespace laga

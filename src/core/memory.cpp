@@ -1,0 +1,65 @@
+#include "laga/core/memory.hpp"
+
+#include <cstdlib>
+#include <new>
+
+#include "laga/core/error.hpp"
+
+namespace laga {
+
+namespace {
+constexpr int64_t kAlignment = 64;
+thread_local MemoryTracker* tls_tracker = nullptr;
+}  // namespace
+
+void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
+  LAGA_ASSERT(bytes >= 0, "negative allocation of {} bytes for '{}'", bytes, tag);
+  size_t rounded = size_t((bytes + kAlignment - 1) / kAlignment * kAlignment);
+  void* ptr = rounded ? std::aligned_alloc(kAlignment, rounded) : nullptr;
+  if (rounded && !ptr)
+    throw Error(ErrorKind::usage, __FILE__, __LINE__,
+                fmt::format("out of memory allocating {} bytes for '{}' ({} bytes already live)", bytes, tag,
+                            live_bytes()));
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_ += bytes;
+  ++allocations_;
+  live_by_tag_[tag] += bytes;
+  if (live_ > peak_) {
+    peak_ = live_;
+    peak_by_tag_ = live_by_tag_;
+  }
+  return ptr;
+}
+
+void MemoryTracker::release(void* ptr, int64_t bytes, const std::string& tag) {
+  std::free(ptr);
+  std::lock_guard<std::mutex> lock(mutex_);
+  live_ -= bytes;
+  auto it = live_by_tag_.find(tag);
+  LAGA_ASSERT(it != live_by_tag_.end() && it->second >= bytes, "release of untracked tag '{}'", tag);
+  if ((it->second -= bytes) == 0) live_by_tag_.erase(it);
+}
+
+int64_t MemoryTracker::live_bytes() const { std::lock_guard<std::mutex> l(mutex_); return live_; }
+int64_t MemoryTracker::peak_bytes() const { std::lock_guard<std::mutex> l(mutex_); return peak_; }
+int64_t MemoryTracker::allocations() const { std::lock_guard<std::mutex> l(mutex_); return allocations_; }
+std::map<std::string, int64_t> MemoryTracker::live_by_tag() const { std::lock_guard<std::mutex> l(mutex_); return live_by_tag_; }
+std::map<std::string, int64_t> MemoryTracker::peak_by_tag() const { std::lock_guard<std::mutex> l(mutex_); return peak_by_tag_; }
+
+void MemoryTracker::reset_peak() {
+  std::lock_guard<std::mutex> l(mutex_);
+  peak_ = live_;
+  peak_by_tag_ = live_by_tag_;
+}
+
+MemoryTracker& default_tracker() {
+  static MemoryTracker tracker;
+  return tracker;
+}
+
+MemoryTracker& current_tracker() { return tls_tracker ? *tls_tracker : default_tracker(); }
+
+TrackerScope::TrackerScope(MemoryTracker& tracker) : previous_(tls_tracker) { tls_tracker = &tracker; }
+TrackerScope::~TrackerScope() { tls_tracker = previous_; }
+
+}  // namespace laga

@@ -1,0 +1,115 @@
+#include "laga/ops/matmul.hpp"
+
+#include <dnnl.hpp>
+
+#include <string>
+#include <unordered_map>
+
+#include "laga/core/error.hpp"
+
+namespace laga {
+
+namespace {
+
+dnnl::engine& engine() {
+  static dnnl::engine e(dnnl::engine::kind::cpu, 0);
+  return e;
+}
+
+dnnl::memory::data_type dnnl_type(DType t) {
+  return t == DType::f32 ? dnnl::memory::data_type::f32 : dnnl::memory::data_type::bf16;
+}
+
+struct Cached {
+  dnnl::matmul prim;
+  dnnl::memory a, b, c;
+};
+
+std::string key_of(const MatmulParams& p) {
+  return fmt::format("{},{},{},{},{},{}|{},{},{}|{},{},{}|{},{},{}|{},{}", p.batch, p.M, p.N, p.K, int(p.ab_dtype),
+                     int(p.c_dtype), p.a_batch_stride, p.a_m_stride, p.a_k_stride, p.b_batch_stride, p.b_k_stride,
+                     p.b_n_stride, p.c_batch_stride, p.c_m_stride, p.c_n_stride, p.alpha, p.accumulate);
+}
+
+Cached make(const MatmulParams& p) {
+  using dims = dnnl::memory::dims;
+  auto md = [&](int64_t d0, int64_t d1, int64_t s_b, int64_t s0, int64_t s1, DType t) {
+    return dnnl::memory::desc(dims{p.batch, d0, d1}, dnnl_type(t), dims{p.batch > 1 ? s_b : d0 * d1, s0, s1});
+  };
+  auto a_md = md(p.M, p.K, p.a_batch_stride, p.a_m_stride, p.a_k_stride, p.ab_dtype);
+  auto b_md = md(p.K, p.N, p.b_batch_stride, p.b_k_stride, p.b_n_stride, p.ab_dtype);
+  auto c_md = md(p.M, p.N, p.c_batch_stride, p.c_m_stride, p.c_n_stride, p.c_dtype);
+  dnnl::primitive_attr attr;
+  if (p.alpha != 1.0f) attr.set_output_scales(0, {p.alpha});
+  if (p.accumulate) {
+    dnnl::post_ops po;
+    po.append_sum(1.0f);
+    attr.set_post_ops(po);
+  }
+  dnnl::matmul::primitive_desc pd;
+  try {
+    pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine());
+  } catch (const dnnl::error& e) {
+    LAGA_ASSERT(false, "oneDNN has no matmul for batch {} M {} N {} K {} ({} -> {}): {}", p.batch, p.M, p.N, p.K,
+                dtype_name(p.ab_dtype), dtype_name(p.c_dtype), e.what());
+  }
+  Cached c{dnnl::matmul(pd), dnnl::memory(a_md, engine(), DNNL_MEMORY_NONE), dnnl::memory(b_md, engine(), DNNL_MEMORY_NONE),
+           dnnl::memory(c_md, engine(), DNNL_MEMORY_NONE)};
+  return c;
+}
+
+}  // namespace
+
+void matmul(const MatmulParams& p) {
+  if (p.batch == 0 || p.M == 0 || p.N == 0) return;
+  if (p.K == 0) {
+    LAGA_ASSERT(p.accumulate, "matmul with K = 0 and overwrite is not supported");
+    return;
+  }
+  thread_local std::unordered_map<std::string, Cached> cache;
+  thread_local dnnl::stream stream(engine());
+  std::string key = key_of(p);
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    if (cache.size() > 4096) cache.clear();
+    it = cache.emplace(key, make(p)).first;
+  }
+  Cached& c = it->second;
+  c.a.set_data_handle(const_cast<void*>(p.a));
+  c.b.set_data_handle(const_cast<void*>(p.b));
+  c.c.set_data_handle(p.c);
+  c.prim.execute(stream, {{DNNL_ARG_SRC, c.a}, {DNNL_ARG_WEIGHTS, c.b}, {DNNL_ARG_DST, c.c}});
+  stream.wait();
+}
+
+void matmul_2d(const Tensor& a, bool a_transposed, const Tensor& b, bool b_transposed, Tensor& c, bool accumulate,
+               float alpha) {
+  LAGA_ASSERT(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "matmul_2d of {} {} into {}", shape_str(a.shape()),
+              shape_str(b.shape()), shape_str(c.shape()));
+  LAGA_ASSERT(a.dtype() == b.dtype(), "matmul_2d operands '{}' {} and '{}' {} differ in dtype", a.tag(),
+              dtype_name(a.dtype()), b.tag(), dtype_name(b.dtype()));
+  MatmulParams p;
+  p.M = a_transposed ? a.dim(1) : a.dim(0);
+  p.K = a_transposed ? a.dim(0) : a.dim(1);
+  p.N = b_transposed ? b.dim(0) : b.dim(1);
+  int64_t kb = b_transposed ? b.dim(1) : b.dim(0);
+  LAGA_ASSERT(kb == p.K && c.dim(0) == p.M && c.dim(1) == p.N, "matmul_2d shapes: A {}{} B {}{} C {}",
+              shape_str(a.shape()), a_transposed ? "ᵀ" : "", shape_str(b.shape()), b_transposed ? "ᵀ" : "",
+              shape_str(c.shape()));
+  p.ab_dtype = a.dtype();
+  p.c_dtype = c.dtype();
+  p.a = a.raw();
+  p.a_m_stride = a_transposed ? 1 : a.dim(1);
+  p.a_k_stride = a_transposed ? a.dim(1) : 1;
+  p.b = b.raw();
+  p.b_k_stride = b_transposed ? 1 : b.dim(1);
+  p.b_n_stride = b_transposed ? b.dim(1) : 1;
+  p.c = c.raw();
+  p.c_m_stride = c.dim(1);
+  p.c_n_stride = 1;
+  p.alpha = alpha;
+  p.accumulate = accumulate;
+  matmul(p);
+}
+
+}  // namespace laga

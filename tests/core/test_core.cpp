@@ -1,0 +1,100 @@
+// Core: errors, dtype rounding, the tracking allocator, tensors, configs and presets.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "laga/core/config.hpp"
+#include "laga/core/random.hpp"
+#include "laga/core/tensor.hpp"
+
+using namespace laga;
+
+TEST(Dtype, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(to_bf16(1.0f).bits, 0x3f80);
+  // 1 + 2^-8 lies halfway between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  EXPECT_EQ(to_float(to_bf16(1.0f + 1.0f / 256)), 1.0f);
+  EXPECT_EQ(to_float(to_bf16(1.0f + 3.0f / 256)), 1.0f + 4.0f / 256);
+  EXPECT_TRUE(std::isnan(to_float(to_bf16(std::nanf("")))));
+}
+
+TEST(Memory, TracksLivePeakAndTags) {
+  MemoryTracker tracker;
+  TrackerScope scope(tracker);
+  {
+    Tensor a = Tensor::empty({10, 4}, DType::f32, "a");
+    Tensor b = Tensor::empty({3}, DType::bf16, "b");
+    EXPECT_EQ(tracker.live_bytes(), 160 + 6);
+    Tensor view = a.rows(2, 5);
+    EXPECT_EQ(tracker.live_bytes(), 166);  // views allocate nothing
+  }
+  Tensor c = Tensor::empty({5}, DType::f32, "c");
+  EXPECT_EQ(tracker.live_bytes(), 20);
+  EXPECT_EQ(tracker.peak_bytes(), 166);
+  auto at_peak = tracker.peak_by_tag();
+  EXPECT_EQ(at_peak["a"], 160);
+  EXPECT_EQ(at_peak["b"], 6);
+  EXPECT_EQ(at_peak.count("c"), 0u);
+}
+
+TEST(Tensor, RowsViewSharesStorage) {
+  MemoryTracker tracker;
+  TrackerScope scope(tracker);
+  Tensor a = Tensor::from_floats({3, 2}, DType::f32, {0, 1, 2, 3, 4, 5}, "a");
+  Tensor r = a.rows(1, 3);
+  EXPECT_EQ(r.shape(), (Shape{2, 2}));
+  EXPECT_EQ(r.get(0), 2.0f);
+  r.set(3, 9.0f);
+  EXPECT_EQ(a.get(5), 9.0f);
+}
+
+TEST(Config, PresetsAreValid) {
+  for (const auto& name : MlaConfig::preset_names()) EXPECT_NO_THROW(MlaConfig::preset(name).validate()) << name;
+}
+
+TEST(Config, UnknownPresetNamesTheValidOnes) {
+  try {
+    MlaConfig::preset("deepseek-v4");
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_status(), 2);
+    EXPECT_NE(e.message().find("deepseek-v4"), std::string::npos);
+    EXPECT_NE(e.message().find("deepseek-v3"), std::string::npos);
+  }
+}
+
+TEST(Config, ReportsEveryProblemAtOnce) {
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.qk_rope_head_dim = 7;
+  c.seq_len = 0;
+  c.sp = 3;
+  auto p = c.problems();
+  EXPECT_EQ(p.size(), 3u);  // odd rope dim, T = 0, sp 3 does not divide H 8
+  try {
+    c.validate();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(e.message().find("qk_rope_head_dim = 7"), std::string::npos);
+    EXPECT_NE(e.message().find("seq_len"), std::string::npos);
+    EXPECT_NE(e.message().find("--sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8"), std::string::npos);
+  }
+}
+
+TEST(Config, SoftmaxScaleOfDeepSeekV3MatchesDesign) {
+  // DESIGN §1: mscale² / sqrt(192) with mscale = 0.1 ln 40 + 1.
+  EXPECT_NEAR(MlaConfig::preset("deepseek-v3").softmax_scale(), 0.135234, 1e-6);
+}
+
+TEST(Config, JsonRoundTrips) {
+  MlaConfig c = MlaConfig::preset("deepseek-v2-lite");
+  c.seq_len = 128;
+  c.sp = 4;
+  MlaConfig d = MlaConfig::from_json(c.to_json());
+  EXPECT_EQ(d.to_json(), c.to_json());
+  EXPECT_EQ(d.q_lora_rank, 0);
+}
+
+TEST(Random, IsAPureFunctionOfSeedStreamIndex) {
+  EXPECT_EQ(normal(1, 2, 3), normal(1, 2, 3));
+  EXPECT_NE(normal(1, 2, 3), normal(1, 2, 4));
+  EXPECT_NE(normal(1, 2, 3), normal(2, 2, 3));
+}
