@@ -1,2 +1,114 @@
-// placeholder, replaced by the reference attention
+// fp64 reference attention, forward and backward, by the definition: plain loops, one query row at
+// a time, no tiling, no online softmax. It is the specification the kernels in src/ops/attention_*.cpp
+// are checked against; the backward below differentiates the forward's lines in reverse (derivation
+// in docs/attention.md §2). Query head h reads key/value head h / (Hq / Hkv).
 #include "reference/attention_ref.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "laga/core/error.hpp"
+
+namespace laga::ref {
+
+namespace {
+
+// Dimensions read off the arrays; shapes checked once here.
+struct Dims {
+  int64_t T, B, Hq, Hkv, Dqk, Dv, group;
+};
+
+Dims dims_of(const Array& q, const Array& k, const Array& v) {
+  LAGA_CHECK(q.shape.size() == 4 && k.shape.size() == 4 && v.shape.size() == 4,
+             "reference attention takes q, k, v as [T, B, H, D]; got {}, {}, {}", shape_str(q.shape),
+             shape_str(k.shape), shape_str(v.shape));
+  Dims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], 0};
+  LAGA_CHECK(k.shape == Shape({d.T, d.B, d.Hkv, d.Dqk}), "k has shape {}; expected [{}, {}, Hkv, {}]",
+             shape_str(k.shape), d.T, d.B, d.Dqk);
+  LAGA_CHECK(v.shape == Shape({d.T, d.B, d.Hkv, d.Dv}), "v has shape {}; expected [{}, {}, {}, Dv]", shape_str(v.shape),
+             d.T, d.B, d.Hkv);
+  LAGA_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "Hq {} is not a multiple of Hkv {}", d.Hq, d.Hkv);
+  d.group = d.Hq / d.Hkv;
+  return d;
+}
+
+int64_t at(int64_t t, int64_t b, int64_t h, int64_t B, int64_t H, int64_t D) { return ((t * B + b) * H + h) * D; }
+
+// Row t of head (b, h): p[j] = softmax_j(scale · q_t · k_j) over the keys j it sees (j ≤ t when
+// causal); returns the number of keys seen. p holds T entries, the unseen ones 0.
+int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, int64_t h, int64_t t, double scale,
+                      bool causal, std::vector<double>& p) {
+  const int64_t hk = h / d.group, n = causal ? t + 1 : d.T;
+  std::fill(p.begin(), p.end(), 0.0);
+  double mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    double s = 0;
+    for (int64_t c = 0; c < d.Dqk; ++c)
+      s += q[at(t, b, h, d.B, d.Hq, d.Dqk) + c] * k[at(j, b, hk, d.B, d.Hkv, d.Dqk) + c];
+    p[size_t(j)] = scale * s;
+    mx = std::max(mx, p[size_t(j)]);
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < n; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - mx);
+  for (int64_t j = 0; j < n; ++j) p[size_t(j)] /= sum;
+  return n;
+}
+
+}  // namespace
+
+Array attention_forward(const Array& q, const Array& k, const Array& v, double scale, bool causal) {
+  const Dims d = dims_of(q, k, v);
+  Array o({d.T, d.B, d.Hq, d.Dv});  // [T, B, Hq, Dv]
+  std::vector<double> p(size_t(d.T));  // [T] one row of probabilities
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.Hq; ++h)
+      for (int64_t t = 0; t < d.T; ++t) {
+        // P = softmax(scale · q kᵀ) (masked);  o = P v
+        const int64_t n = probabilities(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
+        for (int64_t j = 0; j < n; ++j)
+          for (int64_t c = 0; c < d.Dv; ++c)
+            o[at(t, b, h, d.B, d.Hq, d.Dv) + c] += p[size_t(j)] * v[at(j, b, hk, d.B, d.Hkv, d.Dv) + c];
+      }
+  return o;
+}
+
+AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
+                                  bool causal) {
+  const Dims d = dims_of(q, k, v);
+  LAGA_CHECK(dout.shape == Shape({d.T, d.B, d.Hq, d.Dv}), "dout has shape {}; expected [{}, {}, {}, {}]",
+             shape_str(dout.shape), d.T, d.B, d.Hq, d.Dv);
+  AttentionGrads g{Array(q.shape), Array(k.shape), Array(v.shape)};
+  std::vector<double> p(size_t(d.T)), dp(size_t(d.T));  // [T] one row of P and of dP
+  for (int64_t b = 0; b < d.B; ++b)
+    for (int64_t h = 0; h < d.Hq; ++h)
+      for (int64_t t = 0; t < d.T; ++t) {
+        const int64_t n = probabilities(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
+        const int64_t qo = at(t, b, h, d.B, d.Hq, d.Dqk), oo = at(t, b, h, d.B, d.Hq, d.Dv);
+        // o = P v:  dv_j += p_j · do_t,  dp_j = do_t · v_j
+        for (int64_t j = 0; j < n; ++j) {
+          const int64_t vo = at(j, b, hk, d.B, d.Hkv, d.Dv);
+          double s = 0;
+          for (int64_t c = 0; c < d.Dv; ++c) {
+            g.dv[vo + c] += p[size_t(j)] * dout[oo + c];
+            s += dout[oo + c] * v[vo + c];
+          }
+          dp[size_t(j)] = s;
+        }
+        // P = softmax(S):  dS_j = p_j · (dp_j − Σ_i p_i dp_i)
+        double delta = 0;
+        for (int64_t j = 0; j < n; ++j) delta += p[size_t(j)] * dp[size_t(j)];
+        // S = scale · q kᵀ:  dq_t += scale · dS_j k_j,  dk_j += scale · dS_j q_t
+        for (int64_t j = 0; j < n; ++j) {
+          const double ds = p[size_t(j)] * (dp[size_t(j)] - delta);
+          const int64_t ko = at(j, b, hk, d.B, d.Hkv, d.Dqk);
+          for (int64_t c = 0; c < d.Dqk; ++c) {
+            g.dq[qo + c] += scale * ds * k[ko + c];
+            g.dk[ko + c] += scale * ds * q[qo + c];
+          }
+        }
+      }
+  return g;
+}
+
+}  // namespace laga::ref

@@ -82,33 +82,43 @@ void matmul(const MatmulParams& p) {
   stream.wait();
 }
 
-void matmul_2d(const Tensor& a, bool a_transposed, const Tensor& b, bool b_transposed, Tensor& c, bool accumulate,
-               float alpha) {
-  LAGA_ASSERT(a.rank() == 2 && b.rank() == 2 && c.rank() == 2, "matmul_2d of {} {} into {}", shape_str(a.shape()),
-              shape_str(b.shape()), shape_str(c.shape()));
-  LAGA_ASSERT(a.dtype() == b.dtype(), "matmul_2d operands '{}' {} and '{}' {} differ in dtype", a.tag(),
-              dtype_name(a.dtype()), b.tag(), dtype_name(b.dtype()));
+MatView MatView::t() const {
+  MatView v = *this;
+  v.transposed = !transposed;
+  return v;
+}
+
+MatView MatView::col_slice(int64_t begin, int64_t end) const {
+  LAGA_ASSERT(!transposed && 0 <= begin && begin <= end && end <= cols, "column slice [{}, {}) of a {}-column view",
+              begin, end, cols);
+  MatView v = *this;
+  v.data = static_cast<char*>(data) + begin * dtype_size(dtype);
+  v.cols = end - begin;
+  return v;
+}
+
+MatView mat(const Tensor& t) {
+  const int64_t last = t.rank() ? t.dim(-1) : 1;
+  return MatView{t.raw(), last ? t.numel() / last : 0, last, last, t.dtype()};
+}
+
+void matmul_2d(const MatView& a, const MatView& b, const MatView& c, bool accumulate, float alpha) {
+  // Logical shapes: op(A) [M, K], op(B) [K, N], C [M, N].
+  const int64_t M = a.transposed ? a.cols : a.rows, K = a.transposed ? a.rows : a.cols;
+  const int64_t N = b.transposed ? b.rows : b.cols, Kb = b.transposed ? b.cols : b.rows;
+  LAGA_ASSERT(!c.transposed && Kb == K && c.rows == M && c.cols == N && a.dtype == b.dtype,
+              "matmul_2d: op(A) [{}, {}], op(B) [{}, {}], C [{}, {}]", M, K, Kb, N, c.rows, c.cols);
   MatmulParams p;
-  p.M = a_transposed ? a.dim(1) : a.dim(0);
-  p.K = a_transposed ? a.dim(0) : a.dim(1);
-  p.N = b_transposed ? b.dim(0) : b.dim(1);
-  int64_t kb = b_transposed ? b.dim(1) : b.dim(0);
-  LAGA_ASSERT(kb == p.K && c.dim(0) == p.M && c.dim(1) == p.N, "matmul_2d shapes: A {}{} B {}{} C {}",
-              shape_str(a.shape()), a_transposed ? "ᵀ" : "", shape_str(b.shape()), b_transposed ? "ᵀ" : "",
-              shape_str(c.shape()));
-  p.ab_dtype = a.dtype();
-  p.c_dtype = c.dtype();
-  p.a = a.raw();
-  p.a_m_stride = a_transposed ? 1 : a.dim(1);
-  p.a_k_stride = a_transposed ? a.dim(1) : 1;
-  p.b = b.raw();
-  p.b_k_stride = b_transposed ? 1 : b.dim(1);
-  p.b_n_stride = b_transposed ? b.dim(1) : 1;
-  p.c = c.raw();
-  p.c_m_stride = c.dim(1);
-  p.c_n_stride = 1;
-  p.alpha = alpha;
-  p.accumulate = accumulate;
+  p.M = M, p.N = N, p.K = K;
+  p.ab_dtype = a.dtype, p.c_dtype = c.dtype;
+  p.a = a.data;
+  p.a_m_stride = a.transposed ? 1 : a.ld;
+  p.a_k_stride = a.transposed ? a.ld : 1;
+  p.b = b.data;
+  p.b_k_stride = b.transposed ? 1 : b.ld;
+  p.b_n_stride = b.transposed ? b.ld : 1;
+  p.c = c.data, p.c_m_stride = c.ld, p.c_n_stride = 1;
+  p.alpha = alpha, p.accumulate = accumulate;
   matmul(p);
 }
 

@@ -32,9 +32,20 @@ struct MatmulParams {
 
 void matmul(const MatmulParams& p);
 
-// Dense 2-D helpers over whole tensors: C[M,N] = A[M,K] · op(B), where op(B) is B [K,N]
-// (b_transposed = false) or Bᵀ for B [N,K] (true, the Linear layout). a_transposed reads A as [K,M].
-void matmul_2d(const Tensor& a, bool a_transposed, const Tensor& b, bool b_transposed, Tensor& c,
-               bool accumulate = false, float alpha = 1.0f);
+// A 2-D matrix inside a buffer: rows × cols, rows `ld` elements apart (a column slice of a wider
+// tensor is a MatView with ld > cols).
+struct MatView {
+  void* data = nullptr;
+  int64_t rows = 0, cols = 0, ld = 0;
+  DType dtype = DType::f32;
+  MatView t() const;  // marks the view transposed (read as cols × rows)
+  MatView col_slice(int64_t begin, int64_t end) const;
+  bool transposed = false;
+};
+// A tensor flattened to [numel / last, last].
+MatView mat(const Tensor& t);
+
+// C = op(A) · op(B) (=, or += when accumulate), op = transpose where the view says so.
+void matmul_2d(const MatView& a, const MatView& b, const MatView& c, bool accumulate = false, float alpha = 1.0f);
 
 }  // namespace laga

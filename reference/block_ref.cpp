@@ -1,0 +1,244 @@
+// fp64 reference of the MLA block stack: per layer y = x + MLA(RMSNorm(x; attn_norm)), MLA in the
+// explicit form on one rank (DESIGN §2.1–§2.2), forward and backward. The equations and every
+// backward step are derived in docs/block.md; the line labels (N, L1–L6, E1–E4, R) are the same.
+//
+// One rank, so there are no collectives: E2's and E4's all-to-alls are identities and the positions
+// are the token indices t = 0 .. T-1. The backward recomputes each layer's forward from the layer's
+// saved input instead of keeping every layer's intermediates: the reference is for clarity, and
+// recomputation is exact (same operations, same order). The softmax scale is computed here from the
+// config's raw fields, never from MlaConfig::softmax_scale(), so the fast code cannot agree by sharing.
+#include "reference/block_ref.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "reference/attention_ref.hpp"
+#include "reference/ops_ref.hpp"
+
+namespace laga::ref {
+
+namespace {
+
+// DESIGN §1.1: yarn_mscale(f, m) = 0.1 · m · ln(f) + 1, or 1 if f ≤ 1.
+double yarn_mscale(double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; }
+
+// softmax_scale = Dqk^-0.5 · yarn_mscale(f, ma)² with rope_scaling, else Dqk^-0.5.
+double softmax_scale(const MlaConfig& c) {
+  double s = 1.0 / std::sqrt(double(c.qk_nope_head_dim + c.qk_rope_head_dim));
+  if (c.rope_scaling.enabled) {
+    const double m = yarn_mscale(c.rope_scaling.factor, c.rope_scaling.mscale_all_dim);
+    s *= m * m;
+  }
+  return s;
+}
+
+// The same array with another shape of the same element count (a view, in the fast code).
+Array reshaped(Array a, Shape s) {
+  LAGA_ASSERT(shape_numel(s) == a.numel(), "reshape {} -> {}", shape_str(a.shape), shape_str(s));
+  a.shape = std::move(s);
+  return a;
+}
+
+// a[..., begin:end] as its own array.
+Array slice_last(const Array& a, int64_t begin, int64_t end) {
+  const int64_t C = a.shape.back(), W = end - begin, rows = a.numel() / C;
+  Shape s = a.shape;
+  s.back() = W;
+  Array out(s);
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t j = 0; j < W; ++j) out[m * W + j] = a[m * C + begin + j];
+  return out;
+}
+
+// dst[..., begin:begin+W] = src (src is [..., W], with dst's leading dims).
+void put_last(Array& dst, const Array& src, int64_t begin) {
+  const int64_t C = dst.shape.back(), W = src.shape.back(), rows = dst.numel() / C;
+  LAGA_ASSERT(src.numel() == rows * W, "put_last {} into {}", shape_str(src.shape), shape_str(dst.shape));
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t j = 0; j < W; ++j) dst[m * C + begin + j] = src[m * W + j];
+}
+
+void add_into(Array& acc, const Array& a) {
+  LAGA_ASSERT(acc.shape == a.shape, "add {} into {}", shape_str(a.shape), shape_str(acc.shape));
+  for (int64_t i = 0; i < a.numel(); ++i) acc[i] += a[i];
+}
+
+const Array& weight(const RefWeights& w, int64_t l, const char* name) {
+  const std::string key = fmt::format("layers.{}.{}", l, name);
+  auto it = w.find(key);
+  LAGA_CHECK(it != w.end(), "reference weights have no '{}'", key);
+  return it->second;
+}
+
+// Everything one layer's forward computes that its backward reads. Shapes for x [T, B, D].
+struct LayerForward {
+  Array xn;     // [T, B, D]          N   xn = rmsnorm(x; attn_norm)
+  Array cq;     // [T, B, Lq]         L1  (q_lora_rank > 0 only)
+  Array cqn;    // [T, B, Lq]         L2  (q_lora_rank > 0 only)
+  Array q;      // [T, B, H, Dqk]     L3  after RoPE on q_pe
+  Array kv;     // [T, B, Lkv+Dr]     L4
+  Array ckv;    // [T, B, Lkv]        L5
+  Array k;      // [T, B, H, Dqk]     E1  [k_nope | kpe broadcast]
+  Array v;      // [T, B, H, Dv]      E1
+  Array o;      // [T, B, H·Dv]       E3
+  Array y;      // [T, B, D]          E4 + R
+};
+
+LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x) {
+  const int64_t T = x.shape[0], B = x.shape[1], D = c.hidden_size, H = c.num_attention_heads;
+  const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
+  const int64_t Dqk = Dn + Dr;
+  LayerForward f;
+  // N   xn = rmsnorm(x; attn_norm)                                  [T, B, D]
+  f.xn = rmsnorm_forward(x, weight(w, l, "attn_norm"), c.rms_norm_eps);
+
+  // L1  cq = xn · wq_aᵀ                                             [T, B, Lq]
+  // L2  cqn = rmsnorm(cq; q_norm)                                   [T, B, Lq]
+  // L3  q = cqn · wq_bᵀ  (or xn · wqᵀ when q_lora_rank = 0)        [T, B, H, Dqk]
+  Array q_raw;
+  if (c.q_lora_rank > 0) {
+    f.cq = linear_forward(f.xn, weight(w, l, "wq_a"));
+    f.cqn = rmsnorm_forward(f.cq, weight(w, l, "q_norm"), c.rms_norm_eps);
+    q_raw = linear_forward(f.cqn, weight(w, l, "wq_b"));
+  } else {
+    q_raw = linear_forward(f.xn, weight(w, l, "wq"));
+  }
+  q_raw = reshaped(std::move(q_raw), {T, B, H, Dqk});
+  //     q_pe ← rope(q_pe, positions t)                              q_pe [T, B, H, Dr]
+  f.q = q_raw;
+  put_last(f.q, rope_forward(slice_last(q_raw, Dn, Dqk), c, 0), Dn);
+
+  // L4  kv = xn · wkv_aᵀ                                            [T, B, Lkv+Dr]
+  f.kv = linear_forward(f.xn, weight(w, l, "wkv_a"));
+  // L5  ckv = rmsnorm(kv[..., :Lkv]; kv_norm)                       [T, B, Lkv]
+  f.ckv = rmsnorm_forward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), c.rms_norm_eps);
+  // L6  kpe = rope(kv[..., Lkv:])                                   [T, B, Dr], one head
+  const Array kpe = rope_forward(slice_last(f.kv, Lkv, Lkv + Dr), c, 0);
+
+  // E1  [k_nope | v] = ckv · wkv_bᵀ                                 [T, B, H, Dn+Dv]
+  //     k = [k_nope | kpe broadcast over heads]                     [T, B, H, Dqk]
+  const Array kvb = reshaped(linear_forward(f.ckv, weight(w, l, "wkv_b")), {T, B, H, Dn + Dv});
+  f.k = Array({T, B, H, Dqk});
+  put_last(f.k, slice_last(kvb, 0, Dn), 0);
+  for (int64_t tb = 0; tb < T * B; ++tb)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < Dr; ++j) f.k[(tb * H + h) * Dqk + Dn + j] = kpe[tb * Dr + j];
+  f.v = slice_last(kvb, Dn, Dn + Dv);
+
+  // E2  (one rank: the all-to-alls are identities)
+  // E3  o = attention(q, k, v), causal, softmax_scale                [T, B, H, Dv]
+  f.o = reshaped(attention_forward(f.q, f.k, f.v, softmax_scale(c), /*causal=*/true), {T, B, H * Dv});
+  // E4  y_attn = o · woᵀ                                            [T, B, D]
+  // R   y = x + y_attn                                              [T, B, D]
+  f.y = linear_forward(f.o, weight(w, l, "wo"));
+  LAGA_ASSERT(f.y.shape == Shape({T, B, D}), "block output {}", shape_str(f.y.shape));
+  add_into(f.y, x);
+  return f;
+}
+
+// Walks layer_forward in reverse. Returns dx; writes the layer's weight gradients (=) into dw.
+Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x, const Array& dy,
+                     RefWeights& dw) {
+  const int64_t T = x.shape[0], B = x.shape[1], H = c.num_attention_heads;
+  const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
+  const int64_t Dqk = Dn + Dr;
+  const LayerForward f = layer_forward(c, w, l, x);
+  auto grad = [&](const char* name) -> Array& { return dw[fmt::format("layers.{}.{}", l, name)]; };
+
+  // R   y = x + y_attn:  dx = dy (the residual), dy_attn = dy       [T, B, D]
+  Array dx = dy;
+  // E4  y_attn = o · woᵀ:  do = dy_attn · wo,  dwo = dy_attnᵀ · o    do [T, B, H·Dv]
+  LinearGrads go = linear_backward(f.o, weight(w, l, "wo"), dy);
+  grad("wo") = std::move(go.dw);
+  // E3  o = attention(q, k, v): dq, dk, dv by docs/attention.md    [T, B, H, Dqk|Dqk|Dv]
+  AttentionGrads ga = attention_backward(f.q, f.k, f.v, reshaped(std::move(go.dx), {T, B, H, Dv}), softmax_scale(c),
+                                         /*causal=*/true);
+
+  // E1  k = [k_nope | kpe broadcast]: dk_nope = dk[..., :Dn];  dkpe = Σ_h dk[..., h, Dn:]  [T, B, Dr]
+  //     [k_nope | v] = ckv · wkv_bᵀ: dkvb = [dk_nope | dv] per head  [T, B, H, Dn+Dv]
+  Array dkvb({T, B, H, Dn + Dv});
+  put_last(dkvb, slice_last(ga.dk, 0, Dn), 0);
+  put_last(dkvb, ga.dv, Dn);
+  Array dkpe({T, B, Dr});
+  for (int64_t tb = 0; tb < T * B; ++tb)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < Dr; ++j) dkpe[tb * Dr + j] += ga.dk[(tb * H + h) * Dqk + Dn + j];
+  LinearGrads gkvb = linear_backward(f.ckv, weight(w, l, "wkv_b"), reshaped(std::move(dkvb), {T, B, H * (Dn + Dv)}));
+  grad("wkv_b") = std::move(gkvb.dw);  // dckv = gkvb.dx  [T, B, Lkv]
+
+  // L6  kpe = rope(kv[..., Lkv:]):  dkv[..., Lkv:] = ropeᵀ(dkpe)
+  // L5  ckv = rmsnorm(kv[..., :Lkv]; kv_norm):  dkv[..., :Lkv], dkv_norm
+  Array dkv({T, B, Lkv + Dr});
+  put_last(dkv, rope_backward(dkpe, c, 0), Lkv);
+  RmsNormGrads gkvn = rmsnorm_backward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), gkvb.dx, c.rms_norm_eps);
+  put_last(dkv, gkvn.dx, 0);
+  grad("kv_norm") = std::move(gkvn.dw);
+  // L4  kv = xn · wkv_aᵀ:  dxn = dkv · wkv_a,  dwkv_a = dkvᵀ · xn    dxn [T, B, D]
+  LinearGrads gkva = linear_backward(f.xn, weight(w, l, "wkv_a"), dkv);
+  grad("wkv_a") = std::move(gkva.dw);
+  Array dxn = std::move(gkva.dx);
+
+  // L3  q_pe ← rope(q_pe):  dq_pe(before rope) = ropeᵀ(dq[..., Dn:]); dq_nope passes through
+  Array dq = ga.dq;  // [T, B, H, Dqk]
+  put_last(dq, rope_backward(slice_last(ga.dq, Dn, Dqk), c, 0), Dn);
+  dq = reshaped(std::move(dq), {T, B, H * Dqk});
+  if (c.q_lora_rank > 0) {
+    // L3  q = cqn · wq_bᵀ:  dcqn = dq · wq_b,  dwq_b = dqᵀ · cqn     dcqn [T, B, Lq]
+    LinearGrads gqb = linear_backward(f.cqn, weight(w, l, "wq_b"), dq);
+    grad("wq_b") = std::move(gqb.dw);
+    // L2  cqn = rmsnorm(cq; q_norm):  dcq, dq_norm                  dcq [T, B, Lq]
+    RmsNormGrads gqn = rmsnorm_backward(f.cq, weight(w, l, "q_norm"), gqb.dx, c.rms_norm_eps);
+    grad("q_norm") = std::move(gqn.dw);
+    // L1  cq = xn · wq_aᵀ:  dxn += dcq · wq_a,  dwq_a = dcqᵀ · xn
+    LinearGrads gqa = linear_backward(f.xn, weight(w, l, "wq_a"), gqn.dx);
+    grad("wq_a") = std::move(gqa.dw);
+    add_into(dxn, gqa.dx);
+  } else {
+    // L3' q = xn · wqᵀ:  dxn += dq · wq,  dwq = dqᵀ · xn
+    LinearGrads gq = linear_backward(f.xn, weight(w, l, "wq"), dq);
+    grad("wq") = std::move(gq.dw);
+    add_into(dxn, gq.dx);
+  }
+
+  // N   xn = rmsnorm(x; attn_norm):  dx += rmsnormᵀ(dxn), dattn_norm
+  RmsNormGrads gn = rmsnorm_backward(x, weight(w, l, "attn_norm"), dxn, c.rms_norm_eps);
+  grad("attn_norm") = std::move(gn.dw);
+  add_into(dx, gn.dx);
+  return dx;
+}
+
+void check_input(const MlaConfig& c, const Array& x, const char* name) {
+  LAGA_CHECK(x.shape.size() == 3 && x.shape[2] == c.hidden_size, "{} {} must be [T, B, D = {}]", name,
+             shape_str(x.shape), c.hidden_size);
+}
+
+}  // namespace
+
+RefWeights from_weights(const Weights& w) {
+  RefWeights r;
+  w.for_each([&](const std::string& name, const Tensor& t) { r[name] = from_tensor(t); });
+  return r;
+}
+
+Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x) {
+  check_input(c, x, "x");
+  Array h = x;  // [T, B, D], the residual stream
+  for (int64_t l = 0; l < c.num_layers; ++l) h = layer_forward(c, w, l, h).y;
+  return h;
+}
+
+BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& x, const Array& dy) {
+  check_input(c, x, "x");
+  LAGA_CHECK(dy.shape == x.shape, "dy {} must match x {}", shape_str(dy.shape), shape_str(x.shape));
+  // Each layer's input, to recompute its forward in backward: inputs[l] [T, B, D].
+  std::vector<Array> inputs{x};
+  for (int64_t l = 0; l + 1 < c.num_layers; ++l) inputs.push_back(layer_forward(c, w, l, inputs.back()).y);
+  BlockGrads g;
+  Array d = dy;  // [T, B, D], the gradient of the residual stream
+  for (int64_t l = c.num_layers - 1; l >= 0; --l) d = layer_backward(c, w, l, inputs[size_t(l)], d, g.dw);
+  g.dx = std::move(d);
+  return g;
+}
+
+}  // namespace laga::ref
