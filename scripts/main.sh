@@ -1,11 +1,17 @@
 #!/usr/bin/env bash
-# Sets laga up (scripts/setup.sh) and runs the main job: the block on the `small` preset, forward
-# and backward, measured, then checked tensor by tensor against an independent PyTorch autograd
-# implementation.
+# Sets laga up (scripts/setup.sh) and runs the main job: the forms side by side on the `small`
+# preset — `laga verify` checks laga bit-identical to explicit at P = 1, laga against explicit at
+# P = 2, 4, 8 and absorbed against the fp64 reference — then one measured run of each form at P = 4,
+# and the explicit form's dump checked tensor by tensor against an independent PyTorch autograd
+# implementation of the block.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 out=$(mktemp -d)
-./build/laga run --model small --seq 512 --sp 1 --form explicit --dtype fp32 --layers 2 --dump "$out/dump" --json "$out/run.json"
+./build/laga verify --model small --seq 256 --layers 1 --dtype fp32 --sp 1,2,4,8 --json "$out/verify.json"
+for form in explicit absorbed laga; do
+  ./build/laga run --model small --seq 1024 --sp 4 --form "$form" --json "$out/run.$form.json"
+done
+./build/laga run --model small --seq 256 --sp 2 --form laga --dtype fp32 --layers 2 --dump "$out/dump"
 /usr/bin/python3 tests/torch/mla_block_torch.py "$out/dump"
-echo "main: results in $out"
+echo "main: JSON and dumps in $out"

@@ -33,6 +33,13 @@ inline double max_abs_diff(const ref::Array& a, const ref::Array& b) {
 }
 inline double max_abs_diff(const Tensor& a, const ref::Array& b) { return max_abs_diff(ref::from_tensor(a), b); }
 
+// ‖a − b‖₂ / ‖b‖₂: the relative error of a whole tensor.
+inline double rel_l2(const ref::Array& a, const ref::Array& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) num += (a[i] - b[i]) * (a[i] - b[i]), den += b[i] * b[i];
+  return a.numel() == b.numel() ? std::sqrt(num) / std::max(std::sqrt(den), 1e-300) : INFINITY;
+}
+
 // The values a tensor of dtype t would hold: each element rounded through t.
 inline ref::Array rounded(const ref::Array& a, DType t) {
   ref::Array r = a;

@@ -192,7 +192,7 @@ nlohmann::json MlaConfig::to_json() const {
   return j;
 }
 
-MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
+MlaConfig MlaConfig::from_json(const nlohmann::json& j, bool validate) {
   LAGA_CHECK(j.is_object(), "configuration JSON must be an object, got {}", j.type_name());
   MlaConfig c;
   try {
@@ -231,7 +231,7 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
   } catch (const nlohmann::json::exception& e) {
     LAGA_FAIL_USAGE("configuration JSON: {}", e.what());
   }
-  c.validate();
+  if (validate) c.validate();
   return c;
 }
 

@@ -66,19 +66,17 @@ static Tensor* slot(LayerWeights& w, const std::string& name) {
   LAGA_ASSERT(false, "no weight named '{}'", name);
 }
 
-Weights allocate_weights(const MlaConfig& c, const std::string& tag) {
+static Weights make_weights(const MlaConfig& c, DType dtype, const std::string& tag, bool zero) {
   Weights w;
   w.layers.resize(size_t(c.num_layers));
   for (auto& layer : w.layers)
-    for (auto& [name, shape] : layer_weight_shapes(c)) *slot(layer, name) = Tensor::empty(shape, c.dtype, tag);
+    for (auto& [name, shape] : layer_weight_shapes(c))
+      *slot(layer, name) = zero ? Tensor::zeros(shape, dtype, tag) : Tensor::empty(shape, dtype, tag);
   return w;
 }
 
-Weights zero_weights(const MlaConfig& c, const std::string& tag) {
-  Weights w = allocate_weights(c, tag);
-  w.for_each([](const std::string&, Tensor& t) { t.fill(0.0f); });
-  return w;
-}
+Weights allocate_weights(const MlaConfig& c, const std::string& tag) { return make_weights(c, c.dtype, tag, false); }
+Weights zero_grads(const MlaConfig& c, const std::string& tag) { return make_weights(c, DType::f32, tag, true); }
 
 void init_weights(Weights& w, const MlaConfig& c, uint64_t seed) {
   w.for_each([&](const std::string& name, Tensor& t) {

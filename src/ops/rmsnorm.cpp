@@ -31,7 +31,6 @@ void backward_impl(const RmsNormBwdParams& p) {
   const T* w = static_cast<const T*>(p.w);
   const T* dy = static_cast<const T*>(p.dy);
   T* dx = static_cast<T*>(p.dx);
-  T* dw = static_cast<T*>(p.dw);
   Tensor rstd = Tensor::empty({p.M}, DType::f32, "norm.rstd");  // [M] fp32, freed on return
   float* r = rstd.data<float>();
   // y_c = x_c·r·w_c, r = (Σx²/C + eps)^-½
@@ -64,7 +63,11 @@ void backward_impl(const RmsNormBwdParams& p) {
       const T* dyr = dy + m * p.dy_stride;
       for (int64_t c = c0; c < c1; ++c) acc[c - c0] += to_float(dyr[c]) * to_float(xr[c]) * r[m];
     }
-    for (int64_t c = c0; c < c1; ++c) dw[c] = from_float<T>(to_float(dw[c]) + acc[c - c0]);
+    dispatch_dtype(p.dw_dtype, [&](auto* tag) {
+      using G = std::remove_pointer_t<decltype(tag)>;
+      G* dw = static_cast<G*>(p.dw);
+      for (int64_t c = c0; c < c1; ++c) dw[c] = from_float<G>(to_float(dw[c]) + acc[c - c0]);
+    });
   }
 }
 
@@ -99,7 +102,7 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, double
   RmsNormBwdParams p;
   p.M = x.numel() / C, p.C = C, p.dtype = x.dtype(), p.eps = eps;
   p.x = x.raw(), p.x_stride = C, p.w = w.raw();
-  p.dy = dy.raw(), p.dy_stride = C, p.dx = dx.raw(), p.dx_stride = C, p.dw = dw.raw();
+  p.dy = dy.raw(), p.dy_stride = C, p.dx = dx.raw(), p.dx_stride = C, p.dw = dw.raw(), p.dw_dtype = dw.dtype();
   rmsnorm_backward(p);
 }
 

@@ -74,7 +74,10 @@ struct MlaConfig {
   void validate() const;                      // usage error listing every problem
 
   nlohmann::json to_json() const;                   // the keys of DESIGN §1.1
-  static MlaConfig from_json(const nlohmann::json& j);  // inverse of to_json; usage error on bad keys
+  // Inverse of to_json; also reads a Hugging Face DeepSeek config.json (its extra keys are ignored).
+  // Usage error on missing or mistyped keys; validates unless told not to (the CLI sets the run's
+  // fields first).
+  static MlaConfig from_json(const nlohmann::json& j, bool validate = true);
 };
 
 // Divisors of n, for "try ..." suggestions.

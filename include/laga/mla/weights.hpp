@@ -40,9 +40,12 @@ struct Weights {
 // The names and shapes of one layer's weights for this config, in for_each's order.
 std::vector<std::pair<std::string, Shape>> layer_weight_shapes(const MlaConfig& c);
 
-// Uninitialised (allocate) or zero (zeros) weights of the config's dtype, tagged "weights" / "grads".
+// Uninitialised weights of the config's dtype, tagged "weights".
 Weights allocate_weights(const MlaConfig& c, const std::string& tag = "weights");
-Weights zero_weights(const MlaConfig& c, const std::string& tag = "grads");
+// Zeroed weight gradients, always fp32 whatever the storage dtype: gradients are accumulated and
+// reduced in fp32 (Megatron's main-grad convention), so a bf16 run's weight gradient is rounded
+// once per product, never once per rank or per partial sum.
+Weights zero_grads(const MlaConfig& c, const std::string& tag = "grads");
 // Deterministic initialisation from a seed: norms = 1 + small noise, projections ~ N(0, 1/fan_in).
 void init_weights(Weights& w, const MlaConfig& c, uint64_t seed);
 

@@ -12,11 +12,15 @@
 // Layout: element (t, b, h, d) of a tensor X is at X + t·x_t_stride + b·x_b_stride + h·x_h_stride + d
 // (sequence-first; d contiguous). Strides let V be the first Lkv columns of the latent, or a head
 // shard live inside a wider buffer, without copies. Every buffer the kernels allocate comes from the
-// current MemoryTracker under a tag starting with "attn.".
+// current MemoryTracker under a tag starting with "attn.", in the order attention_memory_events lists.
+// Both kernels run on the caller's OpenMP threads. Results are bitwise reproducible from run to run;
+// the fused kernel's are also independent of the thread count.
 // The math and its backward: docs/attention.md.
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "laga/core/config.hpp"
 #include "laga/core/dtype.hpp"
@@ -33,7 +37,7 @@ struct AttentionFwdParams {
   int64_t Hq = 0, Hkv = 0;    // query heads, key/value heads; Hq % Hkv == 0
   int64_t Dqk = 0, Dv = 0;
   DType dtype = DType::f32;   // storage of q, k, v, o (and do, dq, dk, dv in backward)
-  float scale = 1.0f;
+  float scale = 1.0f;         // softmax scale, > 0
   bool causal = true;
   const void* q = nullptr;  AttentionStrides q_stride;  // [T, B, Hq, Dqk]
   const void* k = nullptr;  AttentionStrides k_stride;  // [T, B, Hkv, Dqk]
@@ -44,7 +48,7 @@ struct AttentionFwdParams {
 // What forward keeps for backward. Exactly one of probs (eager) and lse (fused) is defined.
 struct AttentionSaved {
   Tensor probs;  // eager: [B, Hq, T, T] in the storage dtype, tag "attn.probs"
-  Tensor lse;    // fused: [B, Hq, T] fp32, tag "attn.lse"
+  Tensor lse;    // fused: [B, Hq, T] fp32, tag "attn.lse": log Σ_j exp(scale · q_t·k_j) (natural log)
 };
 
 struct AttentionBwdParams : AttentionFwdParams {
@@ -54,8 +58,10 @@ struct AttentionBwdParams : AttentionFwdParams {
   void* dv = nullptr;          AttentionStrides dv_stride;    // [T, B, Hkv, Dv] (=)
 };
 
-// Checks the params (shapes, head grouping, strides non-negative) and names what is wrong.
+// Checks the params (sizes, head grouping, scale, pointers, strides non-negative) and names what is
+// wrong; attention_forward/backward call it (the backward's version also checks the gradients).
 void check_attention_params(const AttentionFwdParams& p);
+void check_attention_params(const AttentionBwdParams& p);
 
 AttentionSaved attention_forward(Kernel kernel, const AttentionFwdParams& p);
 // p.o must hold forward's output (fused uses it for rowsum(dO·O)).
@@ -64,6 +70,31 @@ void attention_backward(Kernel kernel, const AttentionBwdParams& p, const Attent
 // FLOPs by FlashAttention-3's convention: forward 2·B·Hq·T·avg_kv·(Dqk+Dv), causal avg_kv = (T+1)/2;
 // backward 2.5× forward.
 double attention_forward_flops(int64_t B, int64_t Hq, int64_t T, int64_t Dqk, int64_t Dv, bool causal);
+
+// Memory. Every buffer either kernel allocates, in order, with its exact size: the planner replays
+// these events instead of re-deriving the formulas (which docs/attention.md §5 also spells out).
+// Sizes depend only on the config (B, Hq, Hkv, T, Dqk, Dv, dtype), never on the thread count: the
+// fused kernel's per-thread tiles come in min(kAttentionMaxThreads, tasks) slots and its parallel
+// regions use at most that many threads.
+constexpr int64_t kAttentionMaxThreads = 16;
+
+struct AttentionMemoryEvent {
+  bool release = false;  // false: allocated here; true: the allocation with this tag is released
+  std::string tag;
+  Shape shape;
+  DType dtype = DType::f32;
+  int64_t bytes() const { return shape_numel(shape) * dtype_size(dtype); }
+};
+// Forward's events leave the saved tensor (attn.probs or attn.lse) allocated; backward's never
+// release it (the caller owns AttentionSaved). Only the sizes and kernel in p are read.
+std::vector<AttentionMemoryEvent> attention_memory_events(Kernel kernel, const AttentionFwdParams& p, bool backward);
+
+struct AttentionMemory {
+  int64_t saved_bytes = 0;         // live after forward: the saved tensor
+  int64_t forward_peak_bytes = 0;  // max over forward of bytes allocated since its start
+  int64_t backward_peak_bytes = 0; // max over backward of bytes allocated since its start
+};
+AttentionMemory attention_memory(Kernel kernel, const AttentionFwdParams& p);
 
 // Strides of a dense sequence-first [T, B, H, D] tensor.
 inline AttentionStrides dense_strides(int64_t B, int64_t H, int64_t D) { return {B * H * D, H * D, D}; }

@@ -22,6 +22,7 @@ struct RmsNormBwdParams : RmsNormParams {
   const void* dy = nullptr;  int64_t dy_stride = 0;  // [M, C]
   void* dx = nullptr;        int64_t dx_stride = 0;  // [M, C] (=)
   void* dw = nullptr;                                 // [C] (+=)
+  DType dw_dtype = DType::f32;                        // the gradient's own dtype (fp32 accumulation)
 };
 
 void rmsnorm_forward(const RmsNormParams& p);
@@ -29,7 +30,7 @@ void rmsnorm_backward(const RmsNormBwdParams& p);
 
 // Whole-tensor forms: x [..., C], w [C].
 Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const std::string& tag);
-// dx (=), dw (+=).
+// dx (=), dw (+=; fp32 or x's dtype).
 void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, double eps, Tensor& dx, Tensor& dw);
 
 }  // namespace laga

@@ -1,0 +1,275 @@
+// bench_block: the MLA block stack's forward + backward on one rank (form explicit, sp 1), timed
+// with the shared harness (bench/harness.hpp): warm-up, repeats, median and spread of forward,
+// backward and their sum, tokens/s and achieved GFLOP/s; JSON beside the table.
+//
+// It validates before it reports: at startup the same dtype and kernel run a tiny configuration
+// that is compared with the fp64 reference (reference/block_ref.hpp) — y, dx and every weight
+// gradient — and a wrong result exits 1 before any timing; every timed iteration's y, dx and weight
+// gradients must be finite (the #wrong column counts the values that are not).
+//
+// Not here: other forms or rank counts (laga bench does those), the PyTorch side of the comparison
+// (bench/block_vs_torch.py runs both), and elementwise FLOPs (RMSNorm, RoPE, softmax are not
+// counted). The FLOP formula and how to read the numbers: docs/benchmarks.md.
+#include <omp.h>
+
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "harness.hpp"
+#include "laga/comm/communicator.hpp"
+#include "laga/core/config.hpp"
+#include "laga/core/random.hpp"
+#include "laga/core/tensor.hpp"
+#include "laga/mla/block.hpp"
+#include "laga/mla/flops.hpp"
+#include "laga/mla/weights.hpp"
+#include "laga/ops/attention.hpp"
+#include "reference/array.hpp"
+#include "reference/block_ref.hpp"
+
+namespace laga {
+namespace {
+
+constexpr uint64_t kSeed = 1234;
+
+int64_t count_non_finite(const Tensor& t) {
+  int64_t bad = 0;
+  const int64_t n = t.numel();
+  if (t.dtype() == DType::f32) {
+    const float* p = t.data<float>();
+#pragma omp parallel for reduction(+ : bad)
+    for (int64_t i = 0; i < n; ++i) bad += !std::isfinite(p[i]);
+  } else {
+    const bf16* p = t.data<bf16>();
+#pragma omp parallel for reduction(+ : bad)
+    for (int64_t i = 0; i < n; ++i) bad += (p[i].bits & 0x7f80u) == 0x7f80u;  // exponent all ones: inf or NaN
+  }
+  return bad;
+}
+
+double max_abs(const ref::Array& a) {
+  double m = 0;
+  for (double v : a.data) m = std::max(m, std::abs(v));
+  return m;
+}
+
+// max |got − want| / max |want|.
+double rel_error(const Tensor& got, const ref::Array& want) {
+  LAGA_ASSERT(got.numel() == want.numel(), "comparing {} values with {}", got.numel(), want.numel());
+  double d = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double e = std::abs(double(got.get(i)) - want[i]);
+    d = std::isnan(e) ? INFINITY : std::max(d, e);
+  }
+  const double m = max_abs(want);
+  return m > 0 ? d / m : d;
+}
+
+struct CheckResult {
+  double worst = 0;       // the largest relative error over y, dx and every weight gradient
+  std::string worst_name;
+  double tolerance = 0;
+  bool pass() const { return worst <= tolerance; }
+};
+
+// The benchmark's code path (same dtype, kernel, form) on a tiny stack against the fp64 reference.
+// Tolerance relative to each tensor's largest value: a few units of the storage precision's
+// rounding compounded over two layers (fp32 errors here are ~1e-6, bf16's ~1e-2).
+CheckResult check_against_reference(const MlaConfig& bench_config, Communicator& comm) {
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.seq_len = 16, c.batch = 2, c.num_layers = 2, c.sp = 1;
+  c.form = Form::explicit_form, c.kernel = bench_config.kernel, c.dtype = bench_config.dtype;
+  c.rope_interleaved = bench_config.rope_interleaved;
+  c.validate();
+
+  Weights w = allocate_weights(c, "weights");
+  init_weights(w, c, kSeed);
+  Weights g = zero_grads(c, "grads");
+  Tensor x = Tensor::empty({c.seq_len, c.batch, c.hidden_size}, c.dtype, "input.x");
+  Tensor dy = Tensor::empty(x.shape(), c.dtype, "input.dy");
+  fill_normal(x, kSeed, "x", 1.0);
+  fill_normal(dy, kSeed, "dy", 1.0);
+
+  StackSaved saved;
+  Tensor y = stack_forward(c, w, x, saved, comm);
+  Tensor dx = stack_backward(c, w, saved, dy, g, comm);
+
+  const ref::RefWeights rw = ref::from_weights(w);
+  const ref::Array rx = ref::from_tensor(x), rdy = ref::from_tensor(dy);
+  const ref::Array ry = ref::block_forward(c, rw, rx);
+  const ref::BlockGrads rg = ref::block_backward(c, rw, rx, rdy);
+
+  CheckResult r;
+  r.tolerance = c.dtype == DType::f32 ? 1e-4 : 5e-2;
+  auto note = [&](const std::string& name, double e) {
+    if (!(e <= r.worst) || r.worst_name.empty()) r.worst = e, r.worst_name = name;
+  };
+  note("y", rel_error(y, ry));
+  note("dx", rel_error(dx, rg.dx));
+  g.for_each([&](const std::string& name, const Tensor& t) { note(name + ".grad", rel_error(t, rg.dw.at(name))); });
+  return r;
+}
+
+struct Args {
+  std::string model = "small";
+  int64_t seq = 2048, batch = 1, layers = 1;
+  std::string dtype = "fp32", kernel = "fused";
+  int iters = 5, warmup = 1, threads = 0;
+  std::string json;
+};
+
+int run(const Args& a) {
+  MlaConfig c = MlaConfig::preset(a.model);
+  c.seq_len = a.seq, c.batch = a.batch, c.num_layers = a.layers, c.sp = 1;
+  c.form = Form::explicit_form;
+  c.kernel = parse_kernel(a.kernel);
+  c.dtype = parse_dtype(a.dtype);
+  c.validate();
+  LAGA_CHECK(a.iters >= 1, "--iters {} must be at least 1", a.iters);
+  LAGA_CHECK(a.warmup >= 0, "--warmup {} must be non-negative; try 0 or 1", a.warmup);
+  int threads = a.threads;
+  if (threads <= 0) {
+    const char* env = std::getenv("OMP_NUM_THREADS");
+    threads = env && std::atoi(env) > 0 ? std::atoi(env) : int(std::max(1u, std::thread::hardware_concurrency()));
+  }
+
+  const BlockFlops flops = block_flops(c);  // projections exact, attention by FA3's convention
+  const double proj_fwd = flops.forward - flops.attention_forward, total_flops = flops.forward + flops.backward;
+  const double tokens = double(c.seq_len) * double(c.batch);
+  std::vector<double> fwd_s, bwd_s, tot_s;
+  std::vector<int64_t> wrong_fwd, wrong_bwd;
+  CheckResult check;
+  int omp_threads = 0;
+
+  run_threads(1, [&](Communicator& comm) {
+    omp_set_num_threads(threads);
+    omp_threads = omp_get_max_threads();
+    check = check_against_reference(c, comm);
+    if (!check.pass()) return;
+
+    Weights w = allocate_weights(c, "weights");
+    init_weights(w, c, kSeed);
+    Weights g = zero_grads(c, "grads");
+    Tensor x = Tensor::empty({c.seq_len, c.batch, c.hidden_size}, c.dtype, "input.x");
+    Tensor dy = Tensor::empty(x.shape(), c.dtype, "input.dy");
+    fill_normal(x, kSeed, "x", 1.0);
+    fill_normal(dy, kSeed, "dy", 1.0);
+
+    for (int it = 0; it < a.warmup + a.iters; ++it) {
+      g.for_each([](const std::string&, Tensor& t) { t.fill(0.0f); });
+      StackSaved saved;
+      const double t0 = bench::now_s();
+      Tensor y = stack_forward(c, w, x, saved, comm);
+      const double t1 = bench::now_s();
+      Tensor dx = stack_backward(c, w, saved, dy, g, comm);
+      const double t2 = bench::now_s();
+      if (it < a.warmup) continue;
+      fwd_s.push_back(t1 - t0);
+      bwd_s.push_back(t2 - t1);
+      tot_s.push_back(t2 - t0);
+      wrong_fwd.push_back(count_non_finite(y));
+      int64_t bad = count_non_finite(dx);
+      g.for_each([&](const std::string&, const Tensor& t) { bad += count_non_finite(t); });
+      wrong_bwd.push_back(bad);
+    }
+  });
+
+  if (!check.pass()) {
+    std::fprintf(stderr,
+                 "bench_block: the %s %s block disagrees with the fp64 reference on the tiny check: %s off by %.3g "
+                 "of its largest value (tolerance %.3g); not benchmarking\n",
+                 std::string(dtype_name(c.dtype)).c_str(), std::string(kernel_name(c.kernel)).c_str(),
+                 check.worst_name.c_str(), check.worst, check.tolerance);
+    return 1;
+  }
+
+  bench::Machine m = bench::machine();
+  m.threads = omp_threads;
+  const std::vector<std::string> header = {
+      fmt::format("model {} (D {}, H {}, Lq {}, Lkv {}, Dn {}, Dr {}, Dv {}), T {}, B {}, layers {}, dtype {}, "
+                  "kernel {}, form explicit, sp 1",
+                  c.model, c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
+                  c.qk_rope_head_dim, c.v_head_dim, c.seq_len, c.batch, c.num_layers, dtype_name(c.dtype),
+                  kernel_name(c.kernel)),
+      fmt::format("{} timed iterations after {} warm-up; median [min, max]", a.iters, a.warmup),
+      fmt::format("GFLOP: projections exact ({:.2f} fwd), attention FA3 convention ({:.2f} fwd, bwd 2.5x); "
+                  "elementwise not counted",
+                  proj_fwd / 1e9, flops.attention_forward / 1e9),
+      fmt::format("validated: tiny {} {} stack vs the fp64 reference, worst {} at {:.2e} of max (tolerance {:.0e})",
+                  dtype_name(c.dtype), kernel_name(c.kernel), check.worst_name, check.worst, check.tolerance)};
+  bench::Table table("bench_block: MLA block stack forward + backward, one rank", header,
+                     {{"phase", "", 7},
+                      {"median", "s", 10, 4},
+                      {"min", "s", 10, 4},
+                      {"max", "s", 10, 4},
+                      {"tokens/s", "1/s", 11, 0},
+                      {"GFLOP", "1e9", 9, 2},
+                      {"GFLOP/s", "1e9/s", 9, 1},
+                      {"#wrong", "", 7}});
+  table.print_header(m);
+  auto sum = [](const std::vector<int64_t>& v) {
+    int64_t s = 0;
+    for (int64_t x : v) s += x;
+    return s;
+  };
+  auto row = [&](const char* phase, const std::vector<double>& s, double f, int64_t wrong) {
+    const bench::Timing t = bench::summarize(s);
+    table.row({std::string(phase), t.median_s, t.min_s, t.max_s, tokens / t.median_s, f / 1e9, f / 1e9 / t.median_s},
+              wrong);
+  };
+  row("fwd", fwd_s, flops.forward, sum(wrong_fwd));
+  row("bwd", bwd_s, flops.backward, sum(wrong_bwd));
+  row("total", tot_s, total_flops, 0);
+
+  nlohmann::json extra = c.to_json();
+  extra["threads"] = omp_threads;
+  extra["warmup"] = a.warmup;
+  extra["iters"] = a.iters;
+  extra["fwd_s"] = fwd_s;
+  extra["bwd_s"] = bwd_s;
+  extra["total_s"] = tot_s;
+  extra["flops"] = {{"proj_fwd", proj_fwd}, {"attn_fwd", flops.attention_forward}, {"fwd", flops.forward},
+                    {"bwd", flops.backward}, {"total", total_flops}};
+  extra["check"] = {{"worst", check.worst}, {"worst_tensor", check.worst_name}, {"tolerance", check.tolerance}};
+  return table.finish(m, a.json, extra);
+}
+
+}  // namespace
+}  // namespace laga
+
+int main(int argc, char** argv) {
+  laga::Args a;
+  CLI::App app{"bench_block: the MLA block stack's forward + backward on one rank, timed and validated"};
+  app.add_option("--model", a.model, "preset: deepseek-v3, deepseek-v2-lite, small, tiny")->capture_default_str();
+  app.add_option("--seq", a.seq, "sequence length T")->capture_default_str();
+  app.add_option("--batch", a.batch, "micro-batch B")->capture_default_str();
+  app.add_option("--layers", a.layers, "stacked blocks L")->capture_default_str();
+  app.add_option("--dtype", a.dtype, "fp32 or bf16")->capture_default_str();
+  app.add_option("--kernel", a.kernel, "attention kernel: fused or eager")->capture_default_str();
+  app.add_option("--iters,--repeats", a.iters, "timed iterations")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "untimed iterations first")->capture_default_str();
+  app.add_option("--threads", a.threads, "OpenMP threads (default: OMP_NUM_THREADS, else every core)");
+  app.add_option("--json", a.json, "write the rows and the per-iteration times here");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  try {
+    return laga::run(a);
+  } catch (const laga::Error& e) {
+    std::fprintf(stderr, "bench_block: %s (%s:%d)\n", e.message().c_str(), e.file(), e.line());
+    return e.exit_status();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_block: %s\n", e.what());
+    return 3;
+  }
+}

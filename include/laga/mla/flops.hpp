@@ -1,0 +1,18 @@
+// FLOPs of the block stack, whole sequence, all ranks together (DESIGN §4): projections counted
+// exactly (2 per multiply-add), attention by FlashAttention-3's convention with causal
+// avg_kv = (T+1)/2 and backward = 2.5× forward; the absorbed core executes (Dl + Lkv) per score
+// instead of (Dqk + Dv). Elementwise work (norms, RoPE, softmax) is not counted.
+#pragma once
+
+#include "laga/core/config.hpp"
+
+namespace laga {
+
+struct BlockFlops {
+  double forward = 0, backward = 0;
+  double attention_forward = 0;  // the core's share of forward
+};
+
+BlockFlops block_flops(const MlaConfig& c);
+
+}  // namespace laga

@@ -1,0 +1,55 @@
+// One forward + backward of the block stack as a measured run on one rank of a group: weights and
+// this rank's shard of x and dy drawn from a seed (or weights loaded from a file), the baseline
+// allocated first, then forward, backward and the grad sync, with memory measured per DESIGN §4,
+// the communication ledger, and times per phase. run_group runs every rank as a thread.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "laga/comm/communicator.hpp"
+#include "laga/core/config.hpp"
+#include "laga/core/memory.hpp"
+#include "laga/mla/weights.hpp"
+
+namespace laga {
+
+struct RunOptions {
+  uint64_t seed = 1234;
+  std::string weights_path;   // empty: init_weights(seed)
+  bool gather_tensors = false;  // gather whole x, dy, y, dx, weights and synced grads (for dumps, checks)
+  bool grad_sync = true;        // all-reduce the weight gradients over the group after backward
+};
+
+struct MemoryReport {
+  int64_t baseline_bytes = 0;          // weights + weight grads + x + dy
+  int64_t activation_peak_bytes = 0;   // max over forward+backward of (live − baseline)
+  int64_t saved_bytes = 0;             // live − baseline at the end of forward
+  int64_t forward_peak_bytes = 0;      // max over forward of (live − baseline)
+  int64_t backward_peak_bytes = 0;     // max over backward of (live − baseline)
+  std::map<std::string, int64_t> peak_breakdown;  // live bytes by tag at the peak (baseline tags included)
+};
+
+struct RankResult {
+  int rank = 0;
+  MemoryReport memory;
+  double forward_s = 0, backward_s = 0, grad_sync_s = 0;
+  std::vector<CollectiveRecord> collectives;  // this rank's ledger, attention and grad sync
+  // With gather_tensors: whole tensors [T, B, D] and the synced gradients, on every rank.
+  Tensor x, dy, y, dx;
+  Weights weights, grads;
+};
+
+// This rank's shard of input `name` ("x" or "dy"): rows [r·N, (r+1)·N) of a [T, B, D] tensor drawn
+// as N(0, 1) from the seed — the same whole tensor whatever P is.
+Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const std::string& name, const std::string& tag);
+
+RankResult run_rank(const MlaConfig& c, const RunOptions& opt, Communicator& comm);
+// Every rank as a thread; results in rank order.
+std::vector<RankResult> run_group(const MlaConfig& c, const RunOptions& opt, double timeout_s = 0);
+
+// Attention traffic (everything but the grad sync) and the grad sync, from a ledger.
+bool is_grad_sync(const CollectiveRecord& r);
+
+}  // namespace laga

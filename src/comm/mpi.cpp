@@ -1,0 +1,268 @@
+// The MPI backend: one rank per process of MPI_COMM_WORLD, started by mpirun. Raw byte movement
+// only (MPI_Allgather, MPI_Alltoall, MPI_Bcast, MPI_Barrier; with a timeout, their non-blocking
+// forms polled by MPI_Test); recording and the ordered reductions are in communicator.cpp, which is
+// why this backend and the threads backend give bitwise the same results. Not here: MPI's own
+// reductions (MPI_Reduce_scatter, MPI_Allreduce), whose summation order is the library's choice.
+//
+// MPI counts are int. A transfer of more than INT_MAX bytes per rank is split into pieces of at
+// most that size; a piece is one contiguous run of bytes per rank, described by a datatype whose
+// extent is the whole per-rank block, so piece k of every rank lands at its place in the output.
+//
+// Every MPI call is checked (MPI_ERRORS_RETURN on MPI_COMM_WORLD) and a failure names the call,
+// the rank and the host. A failing rank prints its error and calls MPI_Abort, which ends every
+// process of the job: MPI has no way to make the others' pending collectives fail and continue.
+// The C API only: OpenMPI's deprecated C++ bindings stay out.
+#define OMPI_SKIP_MPICXX 1
+#include <mpi.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "laga/comm/communicator.hpp"
+#include "laga/core/error.hpp"
+
+namespace laga {
+namespace {
+
+int64_t g_max_piece_bytes = INT_MAX;
+
+std::string host_name() {
+  int initialized = 0;
+  MPI_Initialized(&initialized);
+  if (initialized) {
+    char name[MPI_MAX_PROCESSOR_NAME];
+    int len = 0;
+    if (MPI_Get_processor_name(name, &len) == MPI_SUCCESS) return std::string(name, size_t(len));
+  }
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) == 0) return name;
+  return "an unknown host";
+}
+
+std::string mpi_error_text(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(rc, text, &len) == MPI_SUCCESS) return std::string(text, size_t(len));
+  return fmt::format("MPI error code {}", rc);
+}
+
+// Where this process is, for messages.
+struct Where {
+  int rank = -1;
+  std::string host;
+};
+
+void check_mpi(int rc, const char* call, const Where& w, const char* file, int line) {
+  if (rc == MPI_SUCCESS) return;
+  throw Error(ErrorKind::failure, file, line,
+              fmt::format("rank {} on {}: {} failed: {}", w.rank, w.host, call, mpi_error_text(rc)));
+}
+#define LAGA_MPI(where, call) check_mpi((call), #call, (where), __FILE__, __LINE__)
+
+// len bytes per rank inside a per-rank block of extent bytes: plain MPI_BYTEs when the piece is the
+// whole block, else one element of a contiguous type resized to the block's extent.
+class Piece {
+ public:
+  Piece(int64_t len, int64_t extent, const Where& w) {
+    if (len == extent) {
+      count_ = int(len);
+      return;
+    }
+    MPI_Datatype contiguous;
+    LAGA_MPI(w, MPI_Type_contiguous(int(len), MPI_BYTE, &contiguous));
+    LAGA_MPI(w, MPI_Type_create_resized(contiguous, 0, MPI_Aint(extent), &type_));
+    LAGA_MPI(w, MPI_Type_free(&contiguous));
+    LAGA_MPI(w, MPI_Type_commit(&type_));
+    owned_ = true;
+  }
+  ~Piece() {
+    if (owned_) MPI_Type_free(&type_);  // MPI lets a pending operation finish with a freed type
+  }
+  Piece(const Piece&) = delete;
+  Piece& operator=(const Piece&) = delete;
+  int count() const { return count_; }
+  MPI_Datatype type() const { return type_; }
+
+ private:
+  MPI_Datatype type_ = MPI_BYTE;
+  int count_ = 1;
+  bool owned_ = false;
+};
+
+class MpiCommunicator final : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    where_.host = host_name();
+    LAGA_MPI(where_, MPI_Comm_rank(comm_, &where_.rank));
+    LAGA_MPI(where_, MPI_Comm_size(comm_, &size_));
+  }
+  int rank() const override { return where_.rank; }
+  int size() const override { return size_; }
+  std::string backend() const override { return "mpi"; }
+  const std::string& host() const { return where_.host; }
+
+  void abort(const std::string& reason) override {
+    std::fprintf(stderr, "laga: rank %d on %s: %s\n", where_.rank, where_.host.c_str(), reason.c_str());
+    std::fflush(stderr);
+    MPI_Abort(comm_, 1);
+    std::_Exit(1);
+  }
+
+ protected:
+  void do_all_gather(const void* in, void* out, int64_t bytes) override {
+    const bool in_place = in == static_cast<const char*>(out) + int64_t(where_.rank) * bytes;
+    for (int64_t off = 0; off < bytes; off += g_max_piece_bytes) {
+      const Piece t(std::min(g_max_piece_bytes, bytes - off), bytes, where_);
+      const void* send = in_place ? MPI_IN_PLACE : static_cast<const char*>(in) + off;
+      char* recv = static_cast<char*>(out) + off;
+      if (timeout_s_ > 0) {
+        MPI_Request req;
+        LAGA_MPI(where_, MPI_Iallgather(send, t.count(), t.type(), recv, t.count(), t.type(), comm_, &req));
+        wait(req, "MPI_Iallgather");
+      } else {
+        LAGA_MPI(where_, MPI_Allgather(send, t.count(), t.type(), recv, t.count(), t.type(), comm_));
+      }
+    }
+  }
+
+  void do_all_to_all(const void* in, void* out, int64_t bytes_per_peer) override {
+    for (int64_t off = 0; off < bytes_per_peer; off += g_max_piece_bytes) {
+      const Piece t(std::min(g_max_piece_bytes, bytes_per_peer - off), bytes_per_peer, where_);
+      const char* send = static_cast<const char*>(in) + off;
+      char* recv = static_cast<char*>(out) + off;
+      if (timeout_s_ > 0) {
+        MPI_Request req;
+        LAGA_MPI(where_, MPI_Ialltoall(send, t.count(), t.type(), recv, t.count(), t.type(), comm_, &req));
+        wait(req, "MPI_Ialltoall");
+      } else {
+        LAGA_MPI(where_, MPI_Alltoall(send, t.count(), t.type(), recv, t.count(), t.type(), comm_));
+      }
+    }
+  }
+
+  void do_broadcast(void* buf, int64_t bytes, int root) override {
+    for (int64_t off = 0; off < bytes; off += g_max_piece_bytes) {
+      const int len = int(std::min(g_max_piece_bytes, bytes - off));
+      char* p = static_cast<char*>(buf) + off;
+      if (timeout_s_ > 0) {
+        MPI_Request req;
+        LAGA_MPI(where_, MPI_Ibcast(p, len, MPI_BYTE, root, comm_, &req));
+        wait(req, "MPI_Ibcast");
+      } else {
+        LAGA_MPI(where_, MPI_Bcast(p, len, MPI_BYTE, root, comm_));
+      }
+    }
+  }
+
+  void do_barrier() override {
+    if (timeout_s_ > 0) {
+      MPI_Request req;
+      LAGA_MPI(where_, MPI_Ibarrier(comm_, &req));
+      wait(req, "MPI_Ibarrier");
+    } else {
+      LAGA_MPI(where_, MPI_Barrier(comm_));
+    }
+  }
+
+ private:
+  // Polls a non-blocking collective until it completes or the timeout passes. Polling yields, then
+  // sleeps briefly, so oversubscribed ranks leave the cores to the ones still computing.
+  void wait(MPI_Request& req, const char* call) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int polls = 0;; ++polls) {
+      int done = 0;
+      LAGA_MPI(where_, MPI_Test(&req, &done, MPI_STATUS_IGNORE));
+      if (done) return;
+      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_)
+        throw Error(ErrorKind::failure, __FILE__, __LINE__,
+                    fmt::format("rank {}: {} timed out after {:g} s waiting for the other ranks ({} on {}; MPI "
+                                "cannot tell which ranks are missing)",
+                                where_.rank, current_collective(), timeout_s_, call, where_.host));
+      if (polls < 100)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  MPI_Comm comm_;
+  Where where_;
+  int size_ = 0;
+};
+
+// Ranks of this job on this node: OpenMPI says so in the environment; otherwise ask MPI.
+int local_size(MPI_Comm comm, const Where& w) {
+  if (const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    const int n = std::atoi(s);
+    if (n > 0) return n;
+  }
+  MPI_Comm node;
+  LAGA_MPI(w, MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node));
+  int n = 1;
+  LAGA_MPI(w, MPI_Comm_size(node, &n));
+  LAGA_MPI(w, MPI_Comm_free(&node));
+  return n;
+}
+
+}  // namespace
+
+namespace detail {
+void set_mpi_max_piece_bytes(int64_t bytes) {
+  LAGA_CHECK(bytes >= 1 && bytes <= INT_MAX, "MPI piece size {} bytes is outside 1 .. {}", bytes, INT_MAX);
+  g_max_piece_bytes = bytes;
+}
+}  // namespace detail
+
+bool under_mpi() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr; }
+
+int run_mpi(const std::function<void(Communicator&)>& fn, double timeout_s) {
+  LAGA_CHECK(timeout_s >= 0, "run_mpi: timeout {} s is negative; try 0 (wait forever) or a positive count", timeout_s);
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  LAGA_CHECK(!initialized && !finalized, "run_mpi: MPI was already initialised in this process; it runs once");
+  Where where{-1, host_name()};
+  int provided = 0;
+  LAGA_MPI(where, MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
+  where.host = host_name();
+  MPI_Comm_rank(MPI_COMM_WORLD, &where.rank);
+
+  int status = 0;
+  std::string message;
+  try {
+    LAGA_MPI(where, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
+    LAGA_CHECK(provided >= MPI_THREAD_FUNNELED,
+               "this MPI library gives thread level {}; laga needs MPI_THREAD_FUNNELED", provided);
+    const int cores = std::max(1, int(std::thread::hardware_concurrency()));
+    omp_set_num_threads(std::max(1, cores / local_size(MPI_COMM_WORLD, where)));
+    MpiCommunicator comm(MPI_COMM_WORLD);
+    comm.set_timeout(timeout_s);
+    fn(comm);
+  } catch (const Error& e) {
+    status = e.exit_status();
+    message = e.what();
+  } catch (const std::exception& e) {
+    status = 1;
+    message = e.what();
+  } catch (...) {
+    status = 1;
+    message = "an exception that is not a std::exception";
+  }
+  if (status != 0) {
+    std::fprintf(stderr, "laga: rank %d on %s: %s\n", where.rank, where.host.c_str(), message.c_str());
+    std::fflush(stderr);
+    MPI_Abort(MPI_COMM_WORLD, status);
+    std::_Exit(status);
+  }
+  LAGA_MPI(where, MPI_Finalize());
+  return 0;
+}
+
+}  // namespace laga

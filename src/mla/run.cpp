@@ -1,0 +1,106 @@
+// A measured forward + backward of the block stack on one rank (DESIGN §4's memory semantics).
+#include "laga/mla/run.hpp"
+
+#include <chrono>
+#include <mutex>
+
+#include "laga/core/random.hpp"
+#include "laga/io/checkpoint.hpp"
+#include "laga/mla/block.hpp"
+
+namespace laga {
+
+namespace {
+using clock_type = std::chrono::steady_clock;
+double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+
+// Whole [T, B, D] from every rank's [N, B, D] shard (sequence-first: shards concatenate).
+Tensor gather_rows(Communicator& comm, const Tensor& shard, const std::string& tag) {
+  Shape s = shard.shape();
+  s[0] *= comm.size();
+  Tensor whole = Tensor::empty(s, shard.dtype(), tag);
+  comm.all_gather(shard.raw(), whole.raw(), shard.numel(), shard.dtype(), "gather." + tag);
+  return whole;
+}
+}  // namespace
+
+bool is_grad_sync(const CollectiveRecord& r) { return r.tensor == "grad_sync"; }
+
+Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const std::string& name, const std::string& tag) {
+  const int64_t N = c.tokens_per_rank();
+  Tensor t = Tensor::empty({N, c.batch, c.hidden_size}, c.dtype, tag);
+  fill_normal(t, seed, name, 1.0, 0.0, rank * N * c.batch * c.hidden_size);
+  return t;
+}
+
+RankResult run_rank(const MlaConfig& c, const RunOptions& opt, Communicator& comm) {
+  c.validate();
+  LAGA_CHECK(c.sp == comm.size(), "config says --sp {} but the group has {} ranks", c.sp, comm.size());
+  MemoryTracker tracker;
+  RankResult r;
+  r.rank = comm.rank();
+  Tensor y_shard, dx_shard, x_shard, dy_shard;
+  Weights w, g;
+  {
+    TrackerScope scope(tracker);
+    if (opt.weights_path.empty()) {
+      w = allocate_weights(c, "weights");
+      init_weights(w, c, opt.seed);
+    } else {
+      w = load_weights(opt.weights_path, c);
+    }
+    g = zero_grads(c, "grads");
+    x_shard = make_input_shard(c, comm.rank(), opt.seed, "x", "input.x");
+    dy_shard = make_input_shard(c, comm.rank(), opt.seed, "dy", "input.dy");
+    const int64_t baseline = tracker.live_bytes();
+    r.memory.baseline_bytes = baseline;
+    comm.barrier();
+    comm.ledger().clear();
+    tracker.reset_peak();
+
+    StackSaved saved;
+    auto t0 = clock_type::now();
+    y_shard = stack_forward(c, w, x_shard, saved, comm);
+    r.forward_s = since(t0);
+    r.memory.saved_bytes = tracker.live_bytes() - baseline;
+    r.memory.forward_peak_bytes = tracker.peak_bytes() - baseline;
+    auto forward_breakdown = tracker.peak_by_tag();
+    tracker.reset_peak();
+    auto t1 = clock_type::now();
+    dx_shard = stack_backward(c, w, saved, dy_shard, g, comm);
+    r.backward_s = since(t1);
+    r.memory.backward_peak_bytes = tracker.peak_bytes() - baseline;
+    r.memory.activation_peak_bytes = std::max(r.memory.forward_peak_bytes, r.memory.backward_peak_bytes);
+    r.memory.peak_breakdown =
+        r.memory.forward_peak_bytes >= r.memory.backward_peak_bytes ? forward_breakdown : tracker.peak_by_tag();
+    if (opt.grad_sync) {
+      auto t2 = clock_type::now();
+      g.for_each([&](const std::string&, Tensor& t) { comm.all_reduce(t.raw(), t.numel(), t.dtype(), "grad_sync"); });
+      r.grad_sync_s = since(t2);
+    }
+    r.collectives = comm.ledger().records();
+  }
+  if (opt.gather_tensors) {
+    // Whole tensors outlive this rank's tracker: they are made on the default one.
+    TrackerScope out(default_tracker());
+    r.x = gather_rows(comm, x_shard, "x");
+    r.dy = gather_rows(comm, dy_shard, "dy");
+    r.y = gather_rows(comm, y_shard, "y");
+    r.dx = gather_rows(comm, dx_shard, "dx");
+    auto copy = [](const std::string&, Tensor& t) { t = t.clone(t.tag()); };
+    r.weights = std::move(w);
+    r.grads = std::move(g);
+    r.weights.for_each(copy);
+    r.grads.for_each(copy);
+  }
+  return r;
+}
+
+std::vector<RankResult> run_group(const MlaConfig& c, const RunOptions& opt, double timeout_s) {
+  c.validate();
+  std::vector<RankResult> results(size_t(c.sp));
+  run_threads(int(c.sp), [&](Communicator& comm) { results[size_t(comm.rank())] = run_rank(c, opt, comm); }, timeout_s);
+  return results;
+}
+
+}  // namespace laga

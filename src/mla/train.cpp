@@ -1,0 +1,96 @@
+// The synthetic regression task of train.hpp: teacher forward, student forward + backward, grad sync,
+// Adam on fp32 master weights (replicated: every rank applies the same update to the same numbers).
+#include "laga/mla/train.hpp"
+
+#include <chrono>
+#include <cmath>
+
+#include "laga/mla/block.hpp"
+#include "laga/mla/run.hpp"
+#include "laga/mla/weights.hpp"
+
+namespace laga {
+
+TrainResult train_rank(const MlaConfig& c, const TrainOptions& opt, Communicator& comm) {
+  c.validate();
+  LAGA_CHECK(opt.steps >= 1, "--steps {} must be at least 1", opt.steps);
+  MemoryTracker tracker;
+  TrackerScope scope(tracker);
+  MlaConfig teacher_cfg = c;
+  teacher_cfg.form = Form::explicit_form;
+  Weights teacher = allocate_weights(c, "teacher");
+  init_weights(teacher, c, opt.seed ^ 0x7eac4e7ull);
+  Weights student = allocate_weights(c, "weights");
+  init_weights(student, c, opt.seed);
+  // fp32 master weights and Adam moments, in for_each order.
+  std::vector<std::vector<float>> master, m1, m2;
+  student.for_each([&](const std::string&, const Tensor& t) {
+    master.push_back(t.to_floats());
+    m1.emplace_back(size_t(t.numel()), 0.0f);
+    m2.emplace_back(size_t(t.numel()), 0.0f);
+  });
+  const double count = double(c.seq_len * c.batch * c.hidden_size);
+  TrainResult result;
+  auto t0 = std::chrono::steady_clock::now();
+  for (int64_t step = 0; step < opt.steps; ++step) {
+    const uint64_t data_seed = opt.seed + 1000003ull * uint64_t(step + 1);
+    Tensor x = make_input_shard(c, comm.rank(), data_seed, "x", "input.x");
+    Tensor target;
+    {
+      StackSaved discard;
+      target = stack_forward(teacher_cfg, teacher, x, discard, comm);
+    }
+    StackSaved saved;
+    Tensor y = stack_forward(c, student, x, saved, comm);
+    // loss = ½ Σ (y − t)² / count;  dy = (y − t) / count
+    Tensor dy = Tensor::empty(y.shape(), y.dtype(), "input.dy");
+    double local = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) {
+      double d = double(y.get(i)) - double(target.get(i));
+      local += 0.5 * d * d;
+      dy.set(i, float(d / count));
+    }
+    float loss_parts = float(local);
+    comm.all_reduce(&loss_parts, 1, DType::f32, "loss");
+    result.losses.push_back(double(loss_parts) / count);
+    Weights grads = zero_grads(c, "grads");
+    stack_backward(c, student, saved, dy, grads, comm);
+    grads.for_each([&](const std::string&, Tensor& t) { comm.all_reduce(t.raw(), t.numel(), t.dtype(), "grad_sync"); });
+    // Adam, bias-corrected.
+    const double b1t = 1 - std::pow(opt.beta1, double(step + 1)), b2t = 1 - std::pow(opt.beta2, double(step + 1));
+    size_t k = 0;
+    std::vector<Tensor*> params;
+    student.for_each([&](const std::string&, Tensor& t) { params.push_back(&t); });
+    grads.for_each([&](const std::string&, Tensor& gt) {
+      Tensor& p = *params[k];
+      auto& w = master[k];
+      auto& a = m1[k];
+      auto& b = m2[k];
+      for (int64_t i = 0; i < gt.numel(); ++i) {
+        const double g = gt.get(i);
+        a[size_t(i)] = float(opt.beta1 * a[size_t(i)] + (1 - opt.beta1) * g);
+        b[size_t(i)] = float(opt.beta2 * b[size_t(i)] + (1 - opt.beta2) * g * g);
+        w[size_t(i)] -= float(opt.lr * (a[size_t(i)] / b1t) / (std::sqrt(b[size_t(i)] / b2t) + opt.eps));
+        p.set(i, w[size_t(i)]);
+      }
+      ++k;
+    });
+  }
+  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return result;
+}
+
+TrainResult train_group(const MlaConfig& c, const TrainOptions& opt, double timeout_s) {
+  c.validate();
+  TrainResult out;
+  run_threads(
+      int(c.sp),
+      [&](Communicator& comm) {
+        TrainResult r = train_rank(c, opt, comm);
+        if (comm.rank() == 0) out = std::move(r);
+      },
+      timeout_s);
+  return out;
+}
+
+}  // namespace laga

@@ -1,0 +1,335 @@
+// The fused attention kernel: flash-style tiles with an online softmax (FlashAttention-2's loop
+// order on a CPU). Forward saves only o and the log-sum-exp; backward recomputes the probabilities
+// tile by tile. Nothing T×T is ever allocated: the workspace is a fixed number of per-thread tile
+// slots (attention_memory_events lists every buffer; docs/attention.md §5 gives the formulas).
+//
+// Parallel over independent tasks, each writing outputs no other task writes, so results are bitwise
+// the same from run to run and for any thread count (each task's arithmetic does not depend on the
+// thread that runs it; oneDNN runs single-threaded inside the parallel region):
+//   forward   task (b, hk, query tile):  o and lse of the tile's rows, all g heads of group hk
+//   backward  pass A, task (b, hk, key tile):    dk, dv of the tile, summed over the group's heads
+//             pass B, task (b, hk, query tile):  dq of the tile's rows
+// Pass B recomputes S and dP (two extra products) instead of FlashAttention-2's atomic dq update,
+// which would make the sum order depend on timing.
+// The products are laga::matmul (oneDNN) on tiles; the exponentials are vectorised row operations
+// from attention_internal.hpp. Math and derivation: docs/attention.md §3–§4.
+#include <omp.h>
+
+#include "attention_internal.hpp"
+#include "laga/ops/matmul.hpp"
+
+namespace laga::attn {
+
+namespace {
+
+// Runs body(slot, task) for task in [0, tasks) on at most `slots` threads; slot < slots is the
+// thread's own workspace. Inside, every product runs on its calling thread alone, even in a team of
+// one (which OpenMP does not count as a parallel region), so no result depends on the team size.
+template <class F>
+void parallel_tasks(int64_t tasks, int64_t slots, F&& body) {
+  const int nt = int(std::min<int64_t>(omp_get_max_threads(), slots));
+#pragma omp parallel num_threads(nt)
+  {
+    omp_set_num_threads(1);  // this thread's nested regions only: oneDNN runs sequentially
+    const int64_t slot = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) body(slot, task);
+  }
+}
+
+// C [M, N] fp32 (=, or += when accumulate) = A [M, K] · B [K, N], operands given by element strides.
+MatmulParams product(int64_t M, int64_t N, int64_t K, DType ab, const void* a, int64_t a_m, int64_t a_k,
+                     const void* b, int64_t b_k, int64_t b_n, float* c, int64_t c_m, bool accumulate) {
+  MatmulParams mp;
+  mp.M = M, mp.N = N, mp.K = K;
+  mp.ab_dtype = ab, mp.c_dtype = DType::f32;
+  mp.a = a, mp.a_m_stride = a_m, mp.a_k_stride = a_k;
+  mp.b = b, mp.b_k_stride = b_k, mp.b_n_stride = b_n;
+  mp.c = c, mp.c_m_stride = c_m, mp.c_n_stride = 1;
+  mp.accumulate = accumulate;
+  return mp;
+}
+
+// Keys a query row (token t) sees in key tile [k0, k0 + nk).
+inline int64_t visible(bool causal, int64_t t, int64_t k0, int64_t nk) {
+  return causal ? std::clamp<int64_t>(t - k0 + 1, 0, nk) : nk;
+}
+
+// One thread's tiles, all dense row-major with the width in use as leading dimension (oneDNN's
+// AMX/brgemm matmul takes only dense operands; a strided one falls back to a slower path).
+template <class T>
+struct Slot {
+  T* qt;           // [rows, Dqk] the query tile's q rows
+  T* dot;          // [rows, Dv] its dout rows (backward)
+  T* kt;           // [bk, Dqk] a key tile, when k's rows are strided
+  T* vt;           // [bk, Dv] a value tile, when v's rows are strided
+  float* s;        // [rows · bk] S or Sᵀ, fp32
+  float* dp;       // [rows · bk] dP or dPᵀ, fp32 (backward)
+  T* pt;           // [rows · bk] P in the storage dtype (aliases s when fp32)
+  T* ds;           // [rows · bk] dS in the storage dtype (aliases dp when fp32; backward)
+  float* stat0;    // [rows] forward: running max m; backward: lse2
+  float* stat1;    // [rows] forward: running sum l; backward: delta
+  float* acc;      // forward [rows, Dv] o accumulator; backward [bk, Dqk + Dv] dk, dv or [rows, Dqk] dq
+};
+
+template <class T>
+struct FusedKernel {
+  static constexpr bool low = !std::is_same_v<T, float>;  // bf16: P and dS get tiles of their own
+  const AttentionFwdParams& p;
+  FusedTiles tl;
+  float c;  // scale · log2 e: probabilities are 2^(c·s − m) with s = q·k unscaled
+
+  // Query tile (b, hk, i): tokens t0 .. t0 + nq, rows = g · nq.
+  struct QTile {
+    int64_t b, hk, t0, nq, rows;
+  };
+  QTile q_tile(int64_t b, int64_t hk, int64_t i) const {
+    const int64_t t0 = i * tl.bq, nq = std::min(tl.bq, p.T - t0);
+    return {b, hk, t0, nq, tl.group * nq};
+  }
+  int64_t head(const QTile& q, int64_t r) const { return q.hk * tl.group + r / q.nq; }
+  int64_t token(const QTile& q, int64_t r) const { return q.t0 + r % q.nq; }
+  // dst [rows, D] = x rows of the tile's heads, packed head-major.
+  void pack(T* dst, const void* x, const AttentionStrides& s, int64_t D, const QTile& q) const {
+    for (int64_t u = 0; u < tl.group; ++u)
+      pack_rows(dst + u * q.nq * D, at<T>(x, s, q.t0, q.b, q.hk * tl.group + u), q.nq, s.t, D);
+  }
+  // Keys and values [k0, k0 + nk) of head (b, hk) as dense [nk, D] tiles: in place when the rows are
+  // already dense, else copied into the slot.
+  struct KvTile {
+    const T *k, *v;
+  };
+  KvTile kv_tile(int64_t k0, int64_t nk, int64_t b, int64_t hk, const Slot<T>& w) const {
+    const T* k = at<T>(p.k, p.k_stride, k0, b, hk);
+    const T* v = at<T>(p.v, p.v_stride, k0, b, hk);
+    if (p.k_stride.t != p.Dqk) pack_rows(w.kt, k, nk, p.k_stride.t, p.Dqk), k = w.kt;
+    if (p.v_stride.t != p.Dv) pack_rows(w.vt, v, nk, p.v_stride.t, p.Dv), v = w.vt;
+    return {k, v};
+  }
+
+  // ---- forward --------------------------------------------------------------------------------
+  // Online softmax over key tiles: m = running max of c·s, l = running Σ 2^(c·s − m),
+  // acc = running Σ 2^(c·s − m) v; o = acc / l, lse = (m + log2 l) · ln 2.
+  void forward_task(const QTile& q, const Slot<T>& w, float* lse) const {
+    float *m = w.stat0, *l = w.stat1, *acc = w.acc;
+    pack(w.qt, p.q, p.q_stride, p.Dqk, q);
+    std::fill(m, m + q.rows, -INFINITY);
+    std::fill(l, l + q.rows, 0.0f);
+    std::fill(acc, acc + q.rows * p.Dv, 0.0f);
+    const int64_t kend = p.causal ? q.t0 + q.nq : p.T;
+    for (int64_t k0 = 0; k0 < kend; k0 += tl.bk) {
+      const int64_t nk = tile_keys(k0, tl.bk, p.T, kend);
+      const KvTile kv = kv_tile(k0, nk, q.b, q.hk, w);
+      // s [rows, nk] = qt · K_jᵀ
+      matmul(product(q.rows, nk, p.Dqk, p.dtype, w.qt, p.Dqk, 1, kv.k, 1, p.Dqk, w.s, nk, false));
+      for (int64_t r = 0; r < q.rows; ++r) {
+        const int64_t n = visible(p.causal, token(q, r), k0, nk);
+        float* sr = w.s + r * nk;
+        T* pr = w.pt + r * nk;
+        if (n == 0) {
+          zero_row(pr, nk);
+          continue;
+        }
+        const float m_new = std::max(m[r], row_max(sr, n) * c);
+        const float alpha = std::exp2(m[r] - m_new);
+        l[r] = l[r] * alpha + row_exp2(sr, pr, n, nk, c, m_new);
+        m[r] = m_new;
+        if (alpha != 1.0f)
+          for (float *a = acc + r * p.Dv, *e = a + p.Dv; a < e; ++a) *a *= alpha;
+      }
+      // acc [rows, Dv] += P [rows, nk] · V_j
+      matmul(product(q.rows, p.Dv, nk, p.dtype, w.pt, nk, 1, kv.v, p.Dv, 1, acc, p.Dv, true));
+    }
+    for (int64_t r = 0; r < q.rows; ++r) {
+      const int64_t h = head(q, r), t = token(q, r);
+      scale_row(acc + r * p.Dv, at<T>(p.o, p.o_stride, t, q.b, h), p.Dv, 1.0f / l[r]);
+      lse[(q.b * p.Hq + h) * p.T + t] = (m[r] + std::log2(l[r])) * kLn2;
+    }
+  }
+
+  // ---- backward -------------------------------------------------------------------------------
+  // Packs the tile's q and dout and its rows' statistics: lse2 = lse · log2 e, delta.
+  void pack_grad_rows(const AttentionBwdParams& bp, const QTile& q, const Slot<T>& w, const float* lse,
+                      const float* delta) const {
+    pack(w.qt, bp.q, bp.q_stride, p.Dqk, q);
+    pack(w.dot, bp.dout, bp.dout_stride, p.Dv, q);
+    for (int64_t r = 0; r < q.rows; ++r) {
+      const int64_t row = (q.b * p.Hq + head(q, r)) * p.T + token(q, r);
+      w.stat0[r] = lse[row] * kLog2e;
+      w.stat1[r] = delta[row];
+    }
+  }
+
+  // Pass A, key tile (b, hk, j): the tile's dk, dv summed over the group's heads and every query
+  // tile that sees it. Products in the transposed space (Sᵀ [nk, rows]) so that every operand is
+  // dense and read row-major: dV += Pᵀ dO, dK += dSᵀ Q.
+  void key_task(const AttentionBwdParams& bp, int64_t b, int64_t hk, int64_t j, const Slot<T>& w, const float* lse,
+                const float* delta) const {
+    const int64_t k0 = j * tl.bk, nk = std::min(tl.bk, p.T - k0);
+    float *dk_acc = w.acc, *dv_acc = w.acc + nk * p.Dqk;  // [nk, Dqk], [nk, Dv]
+    std::fill(w.acc, w.acc + nk * (p.Dqk + p.Dv), 0.0f);
+    const KvTile kv = kv_tile(k0, nk, b, hk, w);
+    for (int64_t i = p.causal ? k0 / tl.bq : 0; i < tl.nqb; ++i) {
+      const QTile q = q_tile(b, hk, i);
+      const int64_t R = q.rows;
+      pack_grad_rows(bp, q, w, lse, delta);
+      // st [nk, R] = K_j · qtᵀ;  dpt [nk, R] = V_j · dotᵀ
+      matmul(product(nk, R, p.Dqk, p.dtype, kv.k, p.Dqk, 1, w.qt, 1, p.Dqk, w.s, R, false));
+      matmul(product(nk, R, p.Dv, p.dtype, kv.v, p.Dv, 1, w.dot, 1, p.Dv, w.dp, R, false));
+      for (int64_t kk = 0; kk < nk; ++kk) {
+        const int64_t key = k0 + kk, o = kk * R;
+        if (!p.causal || key <= q.t0) {
+          span_grad(w.s + o, w.dp + o, w.pt + o, w.ds + o, R, c, w.stat0, w.stat1);
+          continue;
+        }
+        for (int64_t u = 0; u < tl.group; ++u) {  // token t0 + tt sees the key iff tt ≥ key − t0
+          const int64_t seg = o + u * q.nq, first = std::min(key - q.t0, q.nq), f = seg + first;
+          zero_row(w.pt + seg, first);
+          zero_row(w.ds + seg, first);
+          span_grad(w.s + f, w.dp + f, w.pt + f, w.ds + f, q.nq - first, c, w.stat0 + u * q.nq + first,
+                    w.stat1 + u * q.nq + first);
+        }
+      }
+      // dv_acc += Pᵀ [nk, R] · dot [R, Dv];  dk_acc += dSᵀ [nk, R] · qt [R, Dqk]
+      matmul(product(nk, p.Dv, R, p.dtype, w.pt, R, 1, w.dot, p.Dv, 1, dv_acc, p.Dv, true));
+      matmul(product(nk, p.Dqk, R, p.dtype, w.ds, R, 1, w.qt, p.Dqk, 1, dk_acc, p.Dqk, true));
+    }
+    for (int64_t kk = 0; kk < nk; ++kk) {
+      scale_row(dk_acc + kk * p.Dqk, at<T>(bp.dk, bp.dk_stride, k0 + kk, b, hk), p.Dqk, p.scale);
+      scale_row(dv_acc + kk * p.Dv, at<T>(bp.dv, bp.dv_stride, k0 + kk, b, hk), p.Dv, 1.0f);
+    }
+  }
+
+  // Pass B, query tile (b, hk, i): dq of its rows, dQ = scale · Σ_j dS_j K_j.
+  void query_task(const AttentionBwdParams& bp, const QTile& q, const Slot<T>& w, const float* lse,
+                  const float* delta) const {
+    pack_grad_rows(bp, q, w, lse, delta);
+    float* dq_acc = w.acc;  // [rows, Dqk]
+    std::fill(dq_acc, dq_acc + q.rows * p.Dqk, 0.0f);
+    const int64_t kend = p.causal ? q.t0 + q.nq : p.T;
+    for (int64_t k0 = 0; k0 < kend; k0 += tl.bk) {
+      const int64_t nk = tile_keys(k0, tl.bk, p.T, kend);
+      const KvTile kv = kv_tile(k0, nk, q.b, q.hk, w);
+      // s [rows, nk] = qt · K_jᵀ;  dp [rows, nk] = dot · V_jᵀ
+      matmul(product(q.rows, nk, p.Dqk, p.dtype, w.qt, p.Dqk, 1, kv.k, 1, p.Dqk, w.s, nk, false));
+      matmul(product(q.rows, nk, p.Dv, p.dtype, w.dot, p.Dv, 1, kv.v, 1, p.Dv, w.dp, nk, false));
+      for (int64_t r = 0; r < q.rows; ++r)
+        row_grad(w.s + r * nk, w.dp + r * nk, w.ds + r * nk, visible(p.causal, token(q, r), k0, nk), nk, c,
+                 w.stat0[r], w.stat1[r]);
+      // dq_acc [rows, Dqk] += dS [rows, nk] · K_j
+      matmul(product(q.rows, p.Dqk, nk, p.dtype, w.ds, nk, 1, kv.k, p.Dqk, 1, dq_acc, p.Dqk, true));
+    }
+    for (int64_t r = 0; r < q.rows; ++r)
+      scale_row(dq_acc + r * p.Dqk, at<T>(bp.dq, bp.dq_stride, token(q, r), q.b, head(q, r)), p.Dqk, p.scale);
+  }
+};
+
+// The workspace tensors of one call, in the order of its memory plan; slot(i) is thread i's share.
+template <class T>
+struct Workspace {
+  static constexpr bool low = !std::is_same_v<T, float>;
+  const AttentionFwdParams& p;
+  const FusedTiles& tl;
+  bool backward;
+  Tensor q_tile, do_tile, kv_tile, s_tile, dp_tile, p_tile, ds_tile, stats, acc;
+
+  Workspace(MemoryPlanWalker& plan, const AttentionFwdParams& params, const FusedTiles& tiles, bool bwd)
+      : p(params), tl(tiles), backward(bwd) {
+    q_tile = plan.allocate("attn.q_tile");                    // [slots, rows, Dqk]
+    if (backward) do_tile = plan.allocate("attn.do_tile");    // [slots, rows, Dv]
+    kv_tile = plan.allocate("attn.kv_tile");                  // [slots, bk, Dqk + Dv]
+    s_tile = plan.allocate("attn.s_tile");                    // [slots, rows, bk] fp32
+    if (backward) dp_tile = plan.allocate("attn.dp_tile");    // [slots, rows, bk] fp32
+    if (low) p_tile = plan.allocate("attn.p_tile");           // [slots, rows, bk] bf16
+    if (low && backward) ds_tile = plan.allocate("attn.ds_tile");  // [slots, rows, bk] bf16
+    stats = plan.allocate("attn.row_stats");                  // [slots, 2, rows] fp32
+    acc = plan.allocate(backward ? "attn.grad_acc" : "attn.o_acc");  // [slots, ...] fp32
+  }
+  void release(MemoryPlanWalker& plan) {
+    plan.release(backward ? "attn.grad_acc" : "attn.o_acc", acc);
+    plan.release("attn.row_stats", stats);
+    if (low && backward) plan.release("attn.ds_tile", ds_tile);
+    if (low) plan.release("attn.p_tile", p_tile);
+    if (backward) plan.release("attn.dp_tile", dp_tile);
+    plan.release("attn.s_tile", s_tile);
+    plan.release("attn.kv_tile", kv_tile);
+    if (backward) plan.release("attn.do_tile", do_tile);
+    plan.release("attn.q_tile", q_tile);
+  }
+  Slot<T> slot(int64_t i) const {
+    const int64_t tile = tl.rows * tl.bk;
+    Slot<T> w{};
+    w.qt = q_tile.data<T>() + i * tl.rows * p.Dqk;
+    w.dot = backward ? do_tile.data<T>() + i * tl.rows * p.Dv : nullptr;
+    w.kt = kv_tile.data<T>() + i * tl.bk * (p.Dqk + p.Dv);
+    w.vt = w.kt + tl.bk * p.Dqk;
+    w.s = s_tile.data<float>() + i * tile;
+    w.dp = backward ? dp_tile.data<float>() + i * tile : nullptr;
+    w.pt = low ? p_tile.data<T>() + i * tile : reinterpret_cast<T*>(w.s);
+    w.ds = !backward ? nullptr : low ? ds_tile.data<T>() + i * tile : reinterpret_cast<T*>(w.dp);
+    w.stat0 = stats.data<float>() + i * 2 * tl.rows;
+    w.stat1 = w.stat0 + tl.rows;
+    w.acc = acc.data<float>() + i * (acc.numel() / acc.dim(0));
+    return w;
+  }
+};
+
+template <class T>
+AttentionSaved forward(const AttentionFwdParams& p) {
+  MemoryPlanWalker plan(attention_memory_events(laga::Kernel::fused, p, false));
+  const FusedKernel<T> k{p, fused_tiles(p, false), p.scale * kLog2e};
+  const FusedTiles& tl = k.tl;
+  AttentionSaved saved;
+  saved.lse = plan.allocate("attn.lse");  // [B, Hq, T] fp32
+  Workspace<T> ws(plan, p, tl, false);
+  const int64_t groups = p.B * p.Hkv;
+  float* lse = saved.lse.data<float>();
+  parallel_tasks(groups * tl.nqb, tl.slots, [&](int64_t slot, int64_t task) {
+    const int64_t i = tl.nqb - 1 - task / groups;  // longest (last) query tiles first
+    k.forward_task(k.q_tile((task % groups) / p.Hkv, task % p.Hkv, i), ws.slot(slot), lse);
+  });
+  ws.release(plan);
+  plan.finish();
+  return saved;
+}
+
+template <class T>
+void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
+  MemoryPlanWalker plan(attention_memory_events(laga::Kernel::fused, p, true));
+  const FusedKernel<T> k{p, fused_tiles(p, true), p.scale * kLog2e};
+  const FusedTiles& tl = k.tl;
+  Tensor delta = plan.allocate("attn.delta");  // [B, Hq, T] fp32, rowsum(dO∘O)
+  float* d = delta.data<float>();
+  const int64_t rows = p.B * p.Hq * p.T;
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r % p.T, h = (r / p.T) % p.Hq, b = r / (p.T * p.Hq);
+    d[r] = dot_row(at<T>(p.dout, p.dout_stride, t, b, h), at<T>(p.o, p.o_stride, t, b, h), p.Dv);
+  }
+  Workspace<T> ws(plan, p, tl, true);
+  const int64_t groups = p.B * p.Hkv;
+  const float* lse = saved.lse.data<float>();
+  parallel_tasks(groups * tl.nkb, tl.slots, [&](int64_t slot, int64_t task) {
+    // longest (first) key tiles first
+    k.key_task(p, (task % groups) / p.Hkv, task % p.Hkv, task / groups, ws.slot(slot), lse, d);
+  });
+  parallel_tasks(groups * tl.nqb, tl.slots, [&](int64_t slot, int64_t task) {
+    const int64_t i = tl.nqb - 1 - task / groups;
+    k.query_task(p, k.q_tile((task % groups) / p.Hkv, task % p.Hkv, i), ws.slot(slot), lse, d);
+  });
+  ws.release(plan);
+  plan.release("attn.delta", delta);
+  plan.finish();
+}
+
+}  // namespace
+
+AttentionSaved fused_forward(const AttentionFwdParams& p) {
+  return dispatch_dtype(p.dtype, [&](auto* tag) { return forward<std::remove_pointer_t<decltype(tag)>>(p); });
+}
+
+void fused_backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
+  dispatch_dtype(p.dtype, [&](auto* tag) { backward<std::remove_pointer_t<decltype(tag)>>(p, saved); });
+}
+
+}  // namespace laga::attn

@@ -1,0 +1,303 @@
+// Internals shared by the attention kernels (attention.cpp, attention_eager.cpp, attention_fused.cpp):
+// the fused kernel's tile sizes, the vectorised row operations of the softmax and its backward, and
+// the copies of head rows between strided tensors and dense tiles. Not an API: nothing outside
+// src/ops/attention*.cpp includes it. The math these rows implement is derived in docs/attention.md.
+//
+// Every row operation has an AVX-512 path (guarded by __AVX512F__; bf16 conversion by __AVX512BF16__)
+// and a scalar fallback; both round to bf16 to nearest even, like to_bf16().
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string_view>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+// GCC 12 warns inside its own AVX-512 intrinsics (their _mm512_undefined_ps pass-through, GCC bug
+// 105593); the warning is about the header, not this code.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+#include "laga/ops/attention.hpp"
+
+namespace laga::attn {
+
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2 = 0.693147180559945309f;
+
+// ---- tiles of the fused kernel (a function of the config only) ---------------------------------
+
+// Rows of a query tile: the g = Hq/Hkv heads that share one K/V head, times bq tokens, packed
+// head-major (row u·nq + tt is head hk·g + u, token t0 + tt), so the group's heads share every K/V
+// tile product. Key tiles hold bk keys.
+inline constexpr int64_t kFwdRows = 256, kFwdKeys = 256;
+inline constexpr int64_t kBwdRows = 256, kBwdKeys = 256;
+// A causal key tile is trimmed to the keys its last query sees, rounded up to this many keys so that
+// only a few product shapes occur (each shape is a cached oneDNN primitive).
+inline constexpr int64_t kKeyGranule = 32;
+
+struct FusedTiles {
+  int64_t group = 1;      // g = Hq / Hkv
+  int64_t bq = 1, bk = 1; // tokens per query tile, keys per key tile
+  int64_t rows = 1;       // g · bq
+  int64_t nqb = 1, nkb = 1;
+  int64_t slots = 1;      // per-thread workspaces = threads used at most
+};
+
+inline FusedTiles fused_tiles(const AttentionFwdParams& p, bool backward) {
+  FusedTiles t;
+  t.group = p.Hq / p.Hkv;
+  t.bq = std::min(p.T, std::max<int64_t>(1, (backward ? kBwdRows : kFwdRows) / t.group));
+  t.bk = std::min(p.T, backward ? kBwdKeys : kFwdKeys);
+  t.rows = t.group * t.bq;
+  t.nqb = (p.T + t.bq - 1) / t.bq;
+  t.nkb = (p.T + t.bk - 1) / t.bk;
+  const int64_t tasks = p.B * p.Hkv * (backward ? std::max(t.nqb, t.nkb) : t.nqb);
+  t.slots = std::min(kAttentionMaxThreads, tasks);
+  return t;
+}
+
+// Keys of tile [k0, k0 + bk) that queries up to kend (exclusive) may see, rounded up to kKeyGranule.
+inline int64_t tile_keys(int64_t k0, int64_t bk, int64_t T, int64_t kend) {
+  const int64_t need = (kend - k0 + kKeyGranule - 1) / kKeyGranule * kKeyGranule;
+  return std::min({bk, T - k0, need});
+}
+
+// ---- element access -------------------------------------------------------------------------------
+
+template <class T>
+inline const T* at(const void* base, const AttentionStrides& s, int64_t t, int64_t b, int64_t h) {
+  return static_cast<const T*>(base) + t * s.t + b * s.b + h * s.h;
+}
+template <class T>
+inline T* at(void* base, const AttentionStrides& s, int64_t t, int64_t b, int64_t h) {
+  return static_cast<T*>(base) + t * s.t + b * s.b + h * s.h;
+}
+
+// dst[r, :D] = src row t0 + r of one head, r < n: a strided head slice packed into a dense tile.
+template <class T>
+inline void pack_rows(T* dst, const T* src, int64_t n, int64_t src_t_stride, int64_t D) {
+  for (int64_t r = 0; r < n; ++r) std::memcpy(dst + r * D, src + r * src_t_stride, size_t(D) * sizeof(T));
+}
+
+// ---- vectorised row operations ------------------------------------------------------------------
+
+#if defined(__AVX512F__)
+inline __mmask16 tail_mask(int64_t n) { return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1u); }
+
+// 2^x for x ≤ ~0: 2^round(x) · poly(x − round(x)), degree-6 Taylor series of 2^f on [−½, ½]
+// (relative error < 2e-7). Inputs below −150 give 0.
+inline __m512 exp2_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-150.0f));
+  const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(x, n);
+  __m512 y = _mm512_set1_ps(1.5403530393381609e-4f);
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.3333558146428443e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(9.6181291076284772e-3f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(5.5504108664821580e-2f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(2.4022650695910071e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(6.9314718055994531e-1f));
+  y = _mm512_fmadd_ps(y, f, _mm512_set1_ps(1.0f));
+  return _mm512_scalef_ps(y, n);
+}
+
+inline __m512 load16(const float* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+inline __m512 load16(const bf16* p, __mmask16 m) {
+  const __m256i h = _mm256_maskz_loadu_epi16(m, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline void store16(float* p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+inline void store16(bf16* p, __m512 v, __mmask16 m) {
+#if defined(__AVX512BF16__)
+  _mm256_mask_storeu_epi16(p, m, (__m256i)_mm512_cvtneps_pbh(v));
+#else
+  __m512i u = _mm512_castps_si512(v);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(u, 16)));
+#endif
+}
+#endif
+
+// Stores 0 in x[0..n).
+template <class T>
+inline void zero_row(T* x, int64_t n) {
+  std::memset(static_cast<void*>(x), 0, size_t(std::max<int64_t>(n, 0)) * sizeof(T));
+}
+
+// max of x[0..n), n ≥ 1.
+inline float row_max(const float* x, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 m = _mm512_set1_ps(-INFINITY);
+  for (int64_t k = 0; k < n; k += 16)
+    m = _mm512_mask_max_ps(m, tail_mask(n - k), m, _mm512_maskz_loadu_ps(tail_mask(n - k), x + k));
+  return _mm512_reduce_max_ps(m);
+#else
+  float m = -INFINITY;
+  for (int64_t k = 0; k < n; ++k) m = std::max(m, x[k]);
+  return m;
+#endif
+}
+
+// p[k] = 2^(c·s[k] − m) for k < n, 0 for n ≤ k < nk; returns Σ p in fp32 (before p is rounded to
+// P). p may alias s when P is float.
+template <class P>
+inline float row_exp2(const float* s, P* p, int64_t n, int64_t nk, float c, float m) {
+#if defined(__AVX512F__)
+  const __m512 vc = _mm512_set1_ps(c), vm = _mm512_set1_ps(-m);
+  __m512 sum = _mm512_setzero_ps();
+  int64_t k = 0;
+  for (; k < n; k += 16) {
+    const __mmask16 mk = tail_mask(n - k);
+    const __m512 e = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, s + k), vc, vm)));
+    sum = _mm512_add_ps(sum, e);
+    store16(p + k, e, tail_mask(nk - k));
+  }
+  if (k < nk) zero_row(p + k, nk - k);
+  return _mm512_reduce_add_ps(sum);
+#else
+  float sum = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const float e = std::exp2(s[k] * c - m);
+    sum += e;
+    p[k] = from_float<P>(e);
+  }
+  zero_row(p + n, nk - n);
+  return sum;
+#endif
+}
+
+// One row of the backward against one query's statistics (lse2 = log2-sum-exp2 of c·s, delta =
+// rowsum(dO∘O)): for k < n, p = 2^(c·s − lse2), ds = p·(dp − delta); 0 for n ≤ k < nk.
+// ds may alias dp when D is float.
+template <class D>
+inline void row_grad(const float* s, const float* dp, D* ds, int64_t n, int64_t nk, float c, float lse2, float delta) {
+#if defined(__AVX512F__)
+  const __m512 vc = _mm512_set1_ps(c), vl = _mm512_set1_ps(-lse2), vd = _mm512_set1_ps(delta);
+  int64_t k = 0;
+  for (; k < n; k += 16) {
+    const __mmask16 mk = tail_mask(n - k);
+    const __m512 pr = exp2_ps(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, s + k), vc, vl));
+    const __m512 g = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp + k), vd));
+    store16(ds + k, _mm512_maskz_mov_ps(mk, g), tail_mask(nk - k));
+  }
+  if (k < nk) zero_row(ds + k, nk - k);
+#else
+  for (int64_t k = 0; k < n; ++k) {
+    const float pr = std::exp2(s[k] * c - lse2);
+    ds[k] = from_float<D>(pr * (dp[k] - delta));
+  }
+  zero_row(ds + n, nk - n);
+#endif
+}
+
+// The same across queries (one key against n queries, each with its own lse2[r] and delta[r]),
+// writing both p and ds. p may alias s and ds may alias dp when P is float.
+template <class P>
+inline void span_grad(const float* s, const float* dp, P* p, P* ds, int64_t n, float c, const float* lse2,
+                      const float* delta) {
+#if defined(__AVX512F__)
+  const __m512 vc = _mm512_set1_ps(c);
+  for (int64_t r = 0; r < n; r += 16) {
+    const __mmask16 mk = tail_mask(n - r);
+    const __m512 arg = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mk, s + r), vc, _mm512_maskz_loadu_ps(mk, lse2 + r));
+    const __m512 pr = exp2_ps(arg);
+    const __m512 g = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp + r), _mm512_maskz_loadu_ps(mk, delta + r)));
+    store16(p + r, pr, mk);
+    store16(ds + r, g, mk);
+  }
+#else
+  for (int64_t r = 0; r < n; ++r) {
+    const float pr = std::exp2(s[r] * c - lse2[r]);
+    const float g = pr * (dp[r] - delta[r]);
+    p[r] = from_float<P>(pr);
+    ds[r] = from_float<P>(g);
+  }
+#endif
+}
+
+// Σ_k a[k]·b[k] in fp32 over storage values.
+template <class A, class B>
+inline float dot_row(const A* a, const B* b, int64_t n) {
+#if defined(__AVX512F__)
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 mk = tail_mask(n - k);
+    acc = _mm512_fmadd_ps(load16(a + k, mk), load16(b + k, mk), acc);
+  }
+  return _mm512_reduce_add_ps(acc);
+#else
+  float acc = 0;
+  for (int64_t k = 0; k < n; ++k) acc += to_float(a[k]) * to_float(b[k]);
+  return acc;
+#endif
+}
+
+// y[k] = mul·x[k] rounded to T, k < n.
+template <class T>
+inline void scale_row(const float* x, T* y, int64_t n, float mul) {
+#if defined(__AVX512F__)
+  const __m512 vm = _mm512_set1_ps(mul);
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 mk = tail_mask(n - k);
+    store16(y + k, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + k), vm), mk);
+  }
+#else
+  for (int64_t k = 0; k < n; ++k) y[k] = from_float<T>(x[k] * mul);
+#endif
+}
+
+// ds[k] = p[k]·(dp[k] − delta) rounded to P, k < n; ds may alias dp when P is float.
+template <class P>
+inline void softmax_grad_row(const P* p, const float* dp, P* ds, int64_t n, float delta) {
+#if defined(__AVX512F__)
+  const __m512 vd = _mm512_set1_ps(delta);
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 mk = tail_mask(n - k);
+    store16(ds + k, _mm512_mul_ps(load16(p + k, mk), _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp + k), vd)), mk);
+  }
+#else
+  for (int64_t k = 0; k < n; ++k) ds[k] = from_float<P>(to_float(p[k]) * (dp[k] - delta));
+#endif
+}
+
+// ---- the memory plan, walked by the kernel that allocates ------------------------------------------
+
+// The kernels allocate exactly attention_memory_events(), in order: each allocate() and release()
+// must match the next event, so the plan the planner reads cannot drift from what the kernel does.
+class MemoryPlanWalker {
+ public:
+  explicit MemoryPlanWalker(std::vector<AttentionMemoryEvent> events) : events_(std::move(events)) {}
+  Tensor allocate(std::string_view tag) {
+    const AttentionMemoryEvent& e = next(tag, false);
+    return Tensor::empty(e.shape, e.dtype, e.tag);
+  }
+  void release(std::string_view tag, Tensor& t) {
+    next(tag, true);
+    LAGA_ASSERT(t.defined() && t.tag() == tag, "attention releases '{}' but holds '{}'", tag, t.tag());
+    t = Tensor();
+  }
+  void finish() const {
+    LAGA_ASSERT(pos_ == events_.size(), "attention walked {} of its {} memory events", pos_, events_.size());
+  }
+
+ private:
+  const AttentionMemoryEvent& next(std::string_view tag, bool release) {
+    LAGA_ASSERT(pos_ < events_.size() && events_[pos_].tag == tag && events_[pos_].release == release,
+                "attention {} '{}' out of its memory plan (event {})", release ? "releases" : "allocates", tag, pos_);
+    return events_[pos_++];
+  }
+  std::vector<AttentionMemoryEvent> events_;
+  size_t pos_ = 0;
+};
+
+// The kernels (attention_eager.cpp, attention_fused.cpp); params already checked.
+AttentionSaved eager_forward(const AttentionFwdParams& p);
+void eager_backward(const AttentionBwdParams& p, const AttentionSaved& saved);
+AttentionSaved fused_forward(const AttentionFwdParams& p);
+void fused_backward(const AttentionBwdParams& p, const AttentionSaved& saved);
+
+}  // namespace laga::attn

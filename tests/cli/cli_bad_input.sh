@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Bad input to the CLI: each case must exit with status 2 and a one-line message naming the value
+# (and, where one exists, a valid alternative). Usage: cli_bad_input.sh <laga binary> <source dir>
+set -u
+laga=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+
+# expect STATUS PATTERN -- command...
+expect() {
+  local want=$1 pattern=$2
+  shift 3
+  local out status
+  out=$("$@" 2>&1 >/dev/null)
+  status=$?
+  if [ "$status" -ne "$want" ] || ! grep -q -- "$pattern" <<<"$out"; then
+    echo "FAIL: $* -> status $status (want $want), stderr: $out (want /$pattern/)"
+    failures=$((failures + 1))
+  else
+    echo "ok: $* -> $status: $out"
+  fi
+  if [ "$(wc -l <<<"$out")" -gt 1 ]; then
+    echo "FAIL: $* printed more than one line of error"
+    failures=$((failures + 1))
+  fi
+}
+
+expect 2 "unknown model preset 'gpt-2'; valid: deepseek-v3" -- "$laga" run --model gpt-2 --seq 16
+expect 2 "seq_len (--seq) = 0 must be positive" -- "$laga" run --model tiny --seq 0
+expect 2 "\-\-sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8" -- "$laga" run --model tiny --seq 24 --sp 3
+expect 2 "\-\-sp 4 does not divide --seq 18; try 1, 2, 3, 6, 9, 18" -- "$laga" run --model tiny --seq 18 --sp 4
+expect 2 "unknown form 'fancy'; valid: explicit, absorbed, laga" -- "$laga" run --model tiny --seq 16 --form fancy
+expect 2 "unknown kernel 'flash'; valid: eager, fused" -- "$laga" run --model tiny --seq 16 --kernel flash
+expect 2 "unknown dtype 'fp16'; valid: fp32, bf16" -- "$laga" run --model tiny --seq 16 --dtype fp16
+expect 2 "unknown absorbed-kv regime" -- "$laga" run --model tiny --seq 16 --absorbed-kv copied
+
+# A dimension that does not fit: an odd RoPE dim in a config file.
+cat >"$tmp/odd.json" <<'JSON'
+{"hidden_size": 64, "num_attention_heads": 8, "q_lora_rank": 48, "kv_lora_rank": 32,
+ "qk_nope_head_dim": 16, "qk_rope_head_dim": 7, "v_head_dim": 12, "rope_scaling": null}
+JSON
+expect 2 "qk_rope_head_dim = 7 must be even" -- "$laga" run --config "$tmp/odd.json" --seq 16
+echo '{"hidden_size": 64,' >"$tmp/broken.json"
+expect 2 "not valid JSON" -- "$laga" run --config "$tmp/broken.json" --seq 16
+
+# Unreadable, malformed and wrongly shaped weight files.
+expect 2 "$tmp/missing.safetensors" -- "$laga" run --model tiny --seq 16 --weights "$tmp/missing.safetensors"
+printf 'not a safetensors file at all' >"$tmp/garbage.safetensors"
+expect 2 "garbage.safetensors" -- "$laga" run --model tiny --seq 16 --weights "$tmp/garbage.safetensors"
+"$laga" run --model tiny --seq 16 --dtype fp32 --dump "$tmp/dump" >/dev/null || { echo "FAIL: dump run"; failures=$((failures + 1)); }
+# The tiny dump loaded as deepseek-v2-lite: every shape differs; the message names a tensor and both shapes.
+expect 2 "expected" -- "$laga" run --model deepseek-v2-lite --seq 16 --weights "$tmp/dump/tensors.safetensors"
+
+# Outputs that cannot be written fail before any work.
+expect 2 "\-\-json /nonexistent-dir/out.json" -- "$laga" run --model tiny --seq 16 --json /nonexistent-dir/out.json
+expect 2 "/proc/laga-dump" -- "$laga" run --model tiny --seq 16 --dump /proc/laga-dump
+expect 2 "\-\-comm mpi needs the ranks started by mpirun" -- "$laga" run --model tiny --seq 16 --comm mpi
+expect 2 "inject-fault 'x' is not RANK:PLACE" -- "$laga" run --model tiny --seq 16 --inject-fault x
+expect 2 "not implemented" -- "$laga" plan --model tiny --seq 16
+
+[ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
+[ "$failures" -eq 0 ]

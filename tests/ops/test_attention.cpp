@@ -1,0 +1,367 @@
+// Attention kernels (eager and fused): forward and every gradient against the fp64 reference, with
+// tolerances from a measured baseline — a plain float implementation on the same dtype-rounded
+// inputs, rounding what a plain bf16 implementation stores (P, dS and the outputs) — plus the memory
+// claims (fused never allocates T×T; both allocate exactly their published plan), determinism, and
+// the boundary checks. Guard values (NaN) fill every stride pad of every buffer: a kernel that reads
+// a pad poisons its result, one that writes a pad is caught.
+#include <gtest/gtest.h>
+#include <omp.h>
+
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "laga/ops/attention.hpp"
+#include "reference/attention_ref.hpp"
+#include "testing.hpp"
+
+using namespace laga;
+using laga::testing::max_abs;
+using laga::testing::max_abs_diff;
+
+namespace {
+
+struct Case {
+  std::string name;
+  int64_t T, B, Hq, Hkv, Dqk, Dv;
+  bool causal = true;
+  int64_t pad = 0;        // extra elements after every head row of every tensor (guard values)
+  bool latent_v = false;  // v = the first Dv columns of k's rows (the absorbed form's V inside the latent)
+};
+
+const std::vector<Case>& cases() {
+  static const std::vector<Case> c = {
+      {"one_token", 1, 1, 1, 1, 24, 12},
+      {"odd_T_batch2", 37, 2, 2, 2, 24, 12},
+      {"grouped_multi_tile", 300, 1, 4, 2, 24, 12},
+      {"mqa_16_heads", 150, 2, 16, 1, 24, 12},
+      {"long_one_head", 520, 1, 1, 1, 24, 12},
+      {"deepseek_192_128", 130, 1, 2, 2, 192, 128},
+      {"absorbed_576_512_latent_v", 40, 2, 4, 1, 576, 512, true, 0, true},
+      {"non_causal", 70, 1, 2, 1, 24, 12, false},
+      {"padded_strides", 65, 2, 4, 2, 24, 12, true, 3},
+  };
+  return c;
+}
+
+// A [T, B, H, D] tensor living inside a [T, B, H, D + pad] buffer; pads hold NaN.
+struct Strided {
+  Tensor buf;
+  int64_t T = 0, B = 0, H = 0, D = 0, pad = 0;
+  AttentionStrides strides() const { return {B * H * (D + pad), H * (D + pad), D + pad}; }
+  int64_t index(int64_t t, int64_t b, int64_t h, int64_t d) const { return ((t * B + b) * H + h) * (D + pad) + d; }
+  ref::Array values() const {  // [T, B, H, D] as stored
+    ref::Array a({T, B, H, D});
+    for (int64_t i = 0; i < a.numel(); ++i) a[i] = buf.get(i / D * (D + pad) + i % D);
+    return a;
+  }
+  bool pads_hold_nan() const {
+    for (int64_t row = 0; row < T * B * H; ++row)
+      for (int64_t d = D; d < D + pad; ++d)
+        if (!std::isnan(buf.get(row * (D + pad) + d))) return false;
+    return true;
+  }
+};
+
+Strided make(int64_t T, int64_t B, int64_t H, int64_t D, int64_t pad, DType dt, const char* name, bool random) {
+  Strided s{Tensor::empty({T, B, H, D + pad}, dt, name), T, B, H, D, pad};
+  for (int64_t i = 0; i < s.buf.numel(); ++i)
+    s.buf.set(i, random && i % (D + pad) < D ? float(normal(11, stream_id(name), uint64_t(i))) : NAN);
+  return s;
+}
+
+struct AttnRun {
+  Strided q, k, v, dout, o, dq, dk, dv;
+  AttentionBwdParams p;
+};
+
+AttnRun setup(const Case& c, DType dt) {
+  AttnRun r;
+  r.q = make(c.T, c.B, c.Hq, c.Dqk, c.pad, dt, "q", true);
+  r.k = make(c.T, c.B, c.Hkv, c.Dqk, c.pad, dt, "k", true);
+  r.v = c.latent_v ? r.k : make(c.T, c.B, c.Hkv, c.Dv, c.pad, dt, "v", true);
+  if (c.latent_v) r.v.D = c.Dv, r.v.pad = c.Dqk + c.pad - c.Dv;
+  r.dout = make(c.T, c.B, c.Hq, c.Dv, c.pad, dt, "dout", true);
+  r.o = make(c.T, c.B, c.Hq, c.Dv, c.pad, dt, "o", false);
+  r.dq = make(c.T, c.B, c.Hq, c.Dqk, c.pad, dt, "dq", false);
+  r.dk = make(c.T, c.B, c.Hkv, c.Dqk, c.pad, dt, "dk", false);
+  r.dv = make(c.T, c.B, c.Hkv, c.Dv, c.pad, dt, "dv", false);
+  AttentionBwdParams& p = r.p;
+  p.B = c.B, p.T = c.T, p.Hq = c.Hq, p.Hkv = c.Hkv, p.Dqk = c.Dqk, p.Dv = c.Dv, p.dtype = dt;
+  p.scale = float(1.5 / std::sqrt(double(c.Dqk))), p.causal = c.causal;
+  p.q = r.q.buf.raw(), p.q_stride = r.q.strides();
+  p.k = r.k.buf.raw(), p.k_stride = r.k.strides();
+  p.v = r.v.buf.raw(), p.v_stride = r.v.strides();
+  p.o = r.o.buf.raw(), p.o_stride = r.o.strides();
+  p.dout = r.dout.buf.raw(), p.dout_stride = r.dout.strides();
+  p.dq = r.dq.buf.raw(), p.dq_stride = r.dq.strides();
+  p.dk = r.dk.buf.raw(), p.dk_stride = r.dk.strides();
+  p.dv = r.dv.buf.raw(), p.dv_stride = r.dv.strides();
+  return r;
+}
+
+struct Results {
+  ref::Array o, dq, dk, dv;
+};
+
+Results run_kernel(Kernel kernel, AttnRun& r) {
+  AttentionSaved saved = attention_forward(kernel, r.p);
+  attention_backward(kernel, r.p, saved);
+  return {r.o.values(), r.dq.values(), r.dk.values(), r.dv.values()};
+}
+
+// The baseline: attention written plainly in float on the stored inputs, rounding to dt what a plain
+// implementation in dt stores (P before P·V, P and dS before the backward products, the outputs).
+Results plain_float(const AttnRun& r, DType dt) {
+  const AttentionBwdParams& p = r.p;
+  const ref::Array q = r.q.values(), k = r.k.values(), v = r.v.values(), dout = r.dout.values();
+  Results out{ref::Array(q.shape), ref::Array(q.shape), ref::Array(k.shape), ref::Array(v.shape)};
+  out.o = ref::Array({p.T, p.B, p.Hq, p.Dv});
+  std::vector<float> dq(size_t(q.numel())), dk(size_t(k.numel())), dv(size_t(v.numel())), pr(size_t(p.T));
+  const int64_t g = p.Hq / p.Hkv;
+  auto qi = [&](int64_t t, int64_t b, int64_t h) { return ((t * p.B + b) * p.Hq + h); };
+  auto ki = [&](int64_t t, int64_t b, int64_t h) { return ((t * p.B + b) * p.Hkv + h); };
+  for (int64_t b = 0; b < p.B; ++b)
+    for (int64_t h = 0; h < p.Hq; ++h)
+      for (int64_t t = 0; t < p.T; ++t) {
+        const int64_t n = p.causal ? t + 1 : p.T, hk = h / g;
+        float mx = -INFINITY, sum = 0;
+        for (int64_t j = 0; j < n; ++j) {
+          float s = 0;
+          for (int64_t d = 0; d < p.Dqk; ++d) s += float(q[qi(t, b, h) * p.Dqk + d]) * float(k[ki(j, b, hk) * p.Dqk + d]);
+          mx = std::max(mx, pr[size_t(j)] = p.scale * s);
+        }
+        for (int64_t j = 0; j < n; ++j) sum += pr[size_t(j)] = std::exp(pr[size_t(j)] - mx);
+        for (int64_t j = 0; j < n; ++j) pr[size_t(j)] /= sum;
+        float delta = 0;
+        std::vector<float> dp(static_cast<size_t>(n));
+        for (int64_t d = 0; d < p.Dv; ++d) {
+          float o = 0;
+          for (int64_t j = 0; j < n; ++j) o += round_to(dt, pr[size_t(j)]) * float(v[ki(j, b, hk) * p.Dv + d]);
+          out.o[qi(t, b, h) * p.Dv + d] = round_to(dt, o);
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          for (int64_t d = 0; d < p.Dv; ++d)
+            dp[size_t(j)] += float(dout[qi(t, b, h) * p.Dv + d]) * float(v[ki(j, b, hk) * p.Dv + d]);
+          delta += pr[size_t(j)] * dp[size_t(j)];
+        }
+        for (int64_t j = 0; j < n; ++j) {
+          const float ds = round_to(dt, pr[size_t(j)] * (dp[size_t(j)] - delta)), pj = round_to(dt, pr[size_t(j)]);
+          for (int64_t d = 0; d < p.Dqk; ++d) {
+            dq[size_t(qi(t, b, h) * p.Dqk + d)] += p.scale * ds * float(k[ki(j, b, hk) * p.Dqk + d]);
+            dk[size_t(ki(j, b, hk) * p.Dqk + d)] += p.scale * ds * float(q[qi(t, b, h) * p.Dqk + d]);
+          }
+          for (int64_t d = 0; d < p.Dv; ++d) dv[size_t(ki(j, b, hk) * p.Dv + d)] += pj * float(dout[qi(t, b, h) * p.Dv + d]);
+        }
+      }
+  for (int64_t i = 0; i < q.numel(); ++i) out.dq[i] = round_to(dt, dq[size_t(i)]);
+  for (int64_t i = 0; i < k.numel(); ++i) out.dk[i] = round_to(dt, dk[size_t(i)]);
+  for (int64_t i = 0; i < v.numel(); ++i) out.dv[i] = round_to(dt, dv[size_t(i)]);
+  return out;
+}
+
+// The fp64 reference and the baseline of one case, computed once per dtype and shared by the tests.
+struct Expected {
+  Results ref, plain;
+};
+const Expected& expected(const Case& c, DType dt) {
+  static std::map<std::pair<std::string, int>, Expected> cache;
+  auto key = std::make_pair(c.name, int(dt));
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
+  AttnRun r = setup(c, dt);
+  const ref::Array q = r.q.values(), k = r.k.values(), v = r.v.values(), dout = r.dout.values();
+  Expected e;
+  e.ref.o = ref::attention_forward(q, k, v, r.p.scale, c.causal);
+  ref::AttentionGrads g = ref::attention_backward(q, k, v, dout, r.p.scale, c.causal);
+  e.ref.dq = g.dq, e.ref.dk = g.dk, e.ref.dv = g.dv;
+  e.plain = plain_float(r, dt);
+  return cache.emplace(key, std::move(e)).first->second;
+}
+
+// err(kernel) ≤ 4 · err(plain) + 1e-6 · max(1, max |ref|), tensor by tensor.
+void expect_within_baseline(const Results& got, const Expected& e, const std::string& what) {
+  auto one = [&](const ref::Array& x, const ref::Array& ref, const ref::Array& plain, const char* name) {
+    const double err = max_abs_diff(x, ref), base = max_abs_diff(plain, ref);
+    EXPECT_TRUE(laga::testing::within_baseline(err, base, std::max(1.0, max_abs(ref)), 4.0, 1e-6))
+        << what << " " << name << ": error " << err << " vs plain-implementation error " << base;
+  };
+  one(got.o, e.ref.o, e.plain.o, "o");
+  one(got.dq, e.ref.dq, e.plain.dq, "dq");
+  one(got.dk, e.ref.dk, e.plain.dk, "dk");
+  one(got.dv, e.ref.dv, e.plain.dv, "dv");
+}
+
+void check_against_reference(Kernel kernel, DType dt) {
+  MemoryTracker tracker;
+  TrackerScope scope(tracker);
+  for (const Case& c : cases()) {
+    const std::string what = std::string(kernel_name(kernel)) + " " + std::string(dtype_name(dt)) + " " + c.name;
+    AttnRun r = setup(c, dt);
+    const Results got = run_kernel(kernel, r);
+    expect_within_baseline(got, expected(c, dt), what);
+    for (const Strided* s : {&r.o, &r.dq, &r.dk, &r.dv}) EXPECT_TRUE(s->pads_hold_nan()) << what << ": wrote a pad";
+  }
+}
+
+bool bitwise_equal(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw(), b.raw(), size_t(a.nbytes())) == 0;
+}
+
+// Outputs of one forward+backward: o, dq, dk, dv buffers and the saved tensor.
+std::vector<Tensor> outputs(Kernel kernel, const Case& c, DType dt) {
+  AttnRun r = setup(c, dt);
+  AttentionSaved saved = attention_forward(kernel, r.p);
+  attention_backward(kernel, r.p, saved);
+  return {r.o.buf, r.dq.buf, r.dk.buf, r.dv.buf, kernel == Kernel::eager ? saved.probs : saved.lse};
+}
+
+void expect_bitwise(const std::vector<Tensor>& a, const std::vector<Tensor>& b, const std::string& what) {
+  // NaN guards compare equal bitwise too, so whole buffers are compared.
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_TRUE(bitwise_equal(a[i], b[i])) << what << " output " << i;
+}
+
+}  // namespace
+
+TEST(Attention, FusedMatchesReferenceFp32) { check_against_reference(Kernel::fused, DType::f32); }
+TEST(Attention, FusedMatchesReferenceBf16) { check_against_reference(Kernel::fused, DType::bf16); }
+TEST(Attention, EagerMatchesReferenceFp32) { check_against_reference(Kernel::eager, DType::f32); }
+TEST(Attention, EagerMatchesReferenceBf16) { check_against_reference(Kernel::eager, DType::bf16); }
+
+TEST(Attention, EagerAndFusedAgree) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const Case& c : cases()) {
+      AttnRun re = setup(c, dt), rf = setup(c, dt);
+      const Results e = run_kernel(Kernel::eager, re), f = run_kernel(Kernel::fused, rf);
+      const Expected& x = expected(c, dt);
+      auto one = [&](const ref::Array& a, const ref::Array& b, const ref::Array& ref, const ref::Array& plain,
+                     const char* name) {
+        // Each is within 4× the baseline of the reference, so they are within 8× of each other.
+        EXPECT_TRUE(laga::testing::within_baseline(max_abs_diff(a, b), max_abs_diff(plain, ref), std::max(1.0, max_abs(ref)),
+                                             8.0, 2e-6))
+            << dtype_name(dt) << " " << c.name << " " << name << ": eager and fused differ by " << max_abs_diff(a, b);
+      };
+      one(e.o, f.o, x.ref.o, x.plain.o, "o");
+      one(e.dq, f.dq, x.ref.dq, x.plain.dq, "dq");
+      one(e.dk, f.dk, x.ref.dk, x.plain.dk, "dk");
+      one(e.dv, f.dv, x.ref.dv, x.plain.dv, "dv");
+    }
+}
+
+TEST(Attention, FusedIsBitwiseDeterministic) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const Case& c : {cases()[2], cases()[3]})
+      expect_bitwise(outputs(Kernel::fused, c, dt), outputs(Kernel::fused, c, dt), c.name);
+}
+
+TEST(Attention, FusedIsIndependentOfThreadCount) {
+  const int keep = omp_get_max_threads();
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const Case& c : {cases()[0], cases()[2], cases()[3], cases()[4], cases()[6]}) {
+      omp_set_num_threads(1);
+      const auto one = outputs(Kernel::fused, c, dt);
+      omp_set_num_threads(3);
+      const auto three = outputs(Kernel::fused, c, dt);
+      omp_set_num_threads(keep);
+      expect_bitwise(one, three, c.name + " 1 vs 3 threads");
+    }
+}
+
+TEST(Attention, EagerIsBitwiseDeterministic) {
+  for (DType dt : {DType::f32, DType::bf16})
+    expect_bitwise(outputs(Kernel::eager, cases()[2], dt), outputs(Kernel::eager, cases()[2], dt), "eager");
+}
+
+TEST(Attention, AllocatesExactlyItsMemoryPlan) {
+  for (Kernel kernel : {Kernel::eager, Kernel::fused})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (const Case& c : {cases()[2], cases()[3], cases()[5]}) {
+        const std::string what = std::string(kernel_name(kernel)) + " " + std::string(dtype_name(dt)) + " " + c.name;
+        AttnRun r = setup(c, dt);
+        const AttentionMemory plan = attention_memory(kernel, r.p);
+        MemoryTracker tracker;  // the kernel's allocations only
+        TrackerScope scope(tracker);
+        AttentionSaved saved = attention_forward(kernel, r.p);
+        EXPECT_EQ(tracker.peak_bytes(), plan.forward_peak_bytes) << what;
+        EXPECT_EQ(tracker.live_bytes(), plan.saved_bytes) << what;
+        for (const auto& [tag, bytes] : tracker.peak_by_tag()) EXPECT_EQ(tag.rfind("attn.", 0), 0u) << what << " " << tag;
+        tracker.reset_peak();
+        attention_backward(kernel, r.p, saved);
+        EXPECT_EQ(tracker.peak_bytes() - plan.saved_bytes, plan.backward_peak_bytes) << what;
+        EXPECT_EQ(tracker.live_bytes(), plan.saved_bytes) << what;
+        for (const auto& [tag, bytes] : tracker.peak_by_tag()) EXPECT_EQ(tag.rfind("attn.", 0), 0u) << what << " " << tag;
+      }
+}
+
+TEST(Attention, FusedNeverAllocatesTxT) {
+  const Case c{"long", 8192, 1, 1, 1, 24, 12};
+  const int64_t txt = c.T * c.T * 4;  // one fp32 T×T matrix
+  for (DType dt : {DType::f32, DType::bf16}) {
+    AttnRun r = setup(c, dt);
+    MemoryTracker tracker;
+    TrackerScope scope(tracker);
+    AttentionSaved saved = attention_forward(Kernel::fused, r.p);
+    attention_backward(Kernel::fused, r.p, saved);
+    EXPECT_LT(tracker.peak_bytes(), txt / 16) << dtype_name(dt);
+    // Its plan (which it allocates exactly, see AllocatesExactlyItsMemoryPlan) grows linearly in T:
+    // doubling T from 8192 to 131072 never even doubles the peak, where a T×T buffer would quadruple it.
+    for (int64_t T = c.T; T < 131072; T *= 2) {
+      AttentionFwdParams small = r.p, big = r.p;
+      small.T = T, big.T = 2 * T;
+      const AttentionMemory a = attention_memory(Kernel::fused, small), b = attention_memory(Kernel::fused, big);
+      EXPECT_LE(b.forward_peak_bytes, 2 * a.forward_peak_bytes) << "T " << T;
+      EXPECT_LE(b.backward_peak_bytes, 2 * a.backward_peak_bytes) << "T " << T;
+    }
+    // The eager kernel at the same size does hold T×T probabilities: the check can fail.
+    EXPECT_GE(attention_memory(Kernel::eager, r.p).saved_bytes, c.T * c.T * dtype_size(dt));
+  }
+}
+
+TEST(Attention, FusedWorkspaceDoesNotDependOnThreadCount) {
+  const Case c = cases()[3];
+  const int keep = omp_get_max_threads();
+  std::vector<int64_t> peaks;
+  for (int threads : {1, 2, 5}) {
+    omp_set_num_threads(threads);
+    AttnRun r = setup(c, DType::bf16);
+    MemoryTracker tracker;
+    TrackerScope scope(tracker);
+    AttentionSaved saved = attention_forward(Kernel::fused, r.p);
+    attention_backward(Kernel::fused, r.p, saved);
+    peaks.push_back(tracker.peak_bytes());
+  }
+  omp_set_num_threads(keep);
+  EXPECT_EQ(peaks[0], peaks[1]);
+  EXPECT_EQ(peaks[0], peaks[2]);
+}
+
+TEST(Attention, ChecksNameTheOffendingParameter) {
+  AttnRun r = setup(cases()[1], DType::f32);
+  auto message_of = [](auto&& f) -> std::string {
+    try {
+      f();
+    } catch (const Error& e) {
+      EXPECT_EQ(e.exit_status(), 2);
+      return e.message();
+    }
+    return "no error";
+  };
+  AttentionBwdParams p = r.p;
+  p.Hq = 3;
+  EXPECT_NE(message_of([&] { attention_forward(Kernel::fused, p); }).find("Hkv 2 must divide Hq 3"), std::string::npos);
+  p = r.p;
+  p.dq = nullptr;
+  AttentionSaved saved = attention_forward(Kernel::fused, r.p);
+  EXPECT_NE(message_of([&] { attention_backward(Kernel::fused, p, saved); }).find("missing dq"), std::string::npos);
+  EXPECT_NE(message_of([&] { attention_backward(Kernel::eager, r.p, saved); }).find("saved.probs"), std::string::npos);
+  p = r.p;
+  p.k_stride.t = -1;
+  EXPECT_NE(message_of([&] { attention_forward(Kernel::eager, p); }).find("attention k"), std::string::npos);
+}
+
+TEST(Attention, FlopsFollowFlashAttention3Convention) {
+  EXPECT_DOUBLE_EQ(attention_forward_flops(1, 16, 4096, 192, 128, true), 2.0 * 16 * 4096 * (4097 / 2.0) * 320);
+  EXPECT_DOUBLE_EQ(attention_forward_flops(2, 4, 100, 24, 12, false), 2.0 * 2 * 4 * 100 * 100 * 36);
+}

@@ -1,0 +1,337 @@
+#!/usr/bin/python3
+"""An independent PyTorch check of a laga dump (laga run ... --dump DIR).
+
+Written from DESIGN.md sections 1-2 alone, not from laga's C++: the L-block MLA stack
+y = x + MLA(RMSNorm(x)) per layer, sequence-first [T, B, D], explicit attention with a causal
+softmax spelt out, RoPE with YaRN as in DESIGN 1.1 over global positions 0..T-1. It reads
+DIR/config.json and DIR/tensors.safetensors (parsed here with json + struct + numpy: Debian has
+no safetensors package), runs forward and autograd backward in float64 from the dumped x, dy and
+weights, and compares y, dx and every weight gradient with laga's.
+
+Tolerance, per tensor, derived rather than picked: the same torch model is run again in the dump's
+precision (float32 for fp32 dumps; for bf16 dumps, fp32 arithmetic with every stored tensor --
+op outputs, activation gradients, weight gradients -- rounded to bf16, DESIGN's dtype model), and laga's max abs error against float64 must be at most FACTOR (4) times that model's
+error plus a floor of one machine epsilon of the precision times the tensor's max abs value.
+
+Usage:
+  mla_block_torch.py DIR [--factor F]     check a dump; prints a table
+  mla_block_torch.py --same DIR1 DIR2     every tensor of two dumps bit-identical
+Exit status: 0 pass, 1 a check failed (or torch is missing), 2 bad usage (missing files).
+"""
+import json
+import math
+import os
+import struct
+import sys
+
+try:
+    import numpy as np
+    import torch
+except ImportError as e:  # a missing checker is a failure, never a silent skip
+    print(f"mla_block_torch.py: cannot import torch/numpy under {sys.executable}: {e}", file=sys.stderr)
+    sys.exit(1)
+
+
+class CheckFailed(Exception):
+    pass
+
+
+class Usage(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------------------------
+# .safetensors, from the format: u64 little-endian header length, JSON header, raw data.
+
+_NP_DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2"}
+
+
+def read_safetensors(path):
+    """name -> float64 numpy array (float32, bfloat16, float16 and float64 entries)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    if len(blob) < 8:
+        raise CheckFailed(f"{path}: {len(blob)} bytes, too short for a safetensors file")
+    (n,) = struct.unpack("<Q", blob[:8])
+    if n > len(blob) - 8:
+        raise CheckFailed(f"{path}: header length {n} exceeds the file")
+    try:
+        header = json.loads(blob[8 : 8 + n].decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise CheckFailed(f"{path}: header is not JSON: {e}")
+    data = memoryview(blob)[8 + n :]
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        dtype, shape, (begin, end) = e["dtype"], list(e["shape"]), e["data_offsets"]
+        size = {"F32": 4, "F64": 8, "F16": 2, "BF16": 2}.get(dtype)
+        if size is None:
+            raise CheckFailed(f"{path}: tensor {name} has dtype {dtype}, not one this checker reads")
+        if not (0 <= begin <= end <= len(data)) or end - begin != size * math.prod(shape):
+            raise CheckFailed(f"{path}: tensor {name} has bad data_offsets [{begin}, {end}] for {dtype} {shape}")
+        raw = data[begin:end]
+        if dtype == "BF16":
+            a = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
+        else:
+            a = np.frombuffer(raw, _NP_DTYPES[dtype])
+        out[name] = a.astype(np.float64).reshape(shape)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# The model, DESIGN sections 1-2.
+
+
+def layer_shapes(cfg):
+    """Weight names and [out, in] shapes of one layer (DESIGN 1's table)."""
+    D, H = cfg["hidden_size"], cfg["num_attention_heads"]
+    Lq, Lkv = cfg["q_lora_rank"] or 0, cfg["kv_lora_rank"]
+    Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    s = {"attn_norm": [D]}
+    if Lq > 0:
+        s.update(wq_a=[Lq, D], q_norm=[Lq], wq_b=[H * (Dn + Dr), Lq])
+    else:
+        s["wq"] = [H * (Dn + Dr), D]
+    s.update(wkv_a=[Lkv + Dr, D], kv_norm=[Lkv], wkv_b=[H * (Dn + Dv), Lkv], wo=[D, H * Dv])
+    return s
+
+
+def yarn_mscale(f, m):
+    return 1.0 if f <= 1 else 0.1 * m * math.log(f) + 1.0
+
+
+def softmax_scale(cfg):
+    Dqk = cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]
+    rs = cfg.get("rope_scaling")
+    m = yarn_mscale(rs["factor"], rs["mscale_all_dim"]) if rs else 1.0
+    return Dqk**-0.5 * m * m
+
+
+def rope_tables(cfg, T):
+    """cos, sin [T, Dr/2] in float64 (DESIGN 1.1), attention factor included."""
+    Dr, theta = cfg["qk_rope_head_dim"], cfg["rope_theta"]
+    inv = [theta ** (-2.0 * i / Dr) for i in range(Dr // 2)]
+    rs = cfg.get("rope_scaling")
+    factor = 1.0
+    if rs:
+        f, L0, bf, bs = rs["factor"], rs["original_max_position_embeddings"], rs["beta_fast"], rs["beta_slow"]
+
+        def corr(n):
+            return Dr * math.log(L0 / (2 * math.pi * n)) / (2 * math.log(theta))
+
+        low, high = max(math.floor(corr(bf)), 0), min(math.ceil(corr(bs)), Dr - 1)
+        if low == high:
+            high += 0.001
+        ramp = [min(max((i - low) / (high - low), 0.0), 1.0) for i in range(Dr // 2)]
+        inv = [v / f * r + v * (1 - r) for v, r in zip(inv, ramp)]
+        factor = yarn_mscale(f, rs["mscale"]) / yarn_mscale(f, rs["mscale_all_dim"])
+    angle = torch.arange(T, dtype=torch.float64)[:, None] * torch.tensor(inv, dtype=torch.float64)[None, :]
+    return torch.cos(angle) * factor, torch.sin(angle) * factor
+
+
+def rope(x, cos, sin, interleaved):
+    """x [T, ..., Dr]; cos, sin [T, Dr/2] broadcast over the middle dimensions."""
+    shape = [cos.shape[0]] + [1] * (x.dim() - 2) + [cos.shape[1]]
+    cos, sin = cos.reshape(shape), sin.reshape(shape)
+    if interleaved:  # pairs (x[2i], x[2i+1])
+        x0, x1 = x[..., 0::2], x[..., 1::2]
+        return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
+    h = x.shape[-1] // 2  # pairs (x[i], x[i + Dr/2])
+    x0, x1 = x[..., :h], x[..., h:]
+    return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
+
+
+def rmsnorm(v, w, eps):
+    return v * torch.rsqrt(v.pow(2).mean(dim=-1, keepdim=True) + eps) * w
+
+
+class _StoreBf16(torch.autograd.Function):
+    """A tensor stored in bf16: rounded on the way forward, and its gradient on the way back."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.to(torch.bfloat16).to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g.to(torch.bfloat16).to(g.dtype)
+
+
+def _keep(x):
+    return x
+
+
+def block(cfg, x, w, cos, sin, scale, st=_keep):
+    """One layer: x [T, B, D] -> x + MLA(RMSNorm(x)); st(t) models storing t (identity, or bf16)."""
+    T, B, _ = x.shape
+    H, Lkv = cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    eps, inter = cfg["rms_norm_eps"], cfg["rope_interleaved"]
+
+    xn = st(rmsnorm(x, w["attn_norm"], eps))
+    if (cfg["q_lora_rank"] or 0) > 0:
+        cq = st(xn @ w["wq_a"].T)  # L1
+        q = st(st(rmsnorm(cq, w["q_norm"], eps)) @ w["wq_b"].T)  # L2, L3
+    else:
+        q = st(xn @ w["wq"].T)
+    q = q.reshape(T, B, H, Dn + Dr)
+    q = torch.cat([q[..., :Dn], st(rope(q[..., Dn:], cos, sin, inter))], dim=-1)
+
+    kv = st(xn @ w["wkv_a"].T)  # L4 [T, B, Lkv+Dr]
+    ckv = st(rmsnorm(kv[..., :Lkv], w["kv_norm"], eps))  # L5
+    kpe = st(rope(kv[..., Lkv:], cos, sin, inter))  # L6, a single head
+    kvb = st(ckv @ w["wkv_b"].T).reshape(T, B, H, Dn + Dv)  # E1, per head k-rows then v-rows
+    k = torch.cat([kvb[..., :Dn], kpe[:, :, None, :].expand(T, B, H, Dr)], dim=-1)
+    v = kvb[..., Dn:]
+
+    qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, T, .]
+    s = (qh @ kh.transpose(-1, -2)) * scale
+    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
+    s = s.masked_fill(causal, float("-inf"))
+    e = torch.exp(s - s.max(dim=-1, keepdim=True).values)
+    p = e / e.sum(dim=-1, keepdim=True)
+    o = st((p @ vh).permute(2, 0, 1, 3).reshape(T, B, H * Dv))  # E3
+    return st(x + st(o @ w["wo"].T))  # E4, residual
+
+
+def run_model(cfg, t, precision):
+    """Forward and backward from the dumped tensors; returns name -> float64 array.
+
+    precision: "float64" (the reference), "float32", or "bf16-storage": fp32 arithmetic with every
+    tensor an implementation stores (op outputs, activation gradients, weight gradients) rounded
+    to bf16 -- DESIGN's dtype model, bf16 storage with fp32 accumulation.
+    """
+    L, T = cfg["num_layers"], cfg["seq_len"]
+    dtype = torch.float64 if precision == "float64" else torch.float32
+    st = _StoreBf16.apply if precision == "bf16-storage" else _keep
+    leaf = lambda a: torch.tensor(a, dtype=torch.float64).to(dtype).requires_grad_(True)
+    x = leaf(t["x"])
+    weights = [{n: leaf(t[f"layers.{l}.{n}"]) for n in layer_shapes(cfg)} for l in range(L)]
+    cos, sin = (c.to(dtype) for c in rope_tables(cfg, T))
+    h = x
+    for l in range(L):
+        h = block(cfg, h, weights[l], cos, sin, softmax_scale(cfg), st)
+    torch.autograd.backward(h, torch.tensor(t["dy"], dtype=torch.float64).to(dtype))
+    out = {"y": h, "dx": x.grad}
+    for l in range(L):
+        for n, p in weights[l].items():
+            out[f"layers.{l}.{n}.grad"] = p.grad
+    final = (lambda v: v.to(torch.bfloat16)) if precision == "bf16-storage" else _keep
+    return {k: final(v.detach()).to(torch.float64).numpy() for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Checks.
+
+
+def load_dump(d):
+    cfg_path, st_path = os.path.join(d, "config.json"), os.path.join(d, "tensors.safetensors")
+    for p in (cfg_path, st_path):
+        if not os.path.isfile(p):
+            raise Usage(f"{p}: no such file; give a directory written by laga run --dump DIR")
+    with open(cfg_path) as f:
+        try:
+            cfg = json.load(f)
+        except json.JSONDecodeError as e:
+            raise CheckFailed(f"{cfg_path}: not JSON: {e}")
+    return cfg, read_safetensors(st_path)
+
+
+def expected_names(cfg):
+    """Every dumped tensor this checker needs, with its shape."""
+    act = [cfg["seq_len"], cfg["batch"], cfg["hidden_size"]]
+    names = {n: act for n in ("x", "dy", "y", "dx")}
+    for l in range(cfg["num_layers"]):
+        for n, s in layer_shapes(cfg).items():
+            names[f"layers.{l}.{n}"] = s
+            names[f"layers.{l}.{n}.grad"] = s
+    return names
+
+
+def check_dump(d, factor):
+    cfg, t = load_dump(d)
+    for n, s in expected_names(cfg).items():
+        if n not in t:
+            raise CheckFailed(f"{d}: the dump has no tensor {n}")
+        if list(t[n].shape) != s:
+            raise CheckFailed(f"{d}: {n} has shape {list(t[n].shape)}; expected {s} from config.json")
+    scale = softmax_scale(cfg)
+    if not math.isclose(scale, cfg["softmax_scale"], rel_tol=1e-12):
+        raise CheckFailed(f"{d}: config softmax_scale {cfg['softmax_scale']!r} differs from the formula's {scale!r}")
+
+    bf16 = cfg["dtype"] in ("bf16", "bfloat16")
+    precision = "bf16-storage" if bf16 else "float32"
+    eps = 2.0**-7 if bf16 else 2.0**-23
+    ref = run_model(cfg, t, "float64")
+    base = run_model(cfg, t, precision)
+
+    rows, wrong = [], 0
+    for n in ["y", "dx"] + sorted(k for k in ref if k.startswith("layers.")):
+        got = t[n]
+        diff = float(np.max(np.abs(got - ref[n]))) if got.size else 0.0
+        if not np.all(np.isfinite(got)):
+            diff = float("inf")
+        mref = float(np.max(np.abs(ref[n]))) if got.size else 0.0
+        bdiff = float(np.max(np.abs(base[n] - ref[n]))) if got.size else 0.0
+        bound = factor * bdiff + eps * mref
+        ok = diff <= bound
+        wrong += not ok
+        rows.append((n, diff, mref, bdiff, bound, diff / bound if bound > 0 else 0.0, ok))
+
+    print(f"# laga dump {d}: model {cfg.get('model')}, form {cfg.get('form')}, sp {cfg.get('sp')}, "
+          f"dtype {cfg['dtype']}, T {cfg['seq_len']}, B {cfg['batch']}, layers {cfg['num_layers']}, "
+          f"rope_interleaved {cfg['rope_interleaved']}")
+    print(f"# reference: torch {torch.__version__} float64 autograd; baseline: the same model in {precision}; "
+          f"bound = {factor:g} * baseline_diff + {eps:.3g} * max_abs_ref")
+    print(f"# {'tensor':<24} {'max_abs_diff':>12} {'max_abs_ref':>12} {'baseline_diff':>13} "
+          f"{'bound':>11} {'ratio':>7}  ok")
+    for n, diff, mref, bdiff, bound, ratio, ok in rows:
+        print(f"  {n:<24} {diff:12.4e} {mref:12.4e} {bdiff:13.4e} {bound:11.4e} {ratio:7.3f}  {'yes' if ok else 'NO'}")
+    print(f"# wrong: {wrong} of {len(rows)}")
+    if wrong:
+        raise CheckFailed(f"{wrong} tensor(s) outside the bound")
+
+
+def check_same(d1, d2):
+    """Every tensor of the first dump (inputs, weights, outputs, gradients) bit-identical in the second."""
+    _, a = load_dump(d1)
+    _, b = load_dump(d2)
+    differ = [n for n in sorted(a) if n not in b or a[n].shape != b[n].shape or not np.array_equal(a[n], b[n])]
+    print(f"# {d1} vs {d2}: {len(a) - len(differ)} of {len(a)} tensors identical")
+    if differ:
+        raise CheckFailed(f"{len(differ)} tensor(s) differ between {d1} and {d2}: {', '.join(differ[:8])}")
+
+
+def main(argv):
+    try:
+        if len(argv) == 3 and argv[0] == "--same":
+            check_same(argv[1], argv[2])
+        elif len(argv) in (1, 3) and not argv[0].startswith("-"):
+            factor = 4.0
+            if len(argv) == 3:
+                if argv[1] != "--factor":
+                    raise Usage(f"unknown option {argv[1]}; valid: --factor F")
+                try:
+                    factor = float(argv[2])
+                except ValueError:
+                    raise Usage(f"--factor {argv[2]} is not a number; try 4")
+            check_dump(argv[0], factor)
+        else:
+            raise Usage("usage: mla_block_torch.py DIR [--factor F] | --same DIR1 DIR2")
+    except Usage as e:
+        print(f"mla_block_torch.py: {e}", file=sys.stderr)
+        return 2
+    except CheckFailed as e:
+        print(f"mla_block_torch.py: FAIL: {e}", file=sys.stderr)
+        return 1
+    except KeyError as e:
+        print(f"mla_block_torch.py: FAIL: config.json or the dump lacks {e}", file=sys.stderr)
+        return 1
+    print("mla_block_torch.py: PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    torch.set_grad_enabled(True)
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,132 @@
+// Shared CLI pieces (see cli.hpp).
+#include "cli.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "laga/core/error.hpp"
+
+namespace laga::cli {
+
+void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
+  app->add_option("--model", f.model, "preset: deepseek-v3, deepseek-v2-lite, small, tiny")->capture_default_str();
+  app->add_option("--config", f.config_path, "model dimensions from a JSON file (Hugging Face config.json keys); "
+                  "overrides --model");
+  app->add_option("--seq", f.seq, "global sequence length T")->required();
+  app->add_option("--batch", f.batch, "micro-batch B")->capture_default_str();
+  app->add_option("--layers", f.layers, "stacked blocks L")->capture_default_str();
+  app->add_option("--kernel", f.kernel, "attention kernel: eager, fused")->capture_default_str();
+  app->add_option("--absorbed-kv", f.absorbed_kv, "absorbed core regime: expanded, shared")->capture_default_str();
+  app->add_option("--dtype", f.dtype, "storage dtype: bf16, fp32")->capture_default_str();
+  app->add_option("--rope-layout", f.rope_layout, "RoPE pairs: interleaved (DeepSeek), rotate-half")->capture_default_str();
+  app->add_option("--json", f.json_path, "write results as JSON to this file");
+  app->add_option("--seed", f.seed, "seed of weights and inputs")->capture_default_str();
+  if (with_comm) {
+    app->add_option("--comm", f.comm, "ranks as: auto (mpi under mpirun, else threads), threads, mpi")->capture_default_str();
+    app->add_option("--timeout", f.timeout_s, "seconds a collective may wait before failing (0: no limit)")->capture_default_str();
+  }
+}
+
+MlaConfig build_config(const CommonFlags& f) {
+  MlaConfig c = MlaConfig::preset(f.model);
+  if (!f.config_path.empty()) {
+    std::ifstream in(f.config_path);
+    LAGA_CHECK(in.good(), "--config {}: cannot open ({}); give a readable JSON file", f.config_path, std::strerror(errno));
+    nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    LAGA_CHECK(!j.is_discarded(), "--config {}: not valid JSON", f.config_path);
+    c = MlaConfig::from_json(j, /*validate=*/false);
+  }
+  c.seq_len = f.seq, c.sp = f.sp, c.batch = f.batch, c.num_layers = f.layers;
+  c.form = parse_form(f.form);
+  c.kernel = parse_kernel(f.kernel);
+  c.absorbed_kv = parse_absorbed_kv(f.absorbed_kv);
+  c.dtype = parse_dtype(f.dtype);
+  if (f.rope_layout == "interleaved") c.rope_interleaved = true;
+  else if (f.rope_layout == "rotate-half") c.rope_interleaved = false;
+  else LAGA_FAIL_USAGE("unknown --rope-layout '{}'; valid: interleaved, rotate-half", f.rope_layout);
+  LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s), "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
+  c.validate();
+  return c;
+}
+
+std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag) {
+  if (path.empty()) return nullptr;
+  auto out = std::make_unique<std::ofstream>(path);
+  LAGA_CHECK(out->good(), "{} {}: cannot open for writing ({}); give a path in a writable directory", flag, path,
+             std::strerror(errno));
+  return out;
+}
+
+std::string human_bytes(int64_t b) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = double(b);
+  int u = 0;
+  while (std::abs(v) >= 1024 && u < 4) v /= 1024, ++u;
+  return fmt::format("{:.2f} {}", v, units[u]);
+}
+
+nlohmann::json collectives_json(const std::vector<CollectiveRecord>& records) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const auto& r : records)
+    a.push_back({{"op", collective_name(r.op)},
+                 {"tensor", r.tensor},
+                 {"dtype", dtype_name(r.dtype)},
+                 {"seconds", r.seconds},
+                 {"tensor_bytes", r.tensor_bytes},
+                 {"wire_bytes", r.wire_bytes}});
+  return a;
+}
+
+nlohmann::json rank_json(const RankResult& r) {
+  Ledger attention, sync;
+  for (const auto& rec : r.collectives) (is_grad_sync(rec) ? sync : attention).add(rec);
+  const auto& m = r.memory;
+  return {{"rank", r.rank},
+          {"activation_peak_bytes", m.activation_peak_bytes},
+          {"saved_bytes", m.saved_bytes},
+          {"forward_peak_bytes", m.forward_peak_bytes},
+          {"backward_peak_bytes", m.backward_peak_bytes},
+          {"baseline_bytes", m.baseline_bytes},
+          {"peak_breakdown", m.peak_breakdown},
+          {"comm",
+           {{"tensor_bytes", attention.tensor_bytes()},
+            {"wire_bytes", attention.wire_bytes()},
+            {"seconds", attention.seconds()},
+            {"collectives", collectives_json(attention.records())}}},
+          {"grad_sync",
+           {{"tensor_bytes", sync.tensor_bytes()}, {"wire_bytes", sync.wire_bytes()}, {"seconds", r.grad_sync_s}}},
+          {"fwd_s", r.forward_s},
+          {"bwd_s", r.backward_s},
+          {"time_s", r.forward_s + r.backward_s}};
+}
+
+bool use_mpi(const std::string& comm) {
+  if (comm == "auto") return under_mpi();
+  if (comm == "mpi") {
+    LAGA_CHECK(under_mpi(), "--comm mpi needs the ranks started by mpirun, e.g. mpirun -np 4 laga run ... --sp 4; "
+               "or use --comm threads");
+    return true;
+  }
+  if (comm == "threads") return false;
+  LAGA_FAIL_USAGE("unknown --comm '{}'; valid: auto, threads, mpi", comm);
+}
+
+std::vector<nlohmann::json> gather_json(Communicator& comm, const nlohmann::json& mine) {
+  // Byte strings travel as 4-byte words (all_gather moves bytes, it does no arithmetic).
+  std::string s = mine.dump();
+  int64_t len = int64_t(s.size());
+  std::vector<int64_t> lens(size_t(comm.size()));
+  comm.all_gather(&len, lens.data(), 2, DType::f32, "gather.json_length");
+  int64_t words = 1;
+  for (int64_t l : lens) words = std::max(words, (l + 3) / 4);
+  std::vector<char> buf(size_t(words * 4), 0), all(size_t(words * 4 * comm.size()));
+  std::memcpy(buf.data(), s.data(), s.size());
+  comm.all_gather(buf.data(), all.data(), words, DType::f32, "gather.json");
+  std::vector<nlohmann::json> out;
+  for (int r = 0; r < comm.size(); ++r)
+    out.push_back(nlohmann::json::parse(std::string(all.data() + r * words * 4, size_t(lens[size_t(r)]))));
+  return out;
+}
+
+}  // namespace laga::cli

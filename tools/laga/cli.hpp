@@ -1,0 +1,49 @@
+// Pieces shared by the laga subcommands: the common flags, the configuration they build, output
+// files opened before any work, and running a function on every rank of a group under either
+// backend (threads in-process, or this MPI process's rank under mpirun).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "laga/comm/communicator.hpp"
+#include "laga/core/config.hpp"
+#include "laga/mla/run.hpp"
+
+namespace laga::cli {
+
+struct CommonFlags {
+  std::string model = "tiny";
+  int64_t seq = 0, sp = 1, batch = 1, layers = 1;
+  std::string form = "explicit", kernel = "fused", absorbed_kv = "expanded", dtype = "bf16";
+  std::string rope_layout = "interleaved", comm = "auto", json_path, config_path;
+  double timeout_s = 0;
+  uint64_t seed = 1234;
+};
+
+// --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --rope-layout --json --seed;
+// with_comm adds --comm and --timeout.
+void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
+MlaConfig build_config(const CommonFlags& f);
+
+// Opens (so checks) an output file before any work; null when path is empty.
+std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag);
+
+std::string human_bytes(int64_t b);
+nlohmann::json rank_json(const RankResult& r);
+nlohmann::json collectives_json(const std::vector<CollectiveRecord>& records);
+
+// True when the run should use MPI: --comm mpi, or --comm auto under mpirun. Usage error for
+// --comm mpi without mpirun, or --comm threads under mpirun with more than one process.
+bool use_mpi(const std::string& comm);
+
+// Every rank's JSON on every rank, in rank order (variable-length all-gather).
+std::vector<nlohmann::json> gather_json(Communicator& comm, const nlohmann::json& mine);
+
+}  // namespace laga::cli

@@ -1,0 +1,16 @@
+// The subcommands of the laga CLI, each in its own cmd_*.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+
+namespace laga::cli {
+
+int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights);
+int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps);
+int cmd_bench(const CommonFlags& f, const std::vector<int64_t>& seqs, const std::vector<std::string>& forms, int64_t iters);
+int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr);
+
+}  // namespace laga::cli
