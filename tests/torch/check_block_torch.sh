@@ -96,23 +96,8 @@ run_case lite "model=deepseek-v2-lite q_lora_rank=0 seq_len=8 dtype=fp32" \
 run_case laga_sp2 "form=laga sp=2" --model tiny --seq 16 --sp 2 --form laga --layers 2 --dtype fp32 --batch 2
 run_case absorbed_sp2 "form=absorbed sp=2" --model tiny --seq 16 --sp 2 --form absorbed --layers 2 --dtype fp32
 
-# Rotate-half RoPE, if the CLI has a switch for it: an option taking "rotate-half", or a flag.
-rope_args=()
-rope_opt=$(grep -o -- '--[a-z-]*rope[a-z-]*' <<<"$HELP" | head -n 1)
-if [ -n "$rope_opt" ]; then
-  if grep -q -- "rotate-half" <<<"$HELP"; then
-    rope_args=("$rope_opt" rotate-half)
-  elif grep -q -- "--no-rope-interleaved" <<<"$HELP"; then
-    rope_args=(--no-rope-interleaved)
-  elif grep -qE -- "--rope-interleaved[ =]" <<<"$HELP"; then
-    rope_args=(--rope-interleaved false)
-  fi
-fi
-if [ ${#rope_args[@]} -gt 0 ]; then
-  run_case rotate_half "rope_interleaved=false" $TINY --dtype fp32 --batch 2 "${rope_args[@]}"
-else
-  echo "== rotate_half: not run: 'laga run --help' offers no rotate-half RoPE option"
-fi
+# Rotate-half RoPE.
+run_case rotate_half "rope_interleaved=false" $TINY --dtype fp32 --batch 2 --rope-layout rotate-half
 
 # Round trip: the dumped weights (fp32 and bf16 dumps) loaded back reproduce the run exactly.
 round_trip() {
@@ -138,14 +123,8 @@ round_trip() {
     failures=$((failures + 1))
   fi
 }
-if grep -q -- "--weights" <<<"$HELP"; then
-  round_trip round_trip_fp32 "$TMP/fp32" $TINY --dtype fp32
-  round_trip round_trip_bf16 "$TMP/bf16" $TINY --dtype bf16 --batch 2
-else
-  cases=$((cases + 1))
-  failures=$((failures + 1))
-  echo "FAIL: round_trip: 'laga run' has no --weights option to load a checkpoint"
-fi
+round_trip round_trip_fp32 "$TMP/fp32" $TINY --dtype fp32
+round_trip round_trip_bf16 "$TMP/bf16" $TINY --dtype bf16 --batch 2
 
 echo "# $cases cases, $failures failed"
 [ "$failures" -eq 0 ] || exit 1
