@@ -64,32 +64,34 @@ Config parse(const std::vector<std::string>& args) {
 
 // ---- matmul: the rate the kernels are compared with --------------------------------------------
 
-struct Measured {
-  Timing t;
-  int64_t wrong = 0;
-};
-
-Measured bench_matmul(int64_t n, DType dt, const Options& o) {
-  Tensor a = Tensor::empty({n, n}, dt, "a"), b = Tensor::empty({n, n}, dt, "b");  // [n, n] each
-  Tensor c = Tensor::empty({n, n}, DType::f32, "c");                               // [n, n]
-  fill_normal(a, 1, "a", 1.0);
-  fill_normal(b, 1, "b", 1.0);
+// C [n, n] fp32 = A B, A and B [n, n] in the dtype under test, on all threads.
+struct MatmulBench {
+  int64_t n;
+  Tensor a, b, c;
   MatmulParams p;
-  p.M = p.N = p.K = n, p.ab_dtype = dt, p.c_dtype = DType::f32;
-  p.a = a.raw(), p.a_m_stride = n, p.b = b.raw(), p.b_k_stride = n, p.c = c.raw(), p.c_m_stride = n;
-  Measured m;
-  m.t = time_it([&] { matmul(p); }, o.warmup, o.repeats);
-  for (int64_t s = 0; s < 64; ++s) {  // sampled entries against an fp64 dot product
-    const int64_t i = (s * 7919) % n, j = (s * 104729 + 13) % n;
-    double ref = 0, mag = 0;
-    for (int64_t k = 0; k < n; ++k) {
-      ref += double(a.get(i * n + k)) * double(b.get(k * n + j));
-      mag += std::abs(double(a.get(i * n + k)) * double(b.get(k * n + j)));
-    }
-    if (!(std::abs(c.get(i * n + j) - ref) <= 1e-5 * mag)) ++m.wrong;
+  MatmulBench(int64_t n_, DType dt) : n(n_) {
+    a = Tensor::empty({n, n}, dt, "a"), b = Tensor::empty({n, n}, dt, "b");  // [n, n] each
+    c = Tensor::empty({n, n}, DType::f32, "c");                                // [n, n]
+    fill_normal(a, 1, "a", 1.0);
+    fill_normal(b, 1, "b", 1.0);
+    p.M = p.N = p.K = n, p.ab_dtype = dt, p.c_dtype = DType::f32;
+    p.a = a.raw(), p.a_m_stride = n, p.b = b.raw(), p.b_k_stride = n, p.c = c.raw(), p.c_m_stride = n;
   }
-  return m;
-}
+  void run() const { matmul(p); }
+  int64_t validate() const {  // 64 sampled entries against an fp64 dot product
+    int64_t wrong = 0;
+    for (int64_t s = 0; s < 64; ++s) {
+      const int64_t i = (s * 7919) % n, j = (s * 104729 + 13) % n;
+      double ref = 0, mag = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        ref += double(a.get(i * n + k)) * double(b.get(k * n + j));
+        mag += std::abs(double(a.get(i * n + k)) * double(b.get(k * n + j)));
+      }
+      if (!(std::abs(c.get(i * n + j) - ref) <= 1e-5 * mag)) ++wrong;
+    }
+    return wrong;
+  }
+};
 
 // ---- attention --------------------------------------------------------------------------------
 
@@ -223,25 +225,42 @@ Wrong validate(const Buffers& x, const AttentionSaved& saved, Kernel kernel) {
           count_wrong(got_dq, ref_dq, tol) + count_wrong(got_dk, dk, tol) + count_wrong(got_dv, dv, tol)};
 }
 
-struct AttentionTimes {
-  Timing fwd, bwd;
-  Wrong wrong;
+// One dtype's measurements. The matmul and every kernel's forward and backward are timed in turns,
+// one of each per repeat, so that all of them see the same machine (a shared machine's load drifts).
+struct Measurements {
+  Timing matmul;
+  int64_t matmul_wrong = 0;
+  std::vector<Timing> fwd, bwd;  // per kernel
+  std::vector<Wrong> wrong;
 };
 
-AttentionTimes bench_attention(const Config& c, DType dt, Kernel kernel, const Options& o) {
-  Buffers x = make_buffers(c, dt);
-  std::vector<double> fwd, bwd;
-  AttentionSaved saved;
+Measurements measure(const Config& c, DType dt, const Options& o) {
+  const MatmulBench mm(c.matmul_n, dt);
+  Buffers x = make_buffers(c, dt);  // shared by the kernels; each is validated right after its last run
+  const size_t nk = c.kernels.size();
+  std::vector<double> t_mm;
+  std::vector<std::vector<double>> t_fwd(nk), t_bwd(nk);
+  Measurements m;
+  m.wrong.resize(nk);
   for (int i = 0; i < o.warmup + o.repeats; ++i) {
-    saved = AttentionSaved();  // the previous step's saved tensors go before the next forward
+    const bool timed = i >= o.warmup, last = i + 1 == o.warmup + o.repeats;
     const double t0 = now_s();
-    saved = attention_forward(kernel, x.p);
-    const double t1 = now_s();
-    attention_backward(kernel, x.p, saved);
-    const double t2 = now_s();
-    if (i >= o.warmup) fwd.push_back(t1 - t0), bwd.push_back(t2 - t1);
+    mm.run();
+    if (timed) t_mm.push_back(now_s() - t0);
+    for (size_t k = 0; k < nk; ++k) {
+      const double t1 = now_s();
+      AttentionSaved saved = attention_forward(c.kernels[k], x.p);
+      const double t2 = now_s();
+      attention_backward(c.kernels[k], x.p, saved);
+      const double t3 = now_s();
+      if (timed) t_fwd[k].push_back(t2 - t1), t_bwd[k].push_back(t3 - t2);
+      if (last) m.wrong[k] = validate(x, saved, c.kernels[k]);
+    }
   }
-  return {summarize(fwd), summarize(bwd), validate(x, saved, kernel)};
+  m.matmul = summarize(t_mm);
+  m.matmul_wrong = mm.validate();
+  for (size_t k = 0; k < nk; ++k) m.fwd.push_back(summarize(t_fwd[k])), m.bwd.push_back(summarize(t_bwd[k]));
+  return m;
 }
 
 }  // namespace
@@ -256,29 +275,29 @@ int main(int argc, char** argv) {
                 {fmt::format("shape: B {}, T {}, Hq {}, Hkv {}, Dqk {}, Dv {}; matmul {}^3; causal", c.B, c.T, c.Hq,
                              c.Hkv, c.Dqk, c.Dv, c.matmul_n),
                  fmt::format("flops: forward {:.4g}, backward 2.5x forward; matmul 2n^3", fwd_flops),
-                 fmt::format("{} warm-up + {} timed repeats; time = median, spread = min, max and IQR", o.warmup,
-                             o.repeats)},
-                {{"dtype", "", 6}, {"kernel", "", 7}, {"pass", "", 9}, {"time", "ms", 10, 2}, {"min", "ms", 10, 2},
+                 fmt::format("{} warm-up + {} timed repeats, matmul and kernels in turns; time = median, spread = "
+                             "min, max and IQR", o.warmup, o.repeats)},
+                {{"dtype", "", 6}, {"kernel", "", 7}, {"phase", "", 9}, {"time", "ms", 10, 2}, {"min", "ms", 10, 2},
                  {"max", "ms", 10, 2}, {"iqr", "ms", 8, 2}, {"rate", "GFLOP/s", 9, 1},
                  {"vs_matmul", "%", 10, 1}, {"#wrong", "", 7}});
     table.print_header(m);
     nlohmann::json extra = {{"T", c.T}, {"B", c.B}, {"Hq", c.Hq}, {"Hkv", c.Hkv}, {"Dqk", c.Dqk}, {"Dv", c.Dv}};
     for (DType dt : c.dtypes) {
       const std::string dn(dtype_name(dt));
-      const Measured mm = bench_matmul(c.matmul_n, dt, o);
-      const double mm_rate = 2.0 * std::pow(double(c.matmul_n), 3) / mm.t.median_s / 1e9;
-      auto row = [&](const std::string& kernel, const std::string& pass, const Timing& t, double flops,
+      const Measurements r = measure(c, dt, o);
+      const double mm_flops = 2.0 * std::pow(double(c.matmul_n), 3), mm_rate = mm_flops / r.matmul.median_s / 1e9;
+      auto row = [&](const std::string& kernel, const std::string& phase, const Timing& t, double flops,
                      int64_t wrong) {
         const double rate = flops / t.median_s / 1e9;
-        table.row({dn, kernel, pass, t.median_s * 1e3, t.min_s * 1e3, t.max_s * 1e3, (t.q3_s - t.q1_s) * 1e3, rate,
+        table.row({dn, kernel, phase, t.median_s * 1e3, t.min_s * 1e3, t.max_s * 1e3, (t.q3_s - t.q1_s) * 1e3, rate,
                    100.0 * rate / mm_rate},
                   wrong);
       };
-      row("matmul", fmt::format("{}^3", c.matmul_n), mm.t, 2.0 * std::pow(double(c.matmul_n), 3), mm.wrong);
-      for (Kernel k : c.kernels) {
-        const AttentionTimes at = bench_attention(c, dt, k, o);
-        row(std::string(kernel_name(k)), "forward", at.fwd, fwd_flops, at.wrong.forward);
-        row(std::string(kernel_name(k)), "backward", at.bwd, 2.5 * fwd_flops, at.wrong.backward);
+      row("matmul", fmt::format("{}^3", c.matmul_n), r.matmul, mm_flops, r.matmul_wrong);
+      for (size_t k = 0; k < c.kernels.size(); ++k) {
+        const std::string kn(kernel_name(c.kernels[k]));
+        row(kn, "forward", r.fwd[k], fwd_flops, r.wrong[k].forward);
+        row(kn, "backward", r.bwd[k], 2.5 * fwd_flops, r.wrong[k].backward);
       }
     }
     return table.finish(m, o.json_path, extra);

@@ -143,13 +143,14 @@ def main():
     tv, blas = torch_info()
     samples = {d: {"laga": {"fwd": [], "bwd": [], "total": []}, "torch": {"fwd": [], "bwd": [], "total": []}}
                for d in dtypes}
-    meta = {}
+    meta, loads = {}, [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="block_vs_torch.") as tmp:
         for d in dtypes:
             for r in range(a.rounds):
                 order = ("laga", "torch") if r % 2 == 0 else ("torch", "laga")
                 for side in order:
                     res = laga_round(a, d, tmp) if side == "laga" else torch_round(a, d, tmp)
+                    loads.append(os.getloadavg()[0])
                     for k in ("fwd", "bwd", "total"):
                         samples[d][side][k] += res[k]
                     meta.setdefault(d, {})[side + "_threads"] = res["threads"]
@@ -176,6 +177,8 @@ def main():
     print(f"# machine: {cpu}, {a.threads} threads each, commit {commit}; torch BLAS_INFO={blas}")
     print(f"# model {a.model}, T {a.seq}, B {a.batch}, layers {a.layers}; {a.rounds} alternating rounds; "
           f"medians over every timed iteration [min, max]")
+    print(f"# noise: 1-minute load average {min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} cores "
+          f"during the run (above the thread count, the two sides compete with other processes)")
     print(f"# {'dtype':>5} {'laga_s':>9} {'[min, max]':>17} {'torch_s':>9} {'[min, max]':>17} {'ratio':>6} "
           f"{'fwd':>6} {'bwd':>6} {'laga_GF/s':>9} {'torch_GF/s':>10}  target {TARGET:g}x")
     print(f"# {'':>5} {'s':>9} {'s':>17} {'s':>9} {'s':>17} {'t/l':>6} {'t/l':>6} {'t/l':>6} {'1e9/s':>9} "
@@ -192,7 +195,7 @@ def main():
                        "config": {"model": a.model, "seq": a.seq, "batch": a.batch, "layers": a.layers,
                                   "kernel": a.kernel, "rounds": a.rounds, "iters": a.iters, "warmup": a.warmup,
                                   "torch_fp32_iters": a.torch_fp32_iters, "torch_fp32_warmup": a.torch_fp32_warmup},
-                       "rows": rows, "samples": samples, "checks": {d: meta[d]["check"] for d in dtypes}},
+                       "rows": rows, "samples": samples, "load_average": loads, "checks": {d: meta[d]["check"] for d in dtypes}},
                       f, indent=1)
     return 0
 

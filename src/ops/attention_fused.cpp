@@ -94,6 +94,9 @@ struct FusedKernel {
     for (int64_t u = 0; u < tl.group; ++u)
       pack_rows(dst + u * q.nq * D, at<T>(x, s, q.t0, q.b, q.hk * tl.group + u), q.nq, s.t, D);
   }
+  void prefetch(const void* x, const AttentionStrides& s, int64_t D, const QTile& q) const {
+    for (int64_t u = 0; u < tl.group; ++u) prefetch_rows(at<T>(x, s, q.t0, q.b, q.hk * tl.group + u), q.nq, s.t, D);
+  }
   // Keys and values [k0, k0 + nk) of head (b, hk) as dense [nk, D] tiles: in place when the rows are
   // already dense, else copied into the slot.
   struct KvTile {
@@ -102,9 +105,23 @@ struct FusedKernel {
   KvTile kv_tile(int64_t k0, int64_t nk, int64_t b, int64_t hk, const Slot<T>& w) const {
     const T* k = at<T>(p.k, p.k_stride, k0, b, hk);
     const T* v = at<T>(p.v, p.v_stride, k0, b, hk);
-    if (p.k_stride.t != p.Dqk) pack_rows(w.kt, k, nk, p.k_stride.t, p.Dqk), k = w.kt;
-    if (p.v_stride.t != p.Dv) pack_rows(w.vt, v, nk, p.v_stride.t, p.Dv), v = w.vt;
+    if (p.k_stride.t != p.Dqk) {
+      pack_rows(w.kt, k, nk, p.k_stride.t, p.Dqk);
+      k = w.kt;
+    }
+    if (p.v_stride.t != p.Dv) {
+      pack_rows(w.vt, v, nk, p.v_stride.t, p.Dv);
+      v = w.vt;
+    }
     return {k, v};
+  }
+  // Prefetches the key tile after [k0, k0 + nk) while this one's products run (kend: keys in use).
+  void prefetch_next_kv(int64_t k0, int64_t kend, int64_t b, int64_t hk) const {
+    const int64_t next = k0 + tl.bk;
+    if (next >= kend) return;
+    const int64_t nk = tile_keys(next, tl.bk, p.T, kend);
+    if (p.k_stride.t != p.Dqk) prefetch_rows(at<T>(p.k, p.k_stride, next, b, hk), nk, p.k_stride.t, p.Dqk);
+    if (p.v_stride.t != p.Dv) prefetch_rows(at<T>(p.v, p.v_stride, next, b, hk), nk, p.v_stride.t, p.Dv);
   }
 
   // ---- forward --------------------------------------------------------------------------------
@@ -120,6 +137,7 @@ struct FusedKernel {
     for (int64_t k0 = 0; k0 < kend; k0 += tl.bk) {
       const int64_t nk = tile_keys(k0, tl.bk, p.T, kend);
       const KvTile kv = kv_tile(k0, nk, q.b, q.hk, w);
+      prefetch_next_kv(k0, kend, q.b, q.hk);
       // s [rows, nk] = qt · K_jᵀ
       matmul(product(q.rows, nk, p.Dqk, p.dtype, w.qt, p.Dqk, 1, kv.k, 1, p.Dqk, w.s, nk, false));
       for (int64_t r = 0; r < q.rows; ++r) {
@@ -173,6 +191,11 @@ struct FusedKernel {
       const QTile q = q_tile(b, hk, i);
       const int64_t R = q.rows;
       pack_grad_rows(bp, q, w, lse, delta);
+      if (i + 1 < tl.nqb) {  // the next query tile's rows, while this one's products run
+        const QTile next = q_tile(b, hk, i + 1);
+        prefetch(bp.q, bp.q_stride, p.Dqk, next);
+        prefetch(bp.dout, bp.dout_stride, p.Dv, next);
+      }
       // st [nk, R] = K_j · qtᵀ;  dpt [nk, R] = V_j · dotᵀ
       matmul(product(nk, R, p.Dqk, p.dtype, kv.k, p.Dqk, 1, w.qt, 1, p.Dqk, w.s, R, false));
       matmul(product(nk, R, p.Dv, p.dtype, kv.v, p.Dv, 1, w.dot, 1, p.Dv, w.dp, R, false));
@@ -210,6 +233,7 @@ struct FusedKernel {
     for (int64_t k0 = 0; k0 < kend; k0 += tl.bk) {
       const int64_t nk = tile_keys(k0, tl.bk, p.T, kend);
       const KvTile kv = kv_tile(k0, nk, q.b, q.hk, w);
+      prefetch_next_kv(k0, kend, q.b, q.hk);
       // s [rows, nk] = qt · K_jᵀ;  dp [rows, nk] = dot · V_jᵀ
       matmul(product(q.rows, nk, p.Dqk, p.dtype, w.qt, p.Dqk, 1, kv.k, 1, p.Dqk, w.s, nk, false));
       matmul(product(q.rows, nk, p.Dv, p.dtype, w.dot, p.Dv, 1, kv.v, 1, p.Dv, w.dp, nk, false));

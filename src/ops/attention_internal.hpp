@@ -83,6 +83,16 @@ inline void pack_rows(T* dst, const T* src, int64_t n, int64_t src_t_stride, int
   for (int64_t r = 0; r < n; ++r) std::memcpy(dst + r * D, src + r * src_t_stride, size_t(D) * sizeof(T));
 }
 
+// Asks for the same rows to be brought towards the L2 cache while other work runs: the next tile's
+// copy then reads cache instead of waiting on memory.
+template <class T>
+inline void prefetch_rows(const T* src, int64_t n, int64_t src_t_stride, int64_t D) {
+  for (int64_t r = 0; r < n; ++r) {
+    const char* row = reinterpret_cast<const char*>(src + r * src_t_stride);
+    for (int64_t byte = 0; byte < D * int64_t(sizeof(T)); byte += 64) __builtin_prefetch(row + byte, 0, 2);
+  }
+}
+
 // ---- vectorised row operations ------------------------------------------------------------------
 
 #if defined(__AVX512F__)

@@ -57,7 +57,12 @@ expect 2 "\-\-json /nonexistent-dir/out.json" -- "$laga" run --model tiny --seq 
 expect 2 "/proc/laga-dump" -- "$laga" run --model tiny --seq 16 --dump /proc/laga-dump
 expect 2 "\-\-comm mpi needs the ranks started by mpirun" -- "$laga" run --model tiny --seq 16 --comm mpi
 expect 2 "inject-fault 'x' is not RANK:PLACE" -- "$laga" run --model tiny --seq 16 --inject-fault x
-expect 2 "not implemented" -- "$laga" plan --model tiny --seq 16
+expect 2 "not implemented" -- "$laga" report --out "$tmp/report"
+expect 2 "laga plan needs --seq T" -- "$laga" plan --model tiny
+expect 2 "size '12 parsecs' is not a byte count" -- "$laga" run --model tiny --seq 16 --mem-limit "12 parsecs"
+# A run or plan over the memory limit is refused before anything is allocated, naming the planned peak.
+expect 2 "refused: the planned peak is .* over --mem-limit 1MiB" -- "$laga" run --model small --seq 2048 --mem-limit 1MiB
+expect 2 "refused: the planned peak is .* over --mem-limit 80GB" -- "$laga" plan --model deepseek-v3 --seq 65536 --sp 8 --kernel eager --mem-limit 80GB
 
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
 [ "$failures" -eq 0 ]

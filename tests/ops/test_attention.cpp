@@ -117,8 +117,7 @@ Results run_kernel(Kernel kernel, AttnRun& r) {
 Results plain_float(const AttnRun& r, DType dt) {
   const AttentionBwdParams& p = r.p;
   const ref::Array q = r.q.values(), k = r.k.values(), v = r.v.values(), dout = r.dout.values();
-  Results out{ref::Array(q.shape), ref::Array(q.shape), ref::Array(k.shape), ref::Array(v.shape)};
-  out.o = ref::Array({p.T, p.B, p.Hq, p.Dv});
+  Results out{ref::Array({p.T, p.B, p.Hq, p.Dv}), ref::Array(q.shape), ref::Array(k.shape), ref::Array(v.shape)};
   std::vector<float> dq(size_t(q.numel())), dk(size_t(k.numel())), dv(size_t(v.numel())), pr(size_t(p.T));
   const int64_t g = p.Hq / p.Hkv;
   auto qi = [&](int64_t t, int64_t b, int64_t h) { return ((t * p.B + b) * p.Hq + h); };

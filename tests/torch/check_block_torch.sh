@@ -6,8 +6,8 @@
 #
 #   bash tests/torch/check_block_torch.sh <path-to-laga-binary> <source-dir>
 #
-# A missing torch is a failure, never a skip. The one optional case is rotate-half RoPE, run when
-# `laga run --help` offers a flag for it (it says so when it does not).
+# Cases: fp32, batch 2, bf16, eager kernel, deepseek-v2-lite (q_lora_rank 0), laga and absorbed at
+# sp 2, rotate-half RoPE, and the two round trips. A missing torch is a failure, never a skip.
 set -u
 
 if [ $# -ne 2 ]; then

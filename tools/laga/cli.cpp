@@ -78,13 +78,30 @@ nlohmann::json collectives_json(const std::vector<CollectiveRecord>& records) {
   return a;
 }
 
-nlohmann::json rank_json(const RankResult& r) {
+void check_mem_limit(const PlannedMemory& plan, int64_t ranks, int64_t limit_bytes, const std::string& limit_source) {
+  const int64_t per_rank = plan.baseline_bytes + plan.activation_peak_bytes;
+  LAGA_CHECK(per_rank * ranks <= limit_bytes,
+             "refused: the planned peak is {} ({} bytes: baseline {} + activations {}) per rank × {} rank(s) here, over "
+             "{} of {} ({} bytes); lower --seq or --layers, raise --sp, or set --mem-limit",
+             human_bytes(per_rank), per_rank, plan.baseline_bytes, plan.activation_peak_bytes, ranks, limit_source,
+             human_bytes(limit_bytes), limit_bytes);
+}
+
+int64_t local_ranks() {
+  const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  int64_t n = s ? std::atoll(s) : 1;
+  return n > 0 ? n : 1;
+}
+
+nlohmann::json rank_json(const RankResult& r, const PlannedMemory& plan) {
   Ledger attention, sync;
   for (const auto& rec : r.collectives) (is_grad_sync(rec) ? sync : attention).add(rec);
   const auto& m = r.memory;
   return {{"rank", r.rank},
           {"activation_peak_bytes", m.activation_peak_bytes},
+          {"planned_activation_peak_bytes", plan.activation_peak_bytes},
           {"saved_bytes", m.saved_bytes},
+          {"planned_saved_bytes", plan.saved_bytes},
           {"forward_peak_bytes", m.forward_peak_bytes},
           {"backward_peak_bytes", m.backward_peak_bytes},
           {"baseline_bytes", m.baseline_bytes},

@@ -14,6 +14,7 @@
 
 #include "laga/comm/communicator.hpp"
 #include "laga/core/config.hpp"
+#include "laga/mla/planner.hpp"
 #include "laga/mla/run.hpp"
 
 namespace laga::cli {
@@ -36,7 +37,14 @@ MlaConfig build_config(const CommonFlags& f);
 std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag);
 
 std::string human_bytes(int64_t b);
-nlohmann::json rank_json(const RankResult& r);
+// A rank's measured figures beside the planner's (planned_activation_peak_bytes, planned_saved_bytes).
+nlohmann::json rank_json(const RankResult& r, const PlannedMemory& plan);
+
+// Usage error when `ranks` ranks of this plan (baseline + activation peak each) exceed limit_bytes;
+// the message gives the planned figure and where the limit came from.
+void check_mem_limit(const PlannedMemory& plan, int64_t ranks, int64_t limit_bytes, const std::string& limit_source);
+// MPI ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE), 1 when unknown.
+int64_t local_ranks();
 nlohmann::json collectives_json(const std::vector<CollectiveRecord>& records);
 
 // True when the run should use MPI: --comm mpi, or --comm auto under mpirun. Usage error for

@@ -4,7 +4,9 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "laga/core/error.hpp"
+#include "laga/core/bytes.hpp"
 #include "laga/io/checkpoint.hpp"
+#include "laga/mla/planner.hpp"
 
 namespace laga::cli {
 
@@ -40,18 +42,25 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
 
 }  // namespace
 
-int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights) {
+int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit) {
   MlaConfig c = build_config(f);
+  const bool mpi = use_mpi(f.comm);
+  // Refused before anything is allocated: this process holds every rank (threads) or one (MPI).
+  const PlannedMemory plan = plan_memory(c);
+  const int64_t ranks_here = mpi ? 1 : c.sp;
+  check_mem_limit(plan, ranks_here, mem_limit.empty() ? available_memory_bytes() / (mpi ? local_ranks() : 1)
+                                                      : parse_bytes(mem_limit),
+                  mem_limit.empty() ? "available memory" : "--mem-limit " + mem_limit);
   RunOptions opt;
   opt.seed = f.seed;
   opt.weights_path = weights;
   opt.gather_tensors = !dump_dir.empty();
-  if (!use_mpi(f.comm)) {
+  if (!mpi) {
     auto json_out = open_output(f.json_path, "--json");
     if (!dump_dir.empty()) check_writable_dir(dump_dir);
     std::vector<RankResult> results = run_group(c, opt, f.timeout_s);
     std::vector<nlohmann::json> ranks;
-    for (const auto& r : results) ranks.push_back(rank_json(r));
+    for (const auto& r : results) ranks.push_back(rank_json(r, plan));
     report(c, ranks, results[0], json_out.get(), dump_dir, "threads");
     return 0;
   }
@@ -67,7 +76,7 @@ int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string
         }
         comm.barrier();
         RankResult r = run_rank(c, opt, comm);
-        auto ranks = gather_json(comm, rank_json(r));
+        auto ranks = gather_json(comm, rank_json(r, plan));
         if (comm.rank() == 0) report(c, ranks, r, json_out.get(), dump_dir, "mpi");
       },
       f.timeout_s);

@@ -8,9 +8,10 @@
 
 namespace laga::cli {
 
-int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights);
+int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit);
 int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps);
 int cmd_bench(const CommonFlags& f, const std::vector<int64_t>& seqs, const std::vector<std::string>& forms, int64_t iters);
+int cmd_plan(const CommonFlags& f, bool sweep, const std::string& mem_limit);
 int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr);
 
 }  // namespace laga::cli

@@ -1,0 +1,14 @@
+// Byte sizes as people write them: "1GB" (10^9), "512MiB" (2^20), "64 KiB", "12345" (bytes).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace laga {
+
+// Usage error naming the text and the accepted forms.
+int64_t parse_bytes(const std::string& text);
+// This machine's available memory (MemAvailable of /proc/meminfo), in bytes.
+int64_t available_memory_bytes();
+
+}  // namespace laga

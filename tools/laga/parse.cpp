@@ -1,0 +1,138 @@
+// The laga command line: its subcommands and flags (DESIGN §7), parsed and checked (see parse.hpp).
+#include "parse.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <cmath>
+#include <sstream>
+
+#include "laga/core/bytes.hpp"
+#include "laga/core/error.hpp"
+#include "laga/core/fault.hpp"
+
+namespace laga::cli {
+
+namespace {
+
+struct Pending {
+  const char* name;
+  const char* help;
+  const char* issue;
+};
+constexpr Pending kPending[] = {{"report", "the full report", "a later issue"}};
+
+}  // namespace
+
+std::optional<int> parse_args(int argc, const char* const* argv, Invocation& inv, std::ostream& out,
+                              std::ostream& err) {
+  CLI::App app{"laga: MLA training under sequence parallelism, in the explicit, absorbed and LAGA forms"};
+  app.require_subcommand(1);
+  CommonFlags& flags = inv.flags;
+
+  auto* run = app.add_subcommand("run", "one forward + backward of the block stack on P ranks, measured");
+  add_common(run, flags, true);
+  run->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  run->add_option("--form", flags.form, "explicit, absorbed, laga")->capture_default_str();
+  run->add_option("--dump", inv.dump_dir, "write config.json and tensors.safetensors (whole tensors, gathered to rank 0)");
+  run->add_option("--weights", inv.weights, "load weights from a laga dump or a Hugging Face DeepSeek shard (.safetensors)");
+  run->add_option("--inject-fault", inv.fault, "testing: RANK:PLACE makes that rank fail in forward or backward");
+  run->add_option("--mem-limit", inv.mem_limit,
+                  "refuse a run whose planned per-rank peak exceeds this (e.g. 16GiB; default: available memory / ranks)");
+
+  auto* plan = app.add_subcommand("plan", "per-rank memory and communication of every form, from the configuration");
+  add_common(plan, flags, false);
+  plan->get_option("--seq")->required(false);
+  plan->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  plan->add_flag("--sweep", inv.sweep, "tables over T × P × kernel and H, with linear fits of absorbed's excess");
+  plan->add_option("--mem-limit", inv.mem_limit, "fail (exit 2) if the planned per-rank peak exceeds this, e.g. 80GB");
+
+  auto* verify = app.add_subcommand("verify", "the forms against each other and the fp64 reference");
+  add_common(verify, flags, true);
+  verify->add_option("--sp", inv.sps, "rank counts to check, e.g. 1,2,4,8")->delimiter(',')->capture_default_str();
+
+  auto* bench = app.add_subcommand("bench", "the forms timed side by side: medians and ratios from one run");
+  add_common(bench, flags, true);
+  bench->remove_option(bench->get_option("--seq"));
+  bench->add_option("--seq", inv.seqs, "sequence lengths, e.g. 1024,2048")->delimiter(',')->required();
+  bench->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  bench->add_option("--forms", inv.forms, "forms to time, e.g. explicit,laga")->delimiter(',')->capture_default_str();
+  bench->add_option("--iters", inv.iters, "timed repeats per form (after one warm-up)")->capture_default_str();
+
+  auto* train = app.add_subcommand("train", "optimizer steps of each form on a synthetic regression task");
+  add_common(train, flags, true);
+  train->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  train->add_option("--forms", inv.forms, "forms to train, e.g. explicit,absorbed,laga")->delimiter(',')->capture_default_str();
+  train->add_option("--steps", inv.steps, "optimizer steps")->capture_default_str();
+  train->add_option("--lr", inv.lr, "Adam learning rate")->capture_default_str();
+
+  for (const auto& p : kPending) app.add_subcommand(p.name, p.help)->allow_extras();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e, out, err);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e, out, err);
+  } catch (const CLI::ParseError& e) {
+    err << "laga: " << e.what() << "\n";
+    return 2;
+  }
+  inv.command = app.get_subcommands().at(0)->get_name();
+  return std::nullopt;
+}
+
+void check_invocation(const Invocation& inv) {
+  const CommonFlags& f = inv.flags;
+  for (const auto& p : kPending)
+    if (inv.command == p.name) LAGA_NOT_IMPLEMENTED("laga {} is not built yet ({})", p.name, p.issue);
+  if (!inv.mem_limit.empty()) parse_bytes(inv.mem_limit);
+  if (inv.command == "run") {
+    if (!inv.fault.empty()) set_injected_fault(inv.fault);
+    build_config(f);
+  } else if (inv.command == "plan") {
+    LAGA_CHECK(inv.sweep || f.seq > 0, "laga plan needs --seq T (or --sweep)");
+    CommonFlags g = f;
+    if (inv.sweep && g.seq == 0) g.seq = 4096;
+    build_config(g);
+  } else if (inv.command == "verify") {
+    MlaConfig base = build_config(f);
+    for (int64_t P : inv.sps) {
+      MlaConfig c = base;
+      c.sp = P;
+      c.validate();
+    }
+  } else if (inv.command == "bench") {
+    LAGA_CHECK(inv.iters >= 1, "--iters {} must be at least 1", inv.iters);
+    LAGA_CHECK(!inv.forms.empty(), "--forms is empty; valid: explicit, absorbed, laga");
+    for (int64_t T : inv.seqs)
+      for (const auto& name : inv.forms) {
+        CommonFlags g = f;
+        g.seq = T, g.form = name;
+        build_config(g);
+      }
+  } else if (inv.command == "train") {
+    build_config(f);
+    for (const auto& name : inv.forms) parse_form(name);
+    LAGA_CHECK(inv.steps >= 2, "--steps {} must be at least 2 (a decrease needs two losses)", inv.steps);
+    LAGA_CHECK(inv.lr > 0 && std::isfinite(inv.lr), "--lr {} must be a positive number, e.g. 1e-3", inv.lr);
+  } else {
+    LAGA_ASSERT(false, "laga {} parsed but has no checks", inv.command);
+  }
+  use_mpi(f.comm);  // an unknown --comm, or --comm mpi without mpirun
+}
+
+int parse_only(int argc, const char* const* argv, std::ostream* err) {
+  std::ostringstream discard;
+  std::ostream& messages = err ? *err : discard;
+  Invocation inv;
+  if (auto status = parse_args(argc, argv, inv, discard, messages)) return *status;
+  try {
+    check_invocation(inv);
+  } catch (const Error& e) {
+    messages << "laga: " << e.what() << "\n";
+    return e.exit_status();
+  }
+  return 0;
+}
+
+}  // namespace laga::cli

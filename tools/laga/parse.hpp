@@ -1,0 +1,49 @@
+// The laga command line parsed and checked without running anything: main() parses (parse_args),
+// checks (check_invocation), then runs the command; parse_only() stops after the checks, so the
+// argument handling can be fuzzed (fuzz/fuzz_cli.cpp) and tested without doing real work.
+//
+// Not here: the checks that depend on how the ranks were launched (mpirun) or on output files
+// (--json, --dump); each command makes those itself, before its work.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+
+namespace laga::cli {
+
+// What the command line asked for: the subcommand and every flag of it, parsed but not yet checked.
+struct Invocation {
+  std::string command;  // "run", "plan", "verify", "bench", "train", or a pending one ("report")
+  CommonFlags flags;
+  std::string dump_dir, weights, fault;                             // run
+  std::vector<int64_t> sps{1, 2, 4, 8};                             // verify
+  std::vector<int64_t> seqs;                                        // bench
+  std::vector<std::string> forms{"explicit", "absorbed", "laga"};  // bench, train
+  int64_t iters = 3, steps = 200;                                   // bench, train
+  double lr = 1e-3;                                                 // train
+  bool sweep = false;                                               // plan
+  std::string mem_limit;                                            // run, plan: "" = available memory (run) / none (plan)
+};
+
+// Parses argv into inv. Returns nullopt when a command was parsed; otherwise the exit status to end
+// with now: 0 after writing the help to out, 2 after writing a parse error ("laga: ...") to err.
+std::optional<int> parse_args(int argc, const char* const* argv, Invocation& inv, std::ostream& out,
+                              std::ostream& err);
+
+// Everything inv's command checks before its work: the configuration built and validated (for every
+// --sp of verify, every --seq and form of bench, every form of train), the flags in range, --comm
+// known, --inject-fault well formed (and armed, as the CLI does). Throws laga::Error (usage) naming the
+// offending value. Opens no output file.
+void check_invocation(const Invocation& inv);
+
+// parse_args then check_invocation: the exit status the CLI would end with for bad usage (2), for
+// --help (0), or 0 when it would go on to run the command. Writes nothing unless err is given (the
+// messages go there; help is never written).
+int parse_only(int argc, const char* const* argv, std::ostream* err = nullptr);
+
+}  // namespace laga::cli
