@@ -30,7 +30,6 @@
 #include "laga/mla/block.hpp"
 #include "laga/mla/flops.hpp"
 #include "laga/mla/weights.hpp"
-#include "laga/ops/attention.hpp"
 #include "reference/array.hpp"
 #include "reference/block_ref.hpp"
 

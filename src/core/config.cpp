@@ -2,7 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <optional>
 
 #include "laga/core/error.hpp"
 
@@ -139,6 +143,68 @@ std::vector<std::string> MlaConfig::problems() const {
       p.push_back(fmt::format("rope_scaling needs beta_fast > beta_slow > 0, got beta_fast = {}, beta_slow = {}",
                               rs.beta_fast, rs.beta_slow));
   }
+  auto finite = [&](const char* name, double v) {
+    if (!std::isfinite(v)) p.push_back(fmt::format("{} = {} must be a finite number", name, v));
+  };
+  finite("rms_norm_eps", rms_norm_eps);
+  finite("rope_theta", rope_theta);
+  if (rope_scaling.enabled) {
+    const auto& rs = rope_scaling;
+    finite("rope_scaling.factor", rs.factor);
+    finite("rope_scaling.beta_fast", rs.beta_fast);
+    finite("rope_scaling.beta_slow", rs.beta_slow);
+    finite("rope_scaling.mscale", rs.mscale);
+    finite("rope_scaling.mscale_all_dim", rs.mscale_all_dim);
+  }
+  const int64_t dims[] = {hidden_size, num_attention_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
+                          qk_rope_head_dim, v_head_dim};
+  const char* dim_names[] = {"hidden_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
+                             "qk_rope_head_dim", "v_head_dim"};
+  bool dims_ok = true;
+  for (size_t i = 0; i < std::size(dims); ++i) {
+    dims_ok = dims_ok && dims[i] >= 0 && (dims[i] > 0 || i == 2);
+    if (dims[i] > kMaxModelDim) {
+      p.push_back(fmt::format("{} = {} exceeds laga's limit of {} per model dimension", dim_names[i], dims[i],
+                              kMaxModelDim));
+      dims_ok = false;
+    }
+  }
+  if (dims_ok && num_layers > 0 && seq_len > 0 && batch > 0) {
+    // The largest tensors a run allocates (weights over all layers; activations; the eager kernel's
+    // scores), in fp64 as the reference holds them: each must be countable in int64 bytes, so that no
+    // size computation anywhere overflows.
+    const int64_t D = hidden_size, H = num_attention_heads, Lq = q_lora_rank, Lkv = kv_lora_rank;
+    const int64_t Dqk = qk_head_dim(), Dv = v_head_dim, Dl = latent_dim(), T = seq_len, B = batch;
+    const struct {
+      const char* what;
+      std::vector<int64_t> factors;
+    } largest[] = {
+        {"the query weight wq_b/wq, over all layers", {num_layers, H, Dqk, std::max(Lq, D)}},
+        {"the key/value weight wkv_b, over all layers", {num_layers, H, Dqk + Dv, std::max(Lkv, Dl)}},
+        {"the output weight wo, over all layers", {num_layers, D, H, Dv}},
+        {"the per-head activations [T, B, H, max(Dqk, Dv, Dl)]", {T, B, H, std::max({Dqk, Dv, Dl, D})}},
+        {"the eager attention scores [B, H, T, T]", {B, H, T, T}},
+    };
+    for (const auto& t : largest) {
+      __int128 bytes = 8;
+      for (int64_t f : t.factors) bytes = std::min<__int128>(bytes * f, __int128(1) << 64);
+      if (bytes > __int128(INT64_MAX))
+        p.push_back(fmt::format("the configuration is too large to address: {} would exceed 2^63 bytes; reduce "
+                                "--seq, --batch, --layers or the model's dimensions", t.what));
+    }
+    if (p.empty()) {
+      // What the dimensions and the RoPE scaling make of the attention: finite and positive, or every
+      // output would be a silent inf or NaN.
+      const double scale = softmax_scale(), factor = rope_attention_factor();
+      if (!(std::isfinite(scale) && scale > 0))
+        p.push_back(fmt::format("the softmax scale comes out as {} (from qk head dim {} and rope_scaling.mscale_all_dim "
+                                "= {}); it must be finite and positive", scale, Dqk, rope_scaling.mscale_all_dim));
+      if (!(std::isfinite(factor) && factor > 0))
+        p.push_back(fmt::format("the RoPE attention factor comes out as {} (from rope_scaling.mscale = {}, "
+                                "mscale_all_dim = {}); it must be finite and positive; try mscale = mscale_all_dim = 1",
+                                factor, rope_scaling.mscale, rope_scaling.mscale_all_dim));
+    }
+  }
   if (sp > 0 && num_attention_heads > 0 && num_attention_heads % sp)
     p.push_back(fmt::format("--sp {} does not divide num_attention_heads {}; try {}", sp, num_attention_heads,
                             divisors_str(num_attention_heads)));
@@ -192,22 +258,37 @@ nlohmann::json MlaConfig::to_json() const {
   return j;
 }
 
+namespace {
+
+// An integer field of the configuration JSON (fallback when absent, if given): a JSON integer that fits
+// in int64. A float (64.0, 1e30) is refused rather than converted, which would truncate it or, out of
+// range, be undefined behaviour.
+int64_t json_int(const nlohmann::json& j, const char* key, std::optional<int64_t> fallback = std::nullopt) {
+  if (fallback && !j.contains(key)) return *fallback;
+  const nlohmann::json& v = j.at(key);
+  const bool fits = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX));
+  LAGA_CHECK(fits, "configuration JSON: {} is {}, not an integer in [{}, {}]", key, v.dump(), INT64_MIN, INT64_MAX);
+  return v.get<int64_t>();
+}
+
+}  // namespace
+
 MlaConfig MlaConfig::from_json(const nlohmann::json& j, bool validate) {
   LAGA_CHECK(j.is_object(), "configuration JSON must be an object, got {}", j.type_name());
   MlaConfig c;
   try {
     c.model = j.value("model", std::string("custom"));
-    c.hidden_size = j.at("hidden_size").get<int64_t>();
-    c.num_attention_heads = j.at("num_attention_heads").get<int64_t>();
-    c.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? j["q_lora_rank"].get<int64_t>() : 0;
-    c.kv_lora_rank = j.at("kv_lora_rank").get<int64_t>();
-    c.qk_nope_head_dim = j.at("qk_nope_head_dim").get<int64_t>();
-    c.qk_rope_head_dim = j.at("qk_rope_head_dim").get<int64_t>();
-    c.v_head_dim = j.at("v_head_dim").get<int64_t>();
-    c.num_layers = j.value("num_layers", int64_t(1));
-    c.seq_len = j.value("seq_len", int64_t(16));
-    c.batch = j.value("batch", int64_t(1));
-    c.sp = j.value("sp", int64_t(1));
+    c.hidden_size = json_int(j, "hidden_size");
+    c.num_attention_heads = json_int(j, "num_attention_heads");
+    c.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? json_int(j, "q_lora_rank") : 0;
+    c.kv_lora_rank = json_int(j, "kv_lora_rank");
+    c.qk_nope_head_dim = json_int(j, "qk_nope_head_dim");
+    c.qk_rope_head_dim = json_int(j, "qk_rope_head_dim");
+    c.v_head_dim = json_int(j, "v_head_dim");
+    c.num_layers = json_int(j, "num_layers", 1);
+    c.seq_len = json_int(j, "seq_len", 16);
+    c.batch = json_int(j, "batch", 1);
+    c.sp = json_int(j, "sp", 1);
     if (j.contains("form")) c.form = parse_form(j["form"].get<std::string>());
     if (j.contains("kernel")) c.kernel = parse_kernel(j["kernel"].get<std::string>());
     if (j.contains("absorbed_kv")) c.absorbed_kv = parse_absorbed_kv(j["absorbed_kv"].get<std::string>());
@@ -222,7 +303,7 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j, bool validate) {
       std::string type = rs.value("type", rs.value("rope_type", std::string("yarn")));
       LAGA_CHECK(type == "yarn", "rope_scaling.type '{}' is not supported; valid: yarn (or null for none)", type);
       c.rope_scaling.factor = rs.at("factor").get<double>();
-      c.rope_scaling.original_max_position_embeddings = rs.at("original_max_position_embeddings").get<int64_t>();
+      c.rope_scaling.original_max_position_embeddings = json_int(rs, "original_max_position_embeddings");
       c.rope_scaling.beta_fast = rs.value("beta_fast", 32.0);
       c.rope_scaling.beta_slow = rs.value("beta_slow", 1.0);
       c.rope_scaling.mscale = rs.value("mscale", 1.0);

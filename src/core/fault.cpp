@@ -1,6 +1,9 @@
 #include "laga/core/fault.hpp"
 
 #include <atomic>
+#include <csignal>
+#include <chrono>
+#include <thread>
 #include <cstring>
 
 #include "laga/core/error.hpp"
@@ -9,8 +12,13 @@ namespace laga {
 
 namespace {
 std::atomic<int> g_rank{-1};
-std::atomic<int> g_place{0};  // 0 none, 1 forward, 2 backward
-int place_id(const char* p) { return std::strcmp(p, "forward") == 0 ? 1 : std::strcmp(p, "backward") == 0 ? 2 : 0; }
+std::atomic<int> g_place{0};  // 0 none, else 1 + index in kPlaces
+constexpr const char* kPlaces[] = {"forward", "backward", "nan-x", "nan-dy", "inf-wkv_b", "stall", "kill"};
+int place_id(const char* p) {
+  for (int i = 0; i < 7; ++i)
+    if (std::strcmp(p, kPlaces[i]) == 0) return i + 1;
+  return 0;
+}
 }  // namespace
 
 void set_injected_fault(const std::string& spec) {
@@ -23,12 +31,22 @@ void set_injected_fault(const std::string& spec) {
     rank = -1;
   }
   LAGA_CHECK(rank >= 0 && place_id(place.c_str()) != 0,
-             "--inject-fault '{}' is not RANK:PLACE; e.g. 2:forward or 0:backward", spec);
+             "--inject-fault '{}' is not RANK:PLACE; PLACE is forward, backward, stall, kill, nan-x, nan-dy or inf-wkv_b (e.g. 2:forward)", spec);
   g_rank = rank;
   g_place = place_id(place.c_str());
 }
 
+bool poison_point(const char* place, int rank) {
+  return g_rank.load(std::memory_order_relaxed) == rank && g_place.load(std::memory_order_relaxed) == place_id(place);
+}
+
 void fault_point(const char* place, int rank) {
+  if (std::strcmp(place, "forward") == 0 && poison_point("stall", rank)) {
+    // A rank that stops answering for a while: the others' collectives must time out (--timeout).
+    std::this_thread::sleep_for(std::chrono::seconds(10));
+    return;
+  }
+  if (std::strcmp(place, "forward") == 0 && poison_point("kill", rank)) std::raise(SIGKILL);  // as if the OOM killer came
   if (g_rank.load(std::memory_order_relaxed) != rank || g_place.load(std::memory_order_relaxed) != place_id(place)) return;
   throw Error(ErrorKind::failure, __FILE__, __LINE__, fmt::format("injected fault in {} on rank {}", place, rank));
 }

@@ -23,7 +23,9 @@ void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
   std::lock_guard<std::mutex> lock(mutex_);
   live_ += bytes;
   ++allocations_;
-  live_by_tag_[tag] += bytes;
+  // A zero-byte tensor holds nothing, so it leaves no entry: two of them under one tag would otherwise
+  // share an entry of 0 that the first release erases and the second cannot find.
+  if (bytes > 0) live_by_tag_[tag] += bytes;
   if (live_ > peak_) {
     peak_ = live_;
     peak_by_tag_ = live_by_tag_;
@@ -33,6 +35,7 @@ void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
 
 void MemoryTracker::release(void* ptr, int64_t bytes, const std::string& tag) {
   std::free(ptr);
+  if (bytes == 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   live_ -= bytes;
   auto it = live_by_tag_.find(tag);

@@ -5,6 +5,7 @@
 
 #include "block_internal.hpp"
 #include "laga/core/fault.hpp"
+#include "laga/core/finite.hpp"
 #include "laga/ops/linear.hpp"
 #include "laga/ops/rmsnorm.hpp"
 #include "laga/ops/rope.hpp"
@@ -78,7 +79,7 @@ RopeParams rope_on(const Ctx& x, void* data, int64_t inner, int64_t t_stride, in
   return p;
 }
 
-Tensor layer_forward(const Ctx& x, const LayerWeights& w, const Tensor& in, LayerSaved& s) {
+Tensor layer_forward(const Ctx& x, const LayerWeights& w, const Tensor& in, LayerSaved& s, int64_t layer) {
   const MlaConfig& c = x.c;
   s.x = in;
   s.xn = rmsnorm_forward(in, w.attn_norm, c.rms_norm_eps, "act.xn");                  // xn = RMSNorm(x)
@@ -103,16 +104,32 @@ Tensor layer_forward(const Ctx& x, const LayerWeights& w, const Tensor& in, Laye
   copy_rows(x.dt, x.N * x.B, x.Dr, at(s.kv, x.Lkv), x.Lkv + x.Dr, at(s.latent, x.Lkv), x.Dl);
   rope_forward(rope_on(x, at(s.latent, x.Lkv), x.B, x.B * x.Dl, x.Dl));              // L6 kpe = rope(kv[:, Lkv:])
 
+  if (check_finite_enabled()) {  // this rank's own tensors, before any of them is communicated
+    const std::string step = fmt::format("layer {} forward, rank {}", layer, x.r);
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &in}, {"xn", &s.xn}, {"cq", &s.cq},
+                                  {"cqn", &s.cqn}, {"q", &q}, {"kv", &s.kv}, {"latent", &s.latent}})
+      check_finite(*t, name, step);
+  }
   Tensor o_g = core_forward(x, w, std::move(q), s);                                 // the form's core
   fault_point("forward", int(x.r));
   s.o = tokens_to_heads(x, o_g, x.Dv, "o", "act.o").reshape({x.N, x.B, x.H * x.Dv}); // a2a o back
   o_g = Tensor();
   Tensor y = linear_forward(s.o, w.wo, "act.y");                                     // y = o·woᵀ
   add_into(y, in);                                                                   // y = x + y
+  if (check_finite_enabled()) {
+    const std::string step = fmt::format("layer {} forward, rank {}", layer, x.r);
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"latent_g", &s.latent_g}, {"q", &s.q},
+                                  {"q_abs", &s.q_abs}, {"k", &s.k}, {"v", &s.v}, {"k_exp", &s.k_exp}, {"v_exp", &s.v_exp},
+                                  {"o_att", &s.o_att}, {"o", &s.o}, {"y", &y}})
+      check_finite(*t, name, step);
+  }
   return y;
 }
 
-Tensor layer_backward(const Ctx& x, const LayerWeights& w, LayerSaved& s, const Tensor& dy, LayerWeights& g) {
+Tensor layer_backward(const Ctx& x, const LayerWeights& w, LayerSaved& s, const Tensor& dy, LayerWeights& g,
+                      int64_t layer) {
+  const std::string step = fmt::format("layer {} backward, rank {}", layer, x.r);
+  check_finite(dy, "dy", step);
   const MlaConfig& c = x.c;
   // y = x + o·woᵀ:  do = dy·wo,  dwo += dyᵀ·o;  then the all-to-all of do (the adjoint of o's)
   Tensor dout;
@@ -120,11 +137,14 @@ Tensor layer_backward(const Ctx& x, const LayerWeights& w, LayerSaved& s, const 
     Tensor do_local = Tensor::empty({x.N, x.B, x.H * x.Dv}, x.dt, "grad.o_local");
     linear_backward(s.o, w.wo, dy, &do_local, false, g.wo);
     s.o = Tensor();
+    check_finite(do_local, "do", step);
     dout = heads_to_tokens(x, do_local.reshape({x.N, x.B, x.H, x.Dv}), x.Dv, "do", "grad.o");
   }
   Tensor dq, dlatent;
   core_backward(x, w, s, std::move(dout), g, dq, dlatent);                          // the form's core
   fault_point("backward", int(x.r));
+  check_finite(dq, "dq", step);
+  check_finite(dlatent, "dlatent", step);
   // L6 kpe = rope(kv[:, Lkv:]):  dkv[:, Lkv:] = ropeᵀ(dkpe)
   Tensor dkv = Tensor::empty({x.N, x.B, x.Lkv + x.Dr}, x.dt, "grad.kv");
   copy_rows(x.dt, x.N * x.B, x.Dr, at(dlatent, x.Lkv), x.Dl, at(dkv, x.Lkv), x.Lkv + x.Dr);
@@ -164,6 +184,8 @@ Tensor layer_backward(const Ctx& x, const LayerWeights& w, LayerSaved& s, const 
   rmsnorm_backward(s.x, w.attn_norm, dxn, c.rms_norm_eps, dx, g.attn_norm);
   add_into(dx, dy);
   s.x = Tensor();
+  check_finite(dx, "dx", step);
+  g.for_each([&](const std::string& name, const Tensor& t) { check_finite(t, "d" + name, step); });
   return dx;
 }
 
@@ -178,7 +200,9 @@ Tensor stack_forward(const MlaConfig& c, const Weights& w, const Tensor& x, Stac
              c.num_layers);
   saved.layers.assign(size_t(c.num_layers), LayerSaved{});
   Tensor h = x;
-  for (int64_t l = 0; l < c.num_layers; ++l) h = layer_forward(ctx, w.layers[size_t(l)], h, saved.layers[size_t(l)]);
+  if (check_finite_enabled())
+    w.for_each([&](const std::string& name, const Tensor& t) { check_finite(t, name, "the weights, rank " + std::to_string(ctx.r)); });
+  for (int64_t l = 0; l < c.num_layers; ++l) h = layer_forward(ctx, w.layers[size_t(l)], h, saved.layers[size_t(l)], l);
   return h;
 }
 
@@ -189,7 +213,7 @@ Tensor stack_backward(const MlaConfig& c, const Weights& w, StackSaved& saved, c
   LAGA_CHECK(saved.layers.size() == size_t(c.num_layers), "backward without a matching forward");
   Tensor g = dy;
   for (int64_t l = c.num_layers - 1; l >= 0; --l)
-    g = layer_backward(ctx, w.layers[size_t(l)], saved.layers[size_t(l)], g, grads.layers[size_t(l)]);
+    g = layer_backward(ctx, w.layers[size_t(l)], saved.layers[size_t(l)], g, grads.layers[size_t(l)], l);
   saved.layers.clear();
   return g;
 }

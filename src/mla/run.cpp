@@ -4,6 +4,9 @@
 #include <chrono>
 #include <mutex>
 
+#include <cmath>
+
+#include "laga/core/fault.hpp"
 #include "laga/core/random.hpp"
 #include "laga/io/checkpoint.hpp"
 #include "laga/mla/block.hpp"
@@ -52,6 +55,9 @@ RankResult run_rank(const MlaConfig& c, const RunOptions& opt, Communicator& com
     g = zero_grads(c, "grads");
     x_shard = make_input_shard(c, comm.rank(), opt.seed, "x", "input.x");
     dy_shard = make_input_shard(c, comm.rank(), opt.seed, "dy", "input.dy");
+    if (poison_point("nan-x", comm.rank())) x_shard.set(x_shard.numel() / 2, NAN);
+    if (poison_point("nan-dy", comm.rank())) dy_shard.set(dy_shard.numel() / 2, NAN);
+    if (poison_point("inf-wkv_b", comm.rank())) w.layers.back().wkv_b.set(0, INFINITY);
     const int64_t baseline = tracker.live_bytes();
     r.memory.baseline_bytes = baseline;
     comm.barrier();

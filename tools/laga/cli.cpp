@@ -25,6 +25,7 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   if (with_comm) {
     app->add_option("--comm", f.comm, "ranks as: auto (mpi under mpirun, else threads), threads, mpi")->capture_default_str();
     app->add_option("--timeout", f.timeout_s, "seconds a collective may wait before failing (0: no limit)")->capture_default_str();
+    app->add_flag("--check-finite", f.check_finite, "stop (exit 1) at the first NaN or Inf in an input, activation or gradient");
   }
 }
 

@@ -25,6 +25,7 @@ struct CommonFlags {
   std::string form = "explicit", kernel = "fused", absorbed_kv = "expanded", dtype = "bf16";
   std::string rope_layout = "interleaved", comm = "auto", json_path, config_path;
   double timeout_s = 0;
+  bool check_finite = false;
   uint64_t seed = 1234;
 };
 

@@ -4,6 +4,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "laga/core/error.hpp"
+#include "laga/comm/stand_in.hpp"
 #include "laga/core/bytes.hpp"
 #include "laga/io/checkpoint.hpp"
 #include "laga/mla/planner.hpp"
@@ -26,7 +27,7 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
                r["bwd_s"].get<double>(), r["comm"]["tensor_bytes"].get<int64_t>(),
                r["comm"]["wire_bytes"].get<int64_t>(), r["activation_peak_bytes"].get<int64_t>(),
                r["saved_bytes"].get<int64_t>());
-  fmt::print("  rank 0: activation peak {}, saved {}, baseline {}\n",
+  fmt::print("  rank {}: activation peak {}, saved {}, baseline {}\n", r0.rank,
              human_bytes(r0.memory.activation_peak_bytes), human_bytes(r0.memory.saved_bytes),
              human_bytes(r0.memory.baseline_bytes));
   if (!dump_dir.empty()) {
@@ -42,12 +43,13 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
 
 }  // namespace
 
-int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit) {
+int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit,
+            int64_t stand_in) {
   MlaConfig c = build_config(f);
   const bool mpi = use_mpi(f.comm);
   // Refused before anything is allocated: this process holds every rank (threads) or one (MPI).
   const PlannedMemory plan = plan_memory(c);
-  const int64_t ranks_here = mpi ? 1 : c.sp;
+  const int64_t ranks_here = mpi || stand_in >= 0 ? 1 : c.sp;
   check_mem_limit(plan, ranks_here, mem_limit.empty() ? available_memory_bytes() / (mpi ? local_ranks() : 1)
                                                       : parse_bytes(mem_limit),
                   mem_limit.empty() ? "available memory" : "--mem-limit " + mem_limit);
@@ -55,6 +57,14 @@ int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string
   opt.seed = f.seed;
   opt.weights_path = weights;
   opt.gather_tensors = !dump_dir.empty();
+  if (stand_in >= 0) {
+    auto json_out = open_output(f.json_path, "--json");
+    StandInCommunicator comm(int(stand_in), int(c.sp));
+    comm.set_timeout(f.timeout_s);
+    RankResult r = run_rank(c, opt, comm);
+    report(c, {rank_json(r, plan)}, r, json_out.get(), "", fmt::format("stand-in for rank {}", stand_in));
+    return 0;
+  }
   if (!mpi) {
     auto json_out = open_output(f.json_path, "--json");
     if (!dump_dir.empty()) check_writable_dir(dump_dir);

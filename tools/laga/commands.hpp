@@ -8,7 +8,8 @@
 
 namespace laga::cli {
 
-int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit);
+int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit,
+            int64_t stand_in = -1);
 int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps);
 int cmd_bench(const CommonFlags& f, const std::vector<int64_t>& seqs, const std::vector<std::string>& forms, int64_t iters);
 int cmd_plan(const CommonFlags& f, bool sweep, const std::string& mem_limit);

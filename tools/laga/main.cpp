@@ -9,6 +9,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "laga/core/error.hpp"
+#include "laga/core/finite.hpp"
 #include "parse.hpp"
 
 using namespace laga;
@@ -20,7 +21,8 @@ int main(int argc, char** argv) {
   try {
     check_invocation(inv);
     const CommonFlags& flags = inv.flags;
-    if (inv.command == "run") return cmd_run(flags, inv.dump_dir, inv.weights, inv.mem_limit);
+    set_check_finite(flags.check_finite);
+    if (inv.command == "run") return cmd_run(flags, inv.dump_dir, inv.weights, inv.mem_limit, inv.stand_in);
     if (inv.command == "plan") return cmd_plan(flags, inv.sweep, inv.mem_limit);
     if (inv.command == "verify") return cmd_verify(flags, inv.sps);
     if (inv.command == "bench") return cmd_bench(flags, inv.seqs, inv.forms, inv.iters);

@@ -36,6 +36,9 @@ std::optional<int> parse_args(int argc, const char* const* argv, Invocation& inv
   run->add_option("--dump", inv.dump_dir, "write config.json and tensors.safetensors (whole tensors, gathered to rank 0)");
   run->add_option("--weights", inv.weights, "load weights from a laga dump or a Hugging Face DeepSeek shard (.safetensors)");
   run->add_option("--inject-fault", inv.fault, "testing: RANK:PLACE makes that rank fail in forward or backward");
+  run->add_option("--stand-in", inv.stand_in,
+                  "run only rank R of the --sp group, the other ranks' traffic stood in for (memory and traffic "
+                  "measurements at scale; numbers are not meaningful)");
   run->add_option("--mem-limit", inv.mem_limit,
                   "refuse a run whose planned per-rank peak exceeds this (e.g. 16GiB; default: available memory / ranks)");
 
@@ -88,7 +91,12 @@ void check_invocation(const Invocation& inv) {
   if (!inv.mem_limit.empty()) parse_bytes(inv.mem_limit);
   if (inv.command == "run") {
     if (!inv.fault.empty()) set_injected_fault(inv.fault);
-    build_config(f);
+    MlaConfig c = build_config(f);
+    if (inv.stand_in >= 0) {
+      LAGA_CHECK(inv.stand_in < c.sp, "--stand-in {} is not a rank of --sp {}; try 0 .. {}", inv.stand_in, c.sp, c.sp - 1);
+      LAGA_CHECK(inv.dump_dir.empty(), "--stand-in makes up the other ranks' data, so it cannot --dump; drop one of them");
+      LAGA_CHECK(!use_mpi(f.comm), "--stand-in runs one rank in this process; run it without mpirun");
+    }
   } else if (inv.command == "plan") {
     LAGA_CHECK(inv.sweep || f.seq > 0, "laga plan needs --seq T (or --sweep)");
     CommonFlags g = f;

@@ -27,6 +27,7 @@ struct Invocation {
   int64_t iters = 3, steps = 200;                                   // bench, train
   double lr = 1e-3;                                                 // train
   bool sweep = false;                                               // plan
+  int64_t stand_in = -1;                                            // run: play this rank alone
   std::string mem_limit;                                            // run, plan: "" = available memory (run) / none (plan)
 };
 

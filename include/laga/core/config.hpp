@@ -35,6 +35,10 @@ struct RopeScaling {
   double mscale = 1, mscale_all_dim = 1;
 };
 
+// The largest model dimension laga accepts (hidden size, heads, ranks, head dims): far beyond any MLA
+// model, small enough that sizes derived from dimensions cannot overflow before validate() sizes them.
+inline constexpr int64_t kMaxModelDim = int64_t(1) << 20;
+
 struct MlaConfig {
   std::string model = "tiny";  // the preset this config started from
   // Model dimensions (Hugging Face names).
@@ -70,7 +74,10 @@ struct MlaConfig {
   double rope_attention_factor() const;           // yarn_mscale(f, m) / yarn_mscale(f, ma)
   std::vector<double> rope_inv_freq() const;      // [Dr/2], YaRN-corrected
 
-  std::vector<std::string> problems() const;  // empty when valid
+  // Empty when valid. Besides ranges and divisibility: every double finite, no model dimension above
+  // kMaxModelDim, the largest tensors of a run addressable in int64 bytes, and a finite, positive softmax
+  // scale and RoPE attention factor.
+  std::vector<std::string> problems() const;
   void validate() const;                      // usage error listing every problem
 
   nlohmann::json to_json() const;                   // the keys of DESIGN §1.1

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# One rank's share of a P = 8 group at full DeepSeek-V3 dimensions (H 128, D 7168, latent 576), bf16,
+# measured with the other seven ranks stood in for (`laga run --stand-in 0`): T = 16384 with the fused
+# kernel and T = 8192 with eager (the largest power of two whose eager peak fits this 24 GiB machine),
+# every form and absorbed regime. The tracking allocator's figures and the ledger must equal the
+# planner's to the byte. Usage: deepseek_v3_scale.sh <laga binary> <source dir>
+set -u
+laga=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+
+check() {  # kernel T form regime
+  local kernel=$1 T=$2 form=$3 kv=$4 f="$work/$1.$2.$3.$4.json"
+  if ! "$laga" run --model deepseek-v3 --seq "$T" --sp 8 --stand-in 0 --form "$form" --absorbed-kv "$kv" \
+      --kernel "$kernel" --dtype bf16 --json "$f" >"$work/out" 2>&1; then
+    echo "FAIL: $kernel T=$T $form $kv: $(tail -3 "$work/out")"
+    failures=$((failures + 1))
+    return
+  fi
+  "$laga" plan --model deepseek-v3 --seq "$T" --sp 8 --kernel "$kernel" --absorbed-kv "$kv" --dtype bf16 \
+    --json "$work/plan.json" >/dev/null
+  if /usr/bin/python3 - "$f" "$work/plan.json" "$form" <<'PY'
+import json, sys
+run, plan, form = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
+r = run["ranks"][0]
+p = plan["forms"][form]
+pairs = [("activation_peak_bytes", r["activation_peak_bytes"], p["activation_peak_bytes"]),
+         ("saved_bytes", r["saved_bytes"], p["saved_bytes"]),
+         ("forward_peak_bytes", r["forward_peak_bytes"], p["forward_peak_bytes"]),
+         ("backward_peak_bytes", r["backward_peak_bytes"], p["backward_peak_bytes"]),
+         ("comm.tensor_bytes", r["comm"]["tensor_bytes"], p["comm"]["tensor_bytes"]),
+         ("comm.wire_bytes", r["comm"]["wire_bytes"], p["comm"]["wire_bytes"])]
+bad = [f"{k}: measured {m} planned {q}" for k, m, q in pairs if m != q]
+print("  " + ", ".join(f"{k} {m}" for k, m, _ in pairs[:2]) + f", fwd {r['fwd_s']:.1f} s, bwd {r['bwd_s']:.1f} s")
+if bad:
+    print("  " + "; ".join(bad))
+sys.exit(1 if bad else 0)
+PY
+  then
+    echo "ok: $kernel T=$T $form $kv: measured == planned"
+  else
+    echo "FAIL: $kernel T=$T $form $kv: measured != planned"
+    failures=$((failures + 1))
+  fi
+}
+
+for spec in "explicit expanded" "laga expanded" "absorbed expanded" "absorbed shared"; do
+  set -- $spec
+  check fused 16384 "$1" "$2"
+  check eager 8192 "$1" "$2"
+done
+[ "$failures" -eq 0 ] && echo "deepseek_v3_scale: all cases pass" || echo "deepseek_v3_scale: $failures failures"
+[ "$failures" -eq 0 ]
