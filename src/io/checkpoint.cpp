@@ -38,21 +38,6 @@ const char* hf_key(const std::string& name) {
   LAGA_ASSERT(false, "no Hugging Face name for weight '{}'", name);
 }
 
-// A weight by its LayerWeights name; const-ness follows the layer's.
-template <class LW>
-auto field(LW& w, const std::string& name) -> decltype(&w.attn_norm) {
-  if (name == "attn_norm") return &w.attn_norm;
-  if (name == "wq_a") return &w.wq_a;
-  if (name == "q_norm") return &w.q_norm;
-  if (name == "wq_b") return &w.wq_b;
-  if (name == "wq") return &w.wq;
-  if (name == "wkv_a") return &w.wkv_a;
-  if (name == "kv_norm") return &w.kv_norm;
-  if (name == "wkv_b") return &w.wkv_b;
-  if (name == "wo") return &w.wo;
-  LAGA_ASSERT(false, "no weight named '{}'", name);
-}
-
 // How a weight's expected shape follows from the config, for error messages.
 std::string shape_reason(const MlaConfig& c, const std::string& name) {
   const int64_t D = c.hidden_size, H = c.num_attention_heads, Lq = c.q_lora_rank, Lkv = c.kv_lora_rank;
@@ -224,7 +209,7 @@ Weights load_weights(const std::string& path, const MlaConfig& c) {
   for (int64_t l = 0; l < c.num_layers; ++l)
     for (const auto& [name, expected] : shapes) {
       const std::string file_name = checkpoint_name(naming, l, name);
-      *field(w.layers[size_t(l)], name) = src.shard(file_name).load(file_name, c.dtype, "weights");
+      w.layers[size_t(l)].by_name(name) = src.shard(file_name).load(file_name, c.dtype, "weights");
     }
   return w;
 }
@@ -280,7 +265,7 @@ void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, con
     for (size_t l = 0; l < set->layers.size(); ++l) {
       for (const auto& [name, shape] : shapes) {
         const std::string full = checkpoint_name(WeightNaming::laga, int64_t(l), name) + suffix;
-        const Tensor* t = field(set->layers[l], name);
+        const Tensor* t = &set->layers[l].by_name(name);
         check_shape(*t, shape, full.c_str());
         names.push_back(full);
         tensors.push_back(t);

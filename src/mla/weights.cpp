@@ -53,16 +53,20 @@ std::vector<std::pair<std::string, Shape>> layer_weight_shapes(const MlaConfig& 
   return s;
 }
 
-static Tensor* slot(LayerWeights& w, const std::string& name) {
-  if (name == "attn_norm") return &w.attn_norm;
-  if (name == "wq_a") return &w.wq_a;
-  if (name == "q_norm") return &w.q_norm;
-  if (name == "wq_b") return &w.wq_b;
-  if (name == "wq") return &w.wq;
-  if (name == "wkv_a") return &w.wkv_a;
-  if (name == "kv_norm") return &w.kv_norm;
-  if (name == "wkv_b") return &w.wkv_b;
-  if (name == "wo") return &w.wo;
+Tensor& LayerWeights::by_name(const std::string& name) {
+  return const_cast<Tensor&>(static_cast<const LayerWeights&>(*this).by_name(name));
+}
+
+const Tensor& LayerWeights::by_name(const std::string& name) const {
+  if (name == "attn_norm") return attn_norm;
+  if (name == "wq_a") return wq_a;
+  if (name == "q_norm") return q_norm;
+  if (name == "wq_b") return wq_b;
+  if (name == "wq") return wq;
+  if (name == "wkv_a") return wkv_a;
+  if (name == "kv_norm") return kv_norm;
+  if (name == "wkv_b") return wkv_b;
+  if (name == "wo") return wo;
   LAGA_ASSERT(false, "no weight named '{}'", name);
 }
 
@@ -71,7 +75,7 @@ static Weights make_weights(const MlaConfig& c, DType dtype, const std::string& 
   w.layers.resize(size_t(c.num_layers));
   for (auto& layer : w.layers)
     for (auto& [name, shape] : layer_weight_shapes(c))
-      *slot(layer, name) = zero ? Tensor::zeros(shape, dtype, tag) : Tensor::empty(shape, dtype, tag);
+      layer.by_name(name) = zero ? Tensor::zeros(shape, dtype, tag) : Tensor::empty(shape, dtype, tag);
   return w;
 }
 

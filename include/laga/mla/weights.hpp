@@ -25,6 +25,10 @@ struct LayerWeights {
   Tensor wkv_b;      // [H·(Dn+Dv), Lkv]  per head: Dn k-rows then Dv v-rows
   Tensor wo;         // [D, H·Dv]
 
+  // The tensor of a weight name ("wq_a", ...); internal error for any other name.
+  Tensor& by_name(const std::string& name);
+  const Tensor& by_name(const std::string& name) const;
+
   // The defined tensors in a fixed order, with their names.
   void for_each(const std::function<void(const std::string&, Tensor&)>& f);
   void for_each(const std::function<void(const std::string&, const Tensor&)>& f) const;
