@@ -39,8 +39,8 @@ Config parse(const std::vector<std::string>& args) {
   Config c;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
-    LAGA_CHECK(i + 1 < args.size(), "unknown or incomplete option '{}'; see the usage at the top of bench_attention.cpp",
-               a);
+    LAGA_CHECK(i + 1 < args.size(),
+               "unknown or incomplete option '{}'; see the usage at the top of bench_attention.cpp", a);
     const std::string v = args[++i];
     if (a == "--seq") c.T = std::stoll(v);
     else if (a == "--batch") c.B = std::stoll(v);

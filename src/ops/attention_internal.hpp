@@ -215,7 +215,8 @@ inline void span_grad(const float* s, const float* dp, P* p, P* ds, int64_t n, f
     const __mmask16 mk = tail_mask(n - r);
     const __m512 arg = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mk, s + r), vc, _mm512_maskz_loadu_ps(mk, lse2 + r));
     const __m512 pr = exp2_ps(arg);
-    const __m512 g = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp + r), _mm512_maskz_loadu_ps(mk, delta + r)));
+    const __m512 centred = _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp + r), _mm512_maskz_loadu_ps(mk, delta + r));
+    const __m512 g = _mm512_mul_ps(pr, centred);
     store16(p + r, pr, mk);
     store16(ds + r, g, mk);
   }

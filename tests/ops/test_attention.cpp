@@ -129,7 +129,8 @@ Results plain_float(const AttnRun& r, DType dt) {
         float mx = -INFINITY, sum = 0;
         for (int64_t j = 0; j < n; ++j) {
           float s = 0;
-          for (int64_t d = 0; d < p.Dqk; ++d) s += float(q[qi(t, b, h) * p.Dqk + d]) * float(k[ki(j, b, hk) * p.Dqk + d]);
+          for (int64_t d = 0; d < p.Dqk; ++d)
+            s += float(q[qi(t, b, h) * p.Dqk + d]) * float(k[ki(j, b, hk) * p.Dqk + d]);
           mx = std::max(mx, pr[size_t(j)] = p.scale * s);
         }
         for (int64_t j = 0; j < n; ++j) sum += pr[size_t(j)] = std::exp(pr[size_t(j)] - mx);
@@ -152,7 +153,8 @@ Results plain_float(const AttnRun& r, DType dt) {
             dq[size_t(qi(t, b, h) * p.Dqk + d)] += p.scale * ds * float(k[ki(j, b, hk) * p.Dqk + d]);
             dk[size_t(ki(j, b, hk) * p.Dqk + d)] += p.scale * ds * float(q[qi(t, b, h) * p.Dqk + d]);
           }
-          for (int64_t d = 0; d < p.Dv; ++d) dv[size_t(ki(j, b, hk) * p.Dv + d)] += pj * float(dout[qi(t, b, h) * p.Dv + d]);
+          for (int64_t d = 0; d < p.Dv; ++d)
+            dv[size_t(ki(j, b, hk) * p.Dv + d)] += pj * float(dout[qi(t, b, h) * p.Dv + d]);
         }
       }
   for (int64_t i = 0; i < q.numel(); ++i) out.dq[i] = round_to(dt, dq[size_t(i)]);
@@ -238,9 +240,9 @@ TEST(Attention, EagerAndFusedAgree) {
       auto one = [&](const ref::Array& a, const ref::Array& b, const ref::Array& ref, const ref::Array& plain,
                      const char* name) {
         // Each is within 4× the baseline of the reference, so they are within 8× of each other.
-        EXPECT_TRUE(laga::testing::within_baseline(max_abs_diff(a, b), max_abs_diff(plain, ref), std::max(1.0, max_abs(ref)),
-                                             8.0, 2e-6))
-            << dtype_name(dt) << " " << c.name << " " << name << ": eager and fused differ by " << max_abs_diff(a, b);
+        const double diff = max_abs_diff(a, b), base = max_abs_diff(plain, ref);
+        EXPECT_TRUE(laga::testing::within_baseline(diff, base, std::max(1.0, max_abs(ref)), 8.0, 2e-6))
+            << dtype_name(dt) << " " << c.name << " " << name << ": eager and fused differ by " << diff;
       };
       one(e.o, f.o, x.ref.o, x.plain.o, "o");
       one(e.dq, f.dq, x.ref.dq, x.plain.dq, "dq");
@@ -285,12 +287,14 @@ TEST(Attention, AllocatesExactlyItsMemoryPlan) {
         AttentionSaved saved = attention_forward(kernel, r.p);
         EXPECT_EQ(tracker.peak_bytes(), plan.forward_peak_bytes) << what;
         EXPECT_EQ(tracker.live_bytes(), plan.saved_bytes) << what;
-        for (const auto& [tag, bytes] : tracker.peak_by_tag()) EXPECT_EQ(tag.rfind("attn.", 0), 0u) << what << " " << tag;
+        for (const auto& [tag, bytes] : tracker.peak_by_tag())
+          EXPECT_EQ(tag.rfind("attn.", 0), 0u) << what << " " << tag;
         tracker.reset_peak();
         attention_backward(kernel, r.p, saved);
         EXPECT_EQ(tracker.peak_bytes() - plan.saved_bytes, plan.backward_peak_bytes) << what;
         EXPECT_EQ(tracker.live_bytes(), plan.saved_bytes) << what;
-        for (const auto& [tag, bytes] : tracker.peak_by_tag()) EXPECT_EQ(tag.rfind("attn.", 0), 0u) << what << " " << tag;
+        for (const auto& [tag, bytes] : tracker.peak_by_tag())
+          EXPECT_EQ(tag.rfind("attn.", 0), 0u) << what << " " << tag;
       }
 }
 
