@@ -25,7 +25,7 @@ Ctx::Ctx(const MlaConfig& cfg, Communicator& cm)
 
 void copy_rows(DType t, int64_t rows, int64_t cols, const void* src, int64_t src_stride, void* dst, int64_t dst_stride) {
   const int64_t es = dtype_size(t);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
   for (int64_t i = 0; i < rows; ++i)
     std::memcpy(static_cast<char*>(dst) + i * dst_stride * es, static_cast<const char*>(src) + i * src_stride * es,
                 size_t(cols * es));
@@ -40,7 +40,7 @@ void add_into(Tensor& y, const Tensor& x) {
     using T = std::remove_pointer_t<decltype(tag)>;
     T* yp = y.data<T>();
     const T* xp = x.data<T>();
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (y.numel() >= kParallelMin)
     for (int64_t i = 0; i < y.numel(); ++i) yp[i] = from_float<T>(to_float(yp[i]) + to_float(xp[i]));
   });
 }

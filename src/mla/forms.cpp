@@ -21,7 +21,7 @@ void sum_heads(DType t, int64_t rows, int64_t Hs, int64_t cols, const void* src,
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* s = static_cast<const T*>(src);
     T* d = static_cast<T*>(dst);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (rows * Hs * cols >= kParallelMin)
     for (int64_t m = 0; m < rows; ++m)
       for (int64_t i = 0; i < cols; ++i) {
         float acc = accumulate ? to_float(d[m * dst_row + i]) : 0.0f;

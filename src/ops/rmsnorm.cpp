@@ -14,7 +14,7 @@ void forward_impl(const RmsNormParams& p) {
   const T* x = static_cast<const T*>(p.x);
   const T* w = static_cast<const T*>(p.w);
   T* y = static_cast<T*>(p.y);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.M * p.C >= kParallelMin)
   for (int64_t m = 0; m < p.M; ++m) {
     const T* xr = x + m * p.x_stride;
     T* yr = y + m * p.y_stride;
@@ -36,7 +36,7 @@ void backward_impl(const RmsNormBwdParams& p) {
   // y_c = x_c·r·w_c, r = (Σx²/C + eps)^-½
   //   dx_c = r·w_c·dy_c − x_c·r³/C · Σ_j dy_j·w_j·x_j
   //   dw_c += Σ_m dy_c·x_c·r
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.M * p.C >= kParallelMin)
   for (int64_t m = 0; m < p.M; ++m) {
     const T* xr = x + m * p.x_stride;
     const T* dyr = dy + m * p.dy_stride;
@@ -54,7 +54,7 @@ void backward_impl(const RmsNormBwdParams& p) {
       dxr[c] = from_float<T>(rm * to_float(w[c]) * to_float(dyr[c]) - to_float(xr[c]) * k);
   }
   constexpr int64_t kCols = 64;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.M * p.C >= kParallelMin)
   for (int64_t c0 = 0; c0 < p.C; c0 += kCols) {
     const int64_t c1 = std::min(p.C, c0 + kCols);
     float acc[kCols] = {};

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "laga/core/error.hpp"
+#include "laga/core/tensor.hpp"
 
 namespace laga {
 
@@ -13,7 +14,7 @@ template <class T>
 void apply(const RopeParams& p, double sign) {
   const int64_t half = p.Dr / 2;
   T* x = static_cast<T*>(p.x);
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (p.T * p.inner * p.Dr >= kParallelMin)
   for (int64_t t = 0; t < p.T; ++t) {
     float cs[256], sn[256];
     const double pos = double(p.pos0 + t);

@@ -17,6 +17,10 @@
 namespace laga {
 
 using Shape = std::vector<int64_t>;
+
+// Elementwise loops over fewer elements than this run on the calling thread: waking a team costs
+// more than the work, and a descheduled second thread would stall it.
+inline constexpr int64_t kParallelMin = int64_t(1) << 15;
 std::string shape_str(const Shape& s);  // "[4, 1, 16]"
 int64_t shape_numel(const Shape& s);
 
