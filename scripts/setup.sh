@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # Installs laga's Debian packages (Debian 12) and builds it into ./build. Safe to run again.
+# clang, its runtimes (libFuzzer, sanitizers) and its OpenMP are for the fuzz targets (scripts/fuzz.sh);
+# the sanitized build (build-asan/) uses GCC's, which come with build-essential.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -10,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   python3-torch python3-numpy
+  clang libclang-rt-14-dev libomp-dev
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -87,7 +87,7 @@ struct MlaConfig {
   static MlaConfig from_json(const nlohmann::json& j, bool validate = true);
 };
 
-// Divisors of n, for "try ..." suggestions.
+// Divisors of n, for "try ..." suggestions: the first 12, smallest first, from those up to 2^20 and n.
 std::string divisors_str(int64_t n);
 
 }  // namespace laga

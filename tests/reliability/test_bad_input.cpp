@@ -1,0 +1,157 @@
+// What fuzzing (fuzz/, scripts/fuzz.sh) and the review of its oracles found, each kept as a claim so it
+// stays fixed: bad input gets a clear usage error, never a crash or a silent wrong number. The inputs
+// themselves are replayed from fuzz/regressions/ by the fuzz.replay.* tests.
+//
+// Not here: the reader's and the CLI's ordinary bad-input cases (tests/io/test_safetensors.cpp,
+// tests/cli/cli_bad_input.sh).
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "laga/core/config.hpp"
+#include "laga/core/error.hpp"
+#include "laga/core/tensor.hpp"
+#include "laga/io/safetensors.hpp"
+
+using namespace laga;
+
+namespace {
+
+// The usage error f throws (fails the test when it throws nothing or something else).
+template <class F>
+std::string usage_error(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::usage) << e.what();
+    return e.message();
+  }
+  ADD_FAILURE() << "no error thrown";
+  return "";
+}
+
+nlohmann::json tiny_json() {
+  MlaConfig c = MlaConfig::preset("tiny");
+  return c.to_json();
+}
+
+}  // namespace
+
+// Found by fuzz_safetensors on a seed: two zero-size tensors under one tag shared a tracker entry of 0
+// bytes, which the first release erased and the second could not find — an assert in a destructor,
+// so std::terminate.
+TEST(Memory, ZeroByteTensorsUnderOneTagReleaseInAnyOrder) {
+  MemoryTracker tracker;
+  TrackerScope scope(tracker);
+  {
+    Tensor a = Tensor::empty({0}, DType::f32, "t");
+    Tensor b = Tensor::empty({3, 0}, DType::bf16, "t");
+    Tensor c = Tensor::empty({4}, DType::f32, "t");
+    Tensor d = Tensor::empty({0, 7}, DType::f32, "t");
+    EXPECT_EQ(tracker.live_bytes(), 16);
+    EXPECT_EQ(tracker.live_by_tag().at("t"), 16);
+    c = Tensor();  // the non-empty one first, then the empty ones
+  }
+  EXPECT_EQ(tracker.live_bytes(), 0);
+  EXPECT_TRUE(tracker.live_by_tag().empty());
+  EXPECT_EQ(tracker.peak_bytes(), 16);
+}
+
+TEST(SafetensorsBadInput, LoadsZeroSizeTensorsUnderOneTag) {
+  const std::string header = R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},)"
+                             R"("b":{"dtype":"BF16","shape":[3,0],"data_offsets":[0,0]}})";
+  std::string bytes(8, '\0');
+  const uint64_t n = header.size();
+  std::memcpy(bytes.data(), &n, 8);
+  bytes += header;
+  MemoryTracker tracker;
+  TrackerScope scope(tracker);
+  SafetensorsFile f = SafetensorsFile::from_bytes(bytes, "empty");
+  {
+    Tensor a = f.load("a", DType::f32, "load"), b = f.load("b", DType::f32, "load");
+    EXPECT_EQ(b.shape(), (Shape{3, 0}));
+  }
+  EXPECT_EQ(tracker.live_bytes(), 0);
+}
+
+// Found by fuzz_config: a float where an integer belongs was cast to int64 — truncated (64.5 -> 64)
+// or, out of range (2e71), undefined behaviour.
+TEST(Config, RejectsAFloatOrAnOutOfRangeNumberWhereAnIntegerBelongs) {
+  for (const char* text : {"64.5", "64.0", "2e71", "18446744073709551615", "9223372036854775808"}) {
+    nlohmann::json j = tiny_json();
+    j["hidden_size"] = nlohmann::json::parse(text);
+    const std::string m = usage_error([&] { MlaConfig::from_json(j); });
+    EXPECT_NE(m.find("hidden_size"), std::string::npos) << text << ": " << m;
+    EXPECT_NE(m.find("not an integer"), std::string::npos) << text << ": " << m;
+  }
+  nlohmann::json j = tiny_json();
+  j["rope_scaling"]["original_max_position_embeddings"] = 4096.5;
+  EXPECT_NE(usage_error([&] { MlaConfig::from_json(j); }).find("original_max_position_embeddings"), std::string::npos);
+  j = tiny_json();
+  j["num_layers"] = 1e300;
+  EXPECT_NE(usage_error([&] { MlaConfig::from_json(j); }).find("num_layers"), std::string::npos);
+}
+
+// Found reviewing fuzz_config's oracle (finite, positive derived quantities): a RoPE scaling that
+// validated but made the softmax scale inf, or the attention factor negative — silent infs and NaNs.
+TEST(Config, RejectsRopeScalingThatMakesTheSoftmaxScaleOrAttentionFactorUnusable) {
+  nlohmann::json j = tiny_json();
+  j["rope_scaling"]["mscale_all_dim"] = 1e300;
+  EXPECT_NE(usage_error([&] { MlaConfig::from_json(j); }).find("softmax scale"), std::string::npos);
+  j = tiny_json();
+  j["rope_scaling"]["mscale"] = -1e300;
+  EXPECT_NE(usage_error([&] { MlaConfig::from_json(j); }).find("RoPE attention factor"), std::string::npos);
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.rope_theta = std::numeric_limits<double>::infinity();
+  EXPECT_NE(usage_error([&] { c.validate(); }).find("rope_theta = inf must be a finite number"), std::string::npos);
+  c = MlaConfig::preset("tiny");
+  c.rope_scaling.beta_fast = std::nan("");
+  EXPECT_NE(usage_error([&] { c.validate(); }).find("beta_fast"), std::string::npos);
+}
+
+// Found reviewing fuzz_config's oracle: a dimension of 2^62 validated, then rope_inv_freq asked for a
+// vector of 2^61 doubles (std::length_error: exit 3), and element counts overflowed int64.
+TEST(Config, RejectsSizesThatCannotBeAddressed) {
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.qk_rope_head_dim = int64_t(1) << 62;
+  EXPECT_NE(usage_error([&] { c.validate(); }).find("qk_rope_head_dim = 4611686018427387904 exceeds"),
+            std::string::npos);
+  c = MlaConfig::preset("tiny");
+  c.seq_len = int64_t(1) << 40;
+  EXPECT_NE(usage_error([&] { c.validate(); }).find("too large to address"), std::string::npos);
+  c = MlaConfig::preset("deepseek-v3");
+  c.num_layers = int64_t(1) << 40;
+  EXPECT_NE(usage_error([&] { c.validate(); }).find("over all layers"), std::string::npos);
+}
+
+// The new limits leave every real configuration alone: each preset at long sequences, every P that
+// divides its heads, and many layers.
+TEST(Config, PresetsStillValidateAtLongSequencesAndManyLayers) {
+  for (const auto& name : MlaConfig::preset_names()) {
+    MlaConfig c = MlaConfig::preset(name);
+    c.seq_len = int64_t(1) << 20, c.batch = 4, c.num_layers = 61;
+    for (int64_t P = 1; P <= c.num_attention_heads; P *= 2) {
+      c.sp = P;
+      EXPECT_TRUE(c.problems().empty()) << name << " P " << P << ": " << c.problems().front();
+    }
+  }
+}
+
+// Found by fuzz_cli (a timeout): `laga run --seq 13333333333333333 --sp 4` searched every number up to
+// the sequence length for divisors to suggest — a hang of years. The suggestion now comes at once.
+TEST(Config, SuggestsDivisorsOfAHugeSequenceWithoutSearchingToIt) {
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.seq_len = 13333333333333333, c.sp = 4;
+  const std::string m = usage_error([&] { c.validate(); });
+  EXPECT_NE(m.find("--sp 4 does not divide --seq 13333333333333333; try 1, 89, 1447, 1553, 128783, 138217, "
+                   "13333333333333333"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(divisors_str(18), "1, 2, 3, 6, 9, 18");
+  EXPECT_EQ(divisors_str(int64_t(1) << 62), "1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048");
+}
