@@ -9,10 +9,8 @@ set -euo pipefail
 laga=$1
 check=${LAGA_COMM_CHECK:-$(dirname "$laga")/tests/laga_comm_check}
 [[ -x $check ]] || { echo "comm_mpi: no laga_comm_check at $check" >&2; exit 1; }
-command -v mpirun >/dev/null || { echo "comm_mpi: mpirun not found (Debian: openmpi-bin)" >&2; exit 1; }
 
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-mpi=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader)
+source "$(dirname "$0")/lib/mpi.bash"  # mpirun settings: the array mpi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0

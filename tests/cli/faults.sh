@@ -5,8 +5,8 @@
 # Usage: faults.sh <laga binary> <source dir>
 set -u
 laga=$1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-mpi=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader -np 4)
+source "$(dirname "$0")/lib/mpi.bash"  # mpirun settings: the array mpi
+mpi+=(-np 4)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0

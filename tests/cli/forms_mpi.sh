@@ -6,9 +6,7 @@
 # backends. Usage: forms_mpi.sh <laga binary> <source dir>
 set -u
 laga=$1
-command -v mpirun >/dev/null || { echo "forms_mpi: mpirun not found (Debian: openmpi-bin)" >&2; exit 1; }
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-mpi=(mpirun --allow-run-as-root --oversubscribe --mca btl self,vader)
+source "$(dirname "$0")/lib/mpi.bash"  # mpirun settings: the array mpi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0

@@ -42,8 +42,6 @@ Sample slowest(const std::vector<RankResult>& ranks) {
 
 int cmd_bench(const CommonFlags& f, const std::vector<int64_t>& seqs, const std::vector<std::string>& forms,
               int64_t iters) {
-  LAGA_CHECK(iters >= 1, "--iters {} must be at least 1", iters);
-  LAGA_CHECK(!forms.empty(), "--forms is empty; valid: explicit, absorbed, laga");
   std::vector<MlaConfig> configs;
   for (int64_t T : seqs)
     for (const auto& name : forms) {

@@ -85,11 +85,6 @@ std::string label(Form form, AbsorbedKv kv) {
 
 int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps) {
   MlaConfig base = build_config(f);
-  for (int64_t P : sps) {
-    MlaConfig c = base;
-    c.sp = P;
-    c.validate();
-  }
   auto json_out = open_output(f.json_path, "--json");
   LAGA_CHECK(!use_mpi(f.comm), "laga verify runs its ranks in-process; run it without mpirun (use laga run under mpirun)");
   RunOptions opt;

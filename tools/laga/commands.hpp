@@ -1,4 +1,6 @@
-// The subcommands of the laga CLI, each in its own cmd_*.cpp.
+// The subcommands of the laga CLI, each in its own cmd_*.cpp. Each is called after check_invocation
+// (parse.hpp) has checked its flags and configurations; what depends on the launch (mpirun) or on
+// output files it checks itself, before its work.
 #pragma once
 
 #include <string>
