@@ -24,7 +24,7 @@
 
 #include "harness.hpp"
 #include "laga/comm/communicator.hpp"
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 #include "laga/core/random.hpp"
 #include "laga/core/tensor.hpp"
 #include "laga/mla/block.hpp"
@@ -32,6 +32,7 @@
 #include "laga/mla/weights.hpp"
 #include "reference/array.hpp"
 #include "reference/block_ref.hpp"
+#include "verify/compare.hpp"
 
 namespace laga {
 namespace {
@@ -53,46 +54,26 @@ int64_t count_non_finite(const Tensor& t) {
   return bad;
 }
 
-double max_abs(const ref::Array& a) {
-  double m = 0;
-  for (double v : a.data) m = std::max(m, std::abs(v));
-  return m;
-}
-
-// max |got − want| / max |want|.
-double rel_error(const Tensor& got, const ref::Array& want) {
-  LAGA_ASSERT(got.numel() == want.numel(), "comparing {} values with {}", got.numel(), want.numel());
-  double d = 0;
-  for (int64_t i = 0; i < got.numel(); ++i) {
-    const double e = std::abs(double(got.get(i)) - want[i]);
-    d = std::isnan(e) ? INFINITY : std::max(d, e);
-  }
-  const double m = max_abs(want);
-  return m > 0 ? d / m : d;
-}
-
 struct CheckResult {
-  double worst = 0;       // the largest relative error over y, dx and every weight gradient
-  std::string worst_name;
-  double tolerance = 0;
-  bool pass() const { return worst <= tolerance; }
+  verify::Verdict verdict;
+  bool pass() const { return verdict.pass; }
 };
 
-// The benchmark's code path (same dtype, kernel, form) on a tiny stack against the fp64 reference.
-// Tolerance relative to each tensor's largest value: a few units of the storage precision's
-// rounding compounded over two layers (fp32 errors here are ~1e-6, bf16's ~1e-2).
+// The benchmark's code path (same dtype, kernel, form) on a tiny stack against the fp64 reference, by
+// the one verification rule (verify/compare.hpp): explicit's error within kExplicitFactor of a plain
+// implementation's in the same precision, per tensor.
 CheckResult check_against_reference(const MlaConfig& bench_config, Communicator& comm) {
-  MlaConfig c = MlaConfig::preset("tiny");
-  c.seq_len = 16, c.batch = 2, c.num_layers = 2, c.sp = 1;
-  c.form = Form::explicit_form, c.kernel = bench_config.kernel, c.dtype = bench_config.dtype;
-  c.rope_interleaved = bench_config.rope_interleaved;
-  c.validate();
+  MlaConfig m = MlaConfig::preset("tiny");
+  m.seq_len = 16, m.batch = 2, m.num_layers = 2, m.sp = 1;
+  m.form = "explicit", m.kernel = bench_config.kernel, m.dtype = bench_config.dtype;
+  m.rope_interleaved = bench_config.rope_interleaved;
+  const Config c(m);
 
-  Weights w = allocate_weights(c, "weights");
-  init_weights(w, c, kSeed);
-  Weights g = zero_grads(c, "grads");
-  Tensor x = Tensor::empty({c.seq_len, c.batch, c.hidden_size}, c.dtype, "input.x");
-  Tensor dy = Tensor::empty(x.shape(), c.dtype, "input.dy");
+  Weights w = allocate_weights(m, "weights");
+  init_weights(w, m, kSeed);
+  Weights g = zero_grads(m, "grads");
+  Tensor x = Tensor::empty({m.seq_len, m.batch, m.hidden_size}, m.dtype, "input.x");
+  Tensor dy = Tensor::empty(x.shape(), m.dtype, "input.dy");
   fill_normal(x, kSeed, "x", 1.0);
   fill_normal(dy, kSeed, "dy", 1.0);
 
@@ -102,17 +83,11 @@ CheckResult check_against_reference(const MlaConfig& bench_config, Communicator&
 
   const ref::RefWeights rw = ref::from_weights(w);
   const ref::Array rx = ref::from_tensor(x), rdy = ref::from_tensor(dy);
-  const ref::Array ry = ref::block_forward(c, rw, rx);
-  const ref::BlockGrads rg = ref::block_backward(c, rw, rx, rdy);
-
+  const verify::Tensors exact = verify::reference_tensors(m, rw, rx, rdy, std::nullopt);
+  const verify::Tensors plain = verify::reference_tensors(m, rw, rx, rdy, m.dtype);
   CheckResult r;
-  r.tolerance = c.dtype == DType::f32 ? 1e-4 : 5e-2;
-  auto note = [&](const std::string& name, double e) {
-    if (!(e <= r.worst) || r.worst_name.empty()) r.worst = e, r.worst_name = name;
-  };
-  note("y", rel_error(y, ry));
-  note("dx", rel_error(dx, rg.dx));
-  g.for_each([&](const std::string& name, const Tensor& t) { note(name + ".grad", rel_error(t, rg.dw.at(name))); });
+  r.verdict = verify::explicit_vs_plain(verify::errors(verify::tensors_of(y, dx, g), exact),
+                                        verify::errors(plain, exact), m.dtype);
   return r;
 }
 
@@ -127,10 +102,10 @@ struct Args {
 int run(const Args& a) {
   MlaConfig c = MlaConfig::preset(a.model);
   c.seq_len = a.seq, c.batch = a.batch, c.num_layers = a.layers, c.sp = 1;
-  c.form = Form::explicit_form;
+  c.form = "explicit";
   c.kernel = parse_kernel(a.kernel);
   c.dtype = parse_dtype(a.dtype);
-  c.validate();
+  (void)Config(c);
   LAGA_CHECK(a.iters >= 1, "--iters {} must be at least 1", a.iters);
   LAGA_CHECK(a.warmup >= 0, "--warmup {} must be non-negative; try 0 or 1", a.warmup);
   int threads = a.threads;
@@ -182,10 +157,10 @@ int run(const Args& a) {
 
   if (!check.pass()) {
     std::fprintf(stderr,
-                 "bench_block: the %s %s block disagrees with the fp64 reference on the tiny check: %s off by %.3g "
-                 "of its largest value (tolerance %.3g); not benchmarking\n",
+                 "bench_block: the %s %s block disagrees with the fp64 reference on the tiny check: %s (%s); not "
+                 "benchmarking\n",
                  std::string(dtype_name(c.dtype)).c_str(), std::string(kernel_name(c.kernel)).c_str(),
-                 check.worst_name.c_str(), check.worst, check.tolerance);
+                 verify::summary(check.verdict).c_str(), check.verdict.rule.c_str());
     return 1;
   }
 
@@ -201,8 +176,8 @@ int run(const Args& a) {
       fmt::format("GFLOP: projections exact ({:.2f} fwd), attention FA3 convention ({:.2f} fwd, bwd 2.5x); "
                   "elementwise not counted",
                   proj_fwd / 1e9, flops.attention_forward / 1e9),
-      fmt::format("validated: tiny {} {} stack vs the fp64 reference, worst {} at {:.2e} of max (tolerance {:.0e})",
-                  dtype_name(c.dtype), kernel_name(c.kernel), check.worst_name, check.worst, check.tolerance)};
+      fmt::format("validated: tiny {} {} stack vs the fp64 reference, {} ({})", dtype_name(c.dtype),
+                  kernel_name(c.kernel), verify::summary(check.verdict), check.verdict.rule)};
   bench::Table table("bench_block: MLA block stack forward + backward, one rank", header,
                      {{"phase", "", 7},
                       {"median", "s", 10, 4},
@@ -236,7 +211,8 @@ int run(const Args& a) {
   extra["total_s"] = tot_s;
   extra["flops"] = {{"proj_fwd", proj_fwd}, {"attn_fwd", flops.attention_forward}, {"fwd", flops.forward},
                     {"bwd", flops.backward}, {"total", total_flops}};
-  extra["check"] = {{"worst", check.worst}, {"worst_tensor", check.worst_name}, {"tolerance", check.tolerance}};
+  extra["check"] = {{"pass", check.verdict.pass}, {"worst_tensor", check.verdict.worst},
+                    {"worst_ratio", check.verdict.worst_ratio}, {"rule", check.verdict.rule}};
   return table.finish(m, a.json, extra);
 }
 

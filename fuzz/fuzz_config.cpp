@@ -14,19 +14,19 @@
 #include <nlohmann/json.hpp>
 
 #include "fuzz_check.hpp"
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 
 namespace laga::fuzz {
 namespace {
 
 void check_config(const MlaConfig& c) {
   const bool valid = c.problems().empty();
-  FUZZ_CHECK(expect_usage_error([&] { c.validate(); }) == !valid, "validate() disagrees with problems()");
+  FUZZ_CHECK(expect_usage_error([&] { (void)Config(c); }) == !valid, "validate() disagrees with problems()");
   if (!valid) return;
   FUZZ_CHECK(std::isfinite(c.softmax_scale()) && c.softmax_scale() > 0, "valid config, bad softmax scale");
-  FUZZ_CHECK(std::isfinite(c.rope_attention_factor()) && c.rope_attention_factor() > 0,
+  FUZZ_CHECK(std::isfinite(rope_attention_factor(c.rope())) && rope_attention_factor(c.rope()) > 0,
              "valid config, bad RoPE attention factor");
-  for (double f : c.rope_inv_freq()) FUZZ_CHECK(std::isfinite(f) && f > 0, "valid config, bad RoPE inverse frequency");
+  for (double f : rope_inv_freq(c.rope())) FUZZ_CHECK(std::isfinite(f) && f > 0, "valid config, bad RoPE inverse frequency");
   const nlohmann::json j = c.to_json();
   std::optional<MlaConfig> back;
   FUZZ_CHECK(!expect_usage_error([&] { back = MlaConfig::from_json(j); }), "a valid config's JSON does not load back");
@@ -47,13 +47,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return 0;
   std::optional<MlaConfig> unvalidated;
-  if (expect_usage_error([&] { unvalidated = MlaConfig::from_json(j, /*validate=*/false); })) {
+  if (expect_usage_error([&] { unvalidated = MlaConfig::from_json(j); })) {
     FUZZ_CHECK(expect_usage_error([&] { MlaConfig::from_json(j); }), "from_json rejects only when not validating");
     return 0;
   }
   check_config(*unvalidated);
   std::optional<MlaConfig> validated;
-  const bool rejected = expect_usage_error([&] { validated = MlaConfig::from_json(j); });
+  const bool rejected = expect_usage_error([&] { validated = *Config(MlaConfig::from_json(j)); });
   FUZZ_CHECK(rejected == !unvalidated->problems().empty(), "from_json's validation disagrees with problems()");
   return 0;
 }

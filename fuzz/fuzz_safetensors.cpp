@@ -33,7 +33,7 @@ MlaConfig micro(int64_t q_lora_rank) {
   c.hidden_size = 4, c.num_attention_heads = 2, c.q_lora_rank = q_lora_rank, c.kv_lora_rank = 2;
   c.qk_nope_head_dim = 2, c.qk_rope_head_dim = 2, c.v_head_dim = 2;
   c.dtype = DType::f32;
-  c.validate();
+  (void)Config(c);
   return c;
 }
 

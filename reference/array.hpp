@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "laga/core/tensor.hpp"
@@ -25,6 +26,29 @@ inline Array from_tensor(const Tensor& t) {
   Array a(t.shape());
   for (int64_t i = 0; i < t.numel(); ++i) a[i] = t.get(i);
   return a;
+}
+
+// How the reference ops sum: exactly in fp64 (the specification), or as a plain fp32-accumulating
+// implementation does, every partial sum rounded to fp32 (a sequential fp32 sum; the precision-
+// emulating reference of block_ref.hpp).
+enum class Accum { exact, f32 };
+
+// Sum policies for the reference loops: s = add(s, term).
+struct ExactSum {
+  static double add(double s, double t) { return s + t; }
+};
+struct F32Sum {
+  static double add(double s, double t) { return double(float(s + t)); }
+};
+
+// v as a tensor of storage dtype t would hold it: rounded to fp32 (round to nearest), then for bf16 to
+// bf16 (round to nearest even) — the fast code's own conversion (laga::round_to) after its fp32
+// arithmetic. Used by the precision-emulating reference (reference/block_ref.hpp).
+inline double rounded(DType t, double v) { return double(round_to(t, float(v))); }
+// Every element of a rounded to t in place; nothing when storage is empty (the exact reference).
+inline void round_in_place(Array& a, std::optional<DType> storage) {
+  if (!storage) return;
+  for (double& v : a.data) v = rounded(*storage, v);
 }
 
 inline Tensor to_tensor(const Array& a, DType dtype, const std::string& tag) {

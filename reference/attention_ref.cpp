@@ -37,6 +37,7 @@ int64_t at(int64_t t, int64_t b, int64_t h, int64_t B, int64_t H, int64_t D) { r
 
 // Row t of head (b, h): p[j] = softmax_j(scale · q_t · k_j) over the keys j it sees (j ≤ t when
 // causal); returns the number of keys seen. p holds T entries, the unseen ones 0.
+template <class Sum>
 int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, int64_t h, int64_t t, double scale,
                       bool causal, std::vector<double>& p) {
   const int64_t hk = h / d.group, n = causal ? t + 1 : d.T;
@@ -45,19 +46,19 @@ int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, 
   for (int64_t j = 0; j < n; ++j) {
     double s = 0;
     for (int64_t c = 0; c < d.Dqk; ++c)
-      s += q[at(t, b, h, d.B, d.Hq, d.Dqk) + c] * k[at(j, b, hk, d.B, d.Hkv, d.Dqk) + c];
+      s = Sum::add(s, q[at(t, b, h, d.B, d.Hq, d.Dqk) + c] * k[at(j, b, hk, d.B, d.Hkv, d.Dqk) + c]);
     p[size_t(j)] = scale * s;
     mx = std::max(mx, p[size_t(j)]);
   }
   double sum = 0;
-  for (int64_t j = 0; j < n; ++j) sum += p[size_t(j)] = std::exp(p[size_t(j)] - mx);
+  for (int64_t j = 0; j < n; ++j) sum = Sum::add(sum, p[size_t(j)] = std::exp(p[size_t(j)] - mx));
   for (int64_t j = 0; j < n; ++j) p[size_t(j)] /= sum;
   return n;
 }
 
-}  // namespace
-
-Array attention_forward(const Array& q, const Array& k, const Array& v, double scale, bool causal) {
+template <class Sum>
+Array attention_forward_t(const Array& q, const Array& k, const Array& v, double scale, bool causal,
+                          std::optional<DType> storage) {
   const Dims d = dims_of(q, k, v);
   Array o({d.T, d.B, d.Hq, d.Dv});  // [T, B, Hq, Dv]
   std::vector<double> p(size_t(d.T));  // [T] one row of probabilities
@@ -65,16 +66,21 @@ Array attention_forward(const Array& q, const Array& k, const Array& v, double s
     for (int64_t h = 0; h < d.Hq; ++h)
       for (int64_t t = 0; t < d.T; ++t) {
         // P = softmax(scale · q kᵀ) (masked);  o = P v
-        const int64_t n = probabilities(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
+        const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
+        if (storage)
+          for (int64_t j = 0; j < n; ++j) p[size_t(j)] = rounded(*storage, p[size_t(j)]);
         for (int64_t j = 0; j < n; ++j)
-          for (int64_t c = 0; c < d.Dv; ++c)
-            o[at(t, b, h, d.B, d.Hq, d.Dv) + c] += p[size_t(j)] * v[at(j, b, hk, d.B, d.Hkv, d.Dv) + c];
+          for (int64_t c = 0; c < d.Dv; ++c) {
+            double& oc = o[at(t, b, h, d.B, d.Hq, d.Dv) + c];
+            oc = Sum::add(oc, p[size_t(j)] * v[at(j, b, hk, d.B, d.Hkv, d.Dv) + c]);
+          }
       }
   return o;
 }
 
-AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
-                                  bool causal) {
+template <class Sum>
+AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
+                                    bool causal, std::optional<DType> storage) {
   const Dims d = dims_of(q, k, v);
   LAGA_CHECK(dout.shape == Shape({d.T, d.B, d.Hq, d.Dv}), "dout has shape {}; expected [{}, {}, {}, {}]",
              shape_str(dout.shape), d.T, d.B, d.Hq, d.Dv);
@@ -83,32 +89,50 @@ AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.Hq; ++h)
       for (int64_t t = 0; t < d.T; ++t) {
-        const int64_t n = probabilities(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
+        const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
         const int64_t qo = at(t, b, h, d.B, d.Hq, d.Dqk), oo = at(t, b, h, d.B, d.Hq, d.Dv);
+        if (storage)
+          for (int64_t j = 0; j < n; ++j) p[size_t(j)] = rounded(*storage, p[size_t(j)]);
         // o = P v:  dv_j += p_j · do_t,  dp_j = do_t · v_j
         for (int64_t j = 0; j < n; ++j) {
           const int64_t vo = at(j, b, hk, d.B, d.Hkv, d.Dv);
           double s = 0;
           for (int64_t c = 0; c < d.Dv; ++c) {
-            g.dv[vo + c] += p[size_t(j)] * dout[oo + c];
-            s += dout[oo + c] * v[vo + c];
+            g.dv[vo + c] = Sum::add(g.dv[vo + c], p[size_t(j)] * dout[oo + c]);
+            s = Sum::add(s, dout[oo + c] * v[vo + c]);
           }
           dp[size_t(j)] = s;
         }
         // P = softmax(S):  dS_j = p_j · (dp_j − Σ_i p_i dp_i)
         double delta = 0;
-        for (int64_t j = 0; j < n; ++j) delta += p[size_t(j)] * dp[size_t(j)];
+        for (int64_t j = 0; j < n; ++j) delta = Sum::add(delta, p[size_t(j)] * dp[size_t(j)]);
         // S = scale · q kᵀ:  dq_t += scale · dS_j k_j,  dk_j += scale · dS_j q_t
         for (int64_t j = 0; j < n; ++j) {
-          const double ds = p[size_t(j)] * (dp[size_t(j)] - delta);
+          double ds = p[size_t(j)] * (dp[size_t(j)] - delta);
+          if (storage) ds = rounded(*storage, ds);
           const int64_t ko = at(j, b, hk, d.B, d.Hkv, d.Dqk);
           for (int64_t c = 0; c < d.Dqk; ++c) {
-            g.dq[qo + c] += scale * ds * k[ko + c];
-            g.dk[ko + c] += scale * ds * q[qo + c];
+            g.dq[qo + c] = Sum::add(g.dq[qo + c], scale * ds * k[ko + c]);
+            g.dk[ko + c] = Sum::add(g.dk[ko + c], scale * ds * q[qo + c]);
           }
         }
       }
   return g;
+}
+
+}  // namespace
+
+// A plain implementation in a storage dtype sums in fp32; the exact reference in fp64.
+Array attention_forward(const Array& q, const Array& k, const Array& v, double scale, bool causal,
+                        std::optional<DType> storage) {
+  return storage ? attention_forward_t<F32Sum>(q, k, v, scale, causal, storage)
+                 : attention_forward_t<ExactSum>(q, k, v, scale, causal, storage);
+}
+
+AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
+                                  bool causal, std::optional<DType> storage) {
+  return storage ? attention_backward_t<F32Sum>(q, k, v, dout, scale, causal, storage)
+                 : attention_backward_t<ExactSum>(q, k, v, dout, scale, causal, storage);
 }
 
 }  // namespace laga::ref

@@ -1,18 +1,27 @@
 // fp64 reference attention: causal softmax(scale · q kᵀ) v, and its backward, by the definition.
 // Query head h uses key/value head h / (Hq / Hkv).
+//
+// `storage` (empty: exact fp64) emulates a plain implementation in that dtype: every sum accumulates
+// in fp32 (each partial sum rounded to fp32), and the probabilities P are rounded to the storage dtype
+// before P·V and Pᵀ·dO, and dS before dS·K and dSᵀ·Q (both laga kernels store P and dS tiles in the
+// storage dtype; an eager PyTorch bf16 implementation stores them too). The outputs themselves are
+// left unrounded: the caller rounds them.
 #pragma once
+
+#include <optional>
 
 #include "reference/array.hpp"
 
 namespace laga::ref {
 
 // q [T, B, Hq, Dqk], k [T, B, Hkv, Dqk], v [T, B, Hkv, Dv] -> o [T, B, Hq, Dv]
-Array attention_forward(const Array& q, const Array& k, const Array& v, double scale, bool causal);
+Array attention_forward(const Array& q, const Array& k, const Array& v, double scale, bool causal,
+                        std::optional<DType> storage = std::nullopt);
 
 struct AttentionGrads {
   Array dq, dk, dv;  // shapes of q, k, v
 };
 AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
-                                  bool causal);
+                                  bool causal, std::optional<DType> storage = std::nullopt);
 
 }  // namespace laga::ref

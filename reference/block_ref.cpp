@@ -7,6 +7,24 @@
 // saved input instead of keeping every layer's intermediates: the reference is for clarity, and
 // recomputation is exact (same operations, same order). The softmax scale is computed here from the
 // config's raw fields, never from MlaConfig::softmax_scale(), so the fast code cannot agree by sharing.
+//
+// Precision emulation (`storage` set; empty leaves every line below exact and bitwise as before). A
+// plain implementation in bf16 (or fp32) computes each op in higher precision and rounds the result
+// once, where it stores it. So the lines marked `store(...)` round, in the storage dtype, exactly the
+// tensors src/mla/block.cpp and src/mla/forms.cpp (explicit form) write in it:
+//   forward   xn (N), cq (L1), cqn (L2), q before RoPE (L3, act.q_local) and q after RoPE,
+//             kv (L4), ckv (L5) and kpe (L6) — the latent —, [k_nope | v] (E1, act.kvb), attention's
+//             P (inside attention_ref) and o (E3), o·woᵀ (act.y) and y = x + o·woᵀ (R);
+//   backward  do (E4), attention's dS (inside attention_ref), dq, dk, dv (E3), dkpe = Σ_h dk_pe and
+//             dckv (E1: the two halves of dlatent), dkv (L5, L6), dxn after L4 and again after the q
+//             path is added (L1/L3'), dcqn (L3), dq after RoPEᵀ, dcq (L2), RMSNormᵀ(dxn) and
+//             dx = dy + RMSNormᵀ(dxn) (N, R).
+// Every sum (products, norms, attention, the sum over heads of dk_pe) accumulates in fp32, each partial
+// sum rounded to fp32 in sequential order, as a plain fp32-accumulating loop would (Accum::f32): in
+// fp32 runs that accumulation, not storage, is most of the error (measured: with storage rounding
+// alone explicit's fp32 error was up to 16× plain's, growing with the reduction lengths). Weight
+// gradients are rounded to fp32 (laga accumulates them in fp32 whatever the storage dtype). Not
+// emulated: the attention scores and dP (fp32 tiles in the fast kernels), summation orders.
 #include "reference/block_ref.hpp"
 
 #include <cmath>
@@ -85,40 +103,52 @@ struct LayerForward {
   Array y;      // [T, B, D]          E4 + R
 };
 
-LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x) {
+LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x,
+                           std::optional<DType> st) {
   const int64_t T = x.shape[0], B = x.shape[1], D = c.hidden_size, H = c.num_attention_heads;
   const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
   const int64_t Dqk = Dn + Dr;
+  auto store = [&](Array& a) { round_in_place(a, st); };
+  const Accum acc = st ? Accum::f32 : Accum::exact;
   LayerForward f;
   // N   xn = rmsnorm(x; attn_norm)                                  [T, B, D]
-  f.xn = rmsnorm_forward(x, weight(w, l, "attn_norm"), c.rms_norm_eps);
+  f.xn = rmsnorm_forward(x, weight(w, l, "attn_norm"), c.rms_norm_eps, acc);
+  store(f.xn);
 
   // L1  cq = xn · wq_aᵀ                                             [T, B, Lq]
   // L2  cqn = rmsnorm(cq; q_norm)                                   [T, B, Lq]
   // L3  q = cqn · wq_bᵀ  (or xn · wqᵀ when q_lora_rank = 0)        [T, B, H, Dqk]
   Array q_raw;
   if (c.q_lora_rank > 0) {
-    f.cq = linear_forward(f.xn, weight(w, l, "wq_a"));
-    f.cqn = rmsnorm_forward(f.cq, weight(w, l, "q_norm"), c.rms_norm_eps);
-    q_raw = linear_forward(f.cqn, weight(w, l, "wq_b"));
+    f.cq = linear_forward(f.xn, weight(w, l, "wq_a"), acc);
+    store(f.cq);
+    f.cqn = rmsnorm_forward(f.cq, weight(w, l, "q_norm"), c.rms_norm_eps, acc);
+    store(f.cqn);
+    q_raw = linear_forward(f.cqn, weight(w, l, "wq_b"), acc);
   } else {
-    q_raw = linear_forward(f.xn, weight(w, l, "wq"));
+    q_raw = linear_forward(f.xn, weight(w, l, "wq"), acc);
   }
+  store(q_raw);
   q_raw = reshaped(std::move(q_raw), {T, B, H, Dqk});
   //     q_pe ← rope(q_pe, positions t)                              q_pe [T, B, H, Dr]
   f.q = q_raw;
   put_last(f.q, rope_forward(slice_last(q_raw, Dn, Dqk), c, 0), Dn);
+  store(f.q);  // (q_nope is already rounded: rounding again leaves it as is)
 
   // L4  kv = xn · wkv_aᵀ                                            [T, B, Lkv+Dr]
-  f.kv = linear_forward(f.xn, weight(w, l, "wkv_a"));
+  f.kv = linear_forward(f.xn, weight(w, l, "wkv_a"), acc);
+  store(f.kv);
   // L5  ckv = rmsnorm(kv[..., :Lkv]; kv_norm)                       [T, B, Lkv]
-  f.ckv = rmsnorm_forward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), c.rms_norm_eps);
+  f.ckv = rmsnorm_forward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), c.rms_norm_eps, acc);
+  store(f.ckv);
   // L6  kpe = rope(kv[..., Lkv:])                                   [T, B, Dr], one head
-  const Array kpe = rope_forward(slice_last(f.kv, Lkv, Lkv + Dr), c, 0);
+  Array kpe = rope_forward(slice_last(f.kv, Lkv, Lkv + Dr), c, 0);
+  store(kpe);
 
   // E1  [k_nope | v] = ckv · wkv_bᵀ                                 [T, B, H, Dn+Dv]
   //     k = [k_nope | kpe broadcast over heads]                     [T, B, H, Dqk]
-  const Array kvb = reshaped(linear_forward(f.ckv, weight(w, l, "wkv_b")), {T, B, H, Dn + Dv});
+  Array kvb = reshaped(linear_forward(f.ckv, weight(w, l, "wkv_b"), acc), {T, B, H, Dn + Dv});
+  store(kvb);
   f.k = Array({T, B, H, Dqk});
   put_last(f.k, slice_last(kvb, 0, Dn), 0);
   for (int64_t tb = 0; tb < T * B; ++tb)
@@ -128,32 +158,44 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
 
   // E2  (one rank: the all-to-alls are identities)
   // E3  o = attention(q, k, v), causal, softmax_scale                [T, B, H, Dv]
-  f.o = reshaped(attention_forward(f.q, f.k, f.v, softmax_scale(c), /*causal=*/true), {T, B, H * Dv});
+  f.o = reshaped(attention_forward(f.q, f.k, f.v, softmax_scale(c), /*causal=*/true, st), {T, B, H * Dv});
+  store(f.o);
   // E4  y_attn = o · woᵀ                                            [T, B, D]
   // R   y = x + y_attn                                              [T, B, D]
-  f.y = linear_forward(f.o, weight(w, l, "wo"));
+  f.y = linear_forward(f.o, weight(w, l, "wo"), acc);
   LAGA_ASSERT(f.y.shape == Shape({T, B, D}), "block output {}", shape_str(f.y.shape));
+  store(f.y);
   add_into(f.y, x);
+  store(f.y);
   return f;
 }
 
 // Walks layer_forward in reverse. Returns dx; writes the layer's weight gradients (=) into dw.
 Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x, const Array& dy,
-                     RefWeights& dw) {
+                     RefWeights& dw, std::optional<DType> st) {
   const int64_t T = x.shape[0], B = x.shape[1], H = c.num_attention_heads;
   const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
   const int64_t Dqk = Dn + Dr;
-  const LayerForward f = layer_forward(c, w, l, x);
-  auto grad = [&](const char* name) -> Array& { return dw[fmt::format("layers.{}.{}", l, name)]; };
+  const LayerForward f = layer_forward(c, w, l, x, st);
+  auto store = [&](Array& a) { round_in_place(a, st); };
+  const Accum acc = st ? Accum::f32 : Accum::exact;
+  // Weight gradients: fp32 whatever the storage dtype (exact when st is empty).
+  const std::optional<DType> grad_dtype = st ? std::optional<DType>(DType::f32) : std::nullopt;
+  auto set_grad = [&](const char* name, Array&& g) {
+    round_in_place(g, grad_dtype);
+    dw[fmt::format("layers.{}.{}", l, name)] = std::move(g);
+  };
 
   // R   y = x + y_attn:  dx = dy (the residual), dy_attn = dy       [T, B, D]
   Array dx = dy;
   // E4  y_attn = o · woᵀ:  do = dy_attn · wo,  dwo = dy_attnᵀ · o    do [T, B, H·Dv]
-  LinearGrads go = linear_backward(f.o, weight(w, l, "wo"), dy);
-  grad("wo") = std::move(go.dw);
+  LinearGrads go = linear_backward(f.o, weight(w, l, "wo"), dy, acc);
+  store(go.dx);
+  set_grad("wo", std::move(go.dw));
   // E3  o = attention(q, k, v): dq, dk, dv by docs/attention.md    [T, B, H, Dqk|Dqk|Dv]
   AttentionGrads ga = attention_backward(f.q, f.k, f.v, reshaped(std::move(go.dx), {T, B, H, Dv}), softmax_scale(c),
-                                         /*causal=*/true);
+                                         /*causal=*/true, st);
+  store(ga.dq), store(ga.dk), store(ga.dv);
 
   // E1  k = [k_nope | kpe broadcast]: dk_nope = dk[..., :Dn];  dkpe = Σ_h dk[..., h, Dn:]  [T, B, Dr]
   //     [k_nope | v] = ckv · wkv_bᵀ: dkvb = [dk_nope | dv] per head  [T, B, H, Dn+Dv]
@@ -163,48 +205,63 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
   Array dkpe({T, B, Dr});
   for (int64_t tb = 0; tb < T * B; ++tb)
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t j = 0; j < Dr; ++j) dkpe[tb * Dr + j] += ga.dk[(tb * H + h) * Dqk + Dn + j];
-  LinearGrads gkvb = linear_backward(f.ckv, weight(w, l, "wkv_b"), reshaped(std::move(dkvb), {T, B, H * (Dn + Dv)}));
-  grad("wkv_b") = std::move(gkvb.dw);  // dckv = gkvb.dx  [T, B, Lkv]
+      for (int64_t j = 0; j < Dr; ++j) {
+        double& d = dkpe[tb * Dr + j];
+        d = st ? F32Sum::add(d, ga.dk[(tb * H + h) * Dqk + Dn + j]) : d + ga.dk[(tb * H + h) * Dqk + Dn + j];
+      }
+  store(dkpe);
+  LinearGrads gkvb =
+      linear_backward(f.ckv, weight(w, l, "wkv_b"), reshaped(std::move(dkvb), {T, B, H * (Dn + Dv)}), acc);
+  store(gkvb.dx);
+  set_grad("wkv_b", std::move(gkvb.dw));  // dckv = gkvb.dx  [T, B, Lkv]
 
   // L6  kpe = rope(kv[..., Lkv:]):  dkv[..., Lkv:] = ropeᵀ(dkpe)
   // L5  ckv = rmsnorm(kv[..., :Lkv]; kv_norm):  dkv[..., :Lkv], dkv_norm
   Array dkv({T, B, Lkv + Dr});
   put_last(dkv, rope_backward(dkpe, c, 0), Lkv);
-  RmsNormGrads gkvn = rmsnorm_backward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), gkvb.dx, c.rms_norm_eps);
+  RmsNormGrads gkvn = rmsnorm_backward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), gkvb.dx, c.rms_norm_eps, acc);
   put_last(dkv, gkvn.dx, 0);
-  grad("kv_norm") = std::move(gkvn.dw);
+  store(dkv);
+  set_grad("kv_norm", std::move(gkvn.dw));
   // L4  kv = xn · wkv_aᵀ:  dxn = dkv · wkv_a,  dwkv_a = dkvᵀ · xn    dxn [T, B, D]
-  LinearGrads gkva = linear_backward(f.xn, weight(w, l, "wkv_a"), dkv);
-  grad("wkv_a") = std::move(gkva.dw);
+  LinearGrads gkva = linear_backward(f.xn, weight(w, l, "wkv_a"), dkv, acc);
+  set_grad("wkv_a", std::move(gkva.dw));
   Array dxn = std::move(gkva.dx);
+  store(dxn);
 
   // L3  q_pe ← rope(q_pe):  dq_pe(before rope) = ropeᵀ(dq[..., Dn:]); dq_nope passes through
   Array dq = ga.dq;  // [T, B, H, Dqk]
   put_last(dq, rope_backward(slice_last(ga.dq, Dn, Dqk), c, 0), Dn);
+  store(dq);
   dq = reshaped(std::move(dq), {T, B, H * Dqk});
   if (c.q_lora_rank > 0) {
     // L3  q = cqn · wq_bᵀ:  dcqn = dq · wq_b,  dwq_b = dqᵀ · cqn     dcqn [T, B, Lq]
-    LinearGrads gqb = linear_backward(f.cqn, weight(w, l, "wq_b"), dq);
-    grad("wq_b") = std::move(gqb.dw);
+    LinearGrads gqb = linear_backward(f.cqn, weight(w, l, "wq_b"), dq, acc);
+    store(gqb.dx);
+    set_grad("wq_b", std::move(gqb.dw));
     // L2  cqn = rmsnorm(cq; q_norm):  dcq, dq_norm                  dcq [T, B, Lq]
-    RmsNormGrads gqn = rmsnorm_backward(f.cq, weight(w, l, "q_norm"), gqb.dx, c.rms_norm_eps);
-    grad("q_norm") = std::move(gqn.dw);
+    RmsNormGrads gqn = rmsnorm_backward(f.cq, weight(w, l, "q_norm"), gqb.dx, c.rms_norm_eps, acc);
+    store(gqn.dx);
+    set_grad("q_norm", std::move(gqn.dw));
     // L1  cq = xn · wq_aᵀ:  dxn += dcq · wq_a,  dwq_a = dcqᵀ · xn
-    LinearGrads gqa = linear_backward(f.xn, weight(w, l, "wq_a"), gqn.dx);
-    grad("wq_a") = std::move(gqa.dw);
+    LinearGrads gqa = linear_backward(f.xn, weight(w, l, "wq_a"), gqn.dx, acc);
+    set_grad("wq_a", std::move(gqa.dw));
     add_into(dxn, gqa.dx);
+    store(dxn);
   } else {
     // L3' q = xn · wqᵀ:  dxn += dq · wq,  dwq = dqᵀ · xn
-    LinearGrads gq = linear_backward(f.xn, weight(w, l, "wq"), dq);
-    grad("wq") = std::move(gq.dw);
+    LinearGrads gq = linear_backward(f.xn, weight(w, l, "wq"), dq, acc);
+    set_grad("wq", std::move(gq.dw));
     add_into(dxn, gq.dx);
+    store(dxn);
   }
 
   // N   xn = rmsnorm(x; attn_norm):  dx += rmsnormᵀ(dxn), dattn_norm
-  RmsNormGrads gn = rmsnorm_backward(x, weight(w, l, "attn_norm"), dxn, c.rms_norm_eps);
-  grad("attn_norm") = std::move(gn.dw);
+  RmsNormGrads gn = rmsnorm_backward(x, weight(w, l, "attn_norm"), dxn, c.rms_norm_eps, acc);
+  store(gn.dx);
+  set_grad("attn_norm", std::move(gn.dw));
   add_into(dx, gn.dx);
+  store(dx);
   return dx;
 }
 
@@ -221,22 +278,23 @@ RefWeights from_weights(const Weights& w) {
   return r;
 }
 
-Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x) {
+Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x, std::optional<DType> storage) {
   check_input(c, x, "x");
   Array h = x;  // [T, B, D], the residual stream
-  for (int64_t l = 0; l < c.num_layers; ++l) h = layer_forward(c, w, l, h).y;
+  for (int64_t l = 0; l < c.num_layers; ++l) h = layer_forward(c, w, l, h, storage).y;
   return h;
 }
 
-BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& x, const Array& dy) {
+BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& x, const Array& dy,
+                          std::optional<DType> storage) {
   check_input(c, x, "x");
   LAGA_CHECK(dy.shape == x.shape, "dy {} must match x {}", shape_str(dy.shape), shape_str(x.shape));
   // Each layer's input, to recompute its forward in backward: inputs[l] [T, B, D].
   std::vector<Array> inputs{x};
-  for (int64_t l = 0; l + 1 < c.num_layers; ++l) inputs.push_back(layer_forward(c, w, l, inputs.back()).y);
+  for (int64_t l = 0; l + 1 < c.num_layers; ++l) inputs.push_back(layer_forward(c, w, l, inputs.back(), storage).y);
   BlockGrads g;
   Array d = dy;  // [T, B, D], the gradient of the residual stream
-  for (int64_t l = c.num_layers - 1; l >= 0; --l) d = layer_backward(c, w, l, inputs[size_t(l)], d, g.dw);
+  for (int64_t l = c.num_layers - 1; l >= 0; --l) d = layer_backward(c, w, l, inputs[size_t(l)], d, g.dw, storage);
   g.dx = std::move(d);
   return g;
 }

@@ -1,12 +1,21 @@
 // fp64 reference of the MLA block stack, y = x + MLA(RMSNorm(x)) per layer (DESIGN §2.1–§2.2,
 // explicit form, one rank), forward and backward, written from the equations — the specification
 // every form and rank count is checked against.
+//
+// `storage` (default: none) picks what is computed. None: the exact fp64 reference (the truth).
+// A dtype: the "plain implementation in the same precision" — the same loops, but every sum
+// accumulated in fp32, every tensor the fast explicit form stores (activations, activation gradients,
+// attention's P and dS) rounded to that dtype where the fast code writes it, and every weight
+// gradient rounded to fp32 (laga keeps weight gradients in fp32, Megatron's main-grad convention). Its error against the exact
+// reference is the baseline that judges the explicit form (verify/compare.hpp). The list of rounded
+// tensors is at the top of block_ref.cpp.
 #pragma once
 
 #include <map>
+#include <optional>
 #include <string>
 
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 #include "laga/mla/weights.hpp"
 #include "reference/array.hpp"
 
@@ -17,12 +26,14 @@ using RefWeights = std::map<std::string, Array>;
 RefWeights from_weights(const Weights& w);
 
 // x [T, B, D] -> y [T, B, D], over c.num_layers layers.
-Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x);
+Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x,
+                    std::optional<DType> storage = std::nullopt);
 
 struct BlockGrads {
   Array dx;        // [T, B, D]
   RefWeights dw;   // same keys as the weights
 };
-BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& x, const Array& dy);
+BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& x, const Array& dy,
+                          std::optional<DType> storage = std::nullopt);
 
 }  // namespace laga::ref

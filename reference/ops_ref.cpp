@@ -91,7 +91,8 @@ Array rope_apply(const Array& x, const MlaConfig& c, int64_t pos0, double sign) 
 // ---------------------------------------------------------------------------------------------
 // linear: y[m, o] = Σ_i x[m, i] · w[o, i]
 
-Array linear_forward(const Array& x, const Array& w) {
+template <class Sum>
+Array linear_forward_t(const Array& x, const Array& w) {
   LAGA_CHECK(w.shape.size() == 2 && !x.shape.empty() && x.shape.back() == w.shape[1],
              "linear: x {} must be [..., I] with I = w's dim 1, w {} is [O, I]", shape_str(x.shape), shape_str(w.shape));
   const int64_t M = leading_rows(x), O = w.shape[0], I = w.shape[1];
@@ -101,7 +102,7 @@ Array linear_forward(const Array& x, const Array& w) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t o = 0; o < O; ++o) {
       double s = 0;
-      for (int64_t i = 0; i < I; ++i) s += x[m * I + i] * w[o * I + i];
+      for (int64_t i = 0; i < I; ++i) s = Sum::add(s, x[m * I + i] * w[o * I + i]);
       y[m * O + o] = s;
     }
   return y;
@@ -110,7 +111,8 @@ Array linear_forward(const Array& x, const Array& w) {
 // Differentiates y[m, o] = Σ_i x[m, i] · w[o, i]:
 //   dx[m, i] = Σ_o dy[m, o] · w[o, i]        (dx = dy · w)
 //   dw[o, i] = Σ_m dy[m, o] · x[m, i]        (dw = dyᵀ · x)
-LinearGrads linear_backward(const Array& x, const Array& w, const Array& dy) {
+template <class Sum>
+LinearGrads linear_backward_t(const Array& x, const Array& w, const Array& dy) {
   const int64_t M = leading_rows(x), O = w.shape[0], I = w.shape[1];
   LAGA_CHECK(dy.numel() == M * O && dy.shape.back() == O, "linear backward: dy {} must be [..., O = {}] over {} rows",
              shape_str(dy.shape), O, M);
@@ -119,8 +121,8 @@ LinearGrads linear_backward(const Array& x, const Array& w, const Array& dy) {
     for (int64_t o = 0; o < O; ++o) {
       const double d = dy[m * O + o];
       for (int64_t i = 0; i < I; ++i) {
-        g.dx[m * I + i] += d * w[o * I + i];
-        g.dw[o * I + i] += d * x[m * I + i];
+        g.dx[m * I + i] = Sum::add(g.dx[m * I + i], d * w[o * I + i]);
+        g.dw[o * I + i] = Sum::add(g.dw[o * I + i], d * x[m * I + i]);
       }
     }
   return g;
@@ -129,14 +131,15 @@ LinearGrads linear_backward(const Array& x, const Array& w, const Array& dy) {
 // ---------------------------------------------------------------------------------------------
 // RMSNorm over the last dim C: r = (mean_c x² + eps)^(-1/2), y[c] = x[c] · r · w[c]
 
-Array rmsnorm_forward(const Array& x, const Array& w, double eps) {
+template <class Sum>
+Array rmsnorm_forward_t(const Array& x, const Array& w, double eps) {
   LAGA_CHECK(w.shape.size() == 1 && !x.shape.empty() && x.shape.back() == w.shape[0],
              "rmsnorm: x {} must be [..., C] with C = w's length, w {}", shape_str(x.shape), shape_str(w.shape));
   const int64_t M = leading_rows(x), C = w.shape[0];
   Array y(x.shape);  // [..., C]
   for (int64_t m = 0; m < M; ++m) {
     double ss = 0;
-    for (int64_t c = 0; c < C; ++c) ss += x[m * C + c] * x[m * C + c];
+    for (int64_t c = 0; c < C; ++c) ss = Sum::add(ss, x[m * C + c] * x[m * C + c]);
     const double r = 1.0 / std::sqrt(ss / double(C) + eps);
     for (int64_t c = 0; c < C; ++c) y[m * C + c] = x[m * C + c] * r * w[c];
   }
@@ -147,23 +150,37 @@ Array rmsnorm_forward(const Array& x, const Array& w, double eps) {
 //   dw[c] = Σ_rows dy[c] · x[c] · r
 //   ∂r/∂x[j] = -r³ · x[j] / C, so
 //   dx[j] = r · w[j] · dy[j] - (r³ / C) · x[j] · Σ_c dy[c] · w[c] · x[c]
-RmsNormGrads rmsnorm_backward(const Array& x, const Array& w, const Array& dy, double eps) {
+template <class Sum>
+RmsNormGrads rmsnorm_backward_t(const Array& x, const Array& w, const Array& dy, double eps) {
   LAGA_CHECK(dy.shape == x.shape, "rmsnorm backward: dy {} must match x {}", shape_str(dy.shape), shape_str(x.shape));
   const int64_t M = leading_rows(x), C = w.shape[0];
   RmsNormGrads g{Array(x.shape), Array(w.shape)};  // dx [..., C], dw [C]
   for (int64_t m = 0; m < M; ++m) {
     double ss = 0, dot = 0;
     for (int64_t c = 0; c < C; ++c) {
-      ss += x[m * C + c] * x[m * C + c];
-      dot += dy[m * C + c] * w[c] * x[m * C + c];
+      ss = Sum::add(ss, x[m * C + c] * x[m * C + c]);
+      dot = Sum::add(dot, dy[m * C + c] * w[c] * x[m * C + c]);
     }
     const double r = 1.0 / std::sqrt(ss / double(C) + eps);
     for (int64_t c = 0; c < C; ++c) {
-      g.dw[c] += dy[m * C + c] * x[m * C + c] * r;
+      g.dw[c] = Sum::add(g.dw[c], dy[m * C + c] * x[m * C + c] * r);
       g.dx[m * C + c] = r * w[c] * dy[m * C + c] - r * r * r / double(C) * x[m * C + c] * dot;
     }
   }
   return g;
+}
+
+Array linear_forward(const Array& x, const Array& w, Accum acc) {
+  return acc == Accum::f32 ? linear_forward_t<F32Sum>(x, w) : linear_forward_t<ExactSum>(x, w);
+}
+LinearGrads linear_backward(const Array& x, const Array& w, const Array& dy, Accum acc) {
+  return acc == Accum::f32 ? linear_backward_t<F32Sum>(x, w, dy) : linear_backward_t<ExactSum>(x, w, dy);
+}
+Array rmsnorm_forward(const Array& x, const Array& w, double eps, Accum acc) {
+  return acc == Accum::f32 ? rmsnorm_forward_t<F32Sum>(x, w, eps) : rmsnorm_forward_t<ExactSum>(x, w, eps);
+}
+RmsNormGrads rmsnorm_backward(const Array& x, const Array& w, const Array& dy, double eps, Accum acc) {
+  return acc == Accum::f32 ? rmsnorm_backward_t<F32Sum>(x, w, dy, eps) : rmsnorm_backward_t<ExactSum>(x, w, dy, eps);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1,8 +1,14 @@
-// The MPI backend: one rank per process of MPI_COMM_WORLD, started by mpirun. Raw byte movement
-// only (MPI_Allgather, MPI_Alltoall, MPI_Bcast, MPI_Barrier; with a timeout, their non-blocking
-// forms polled by MPI_Test); recording and the ordered reductions are in communicator.cpp, which is
-// why this backend and the threads backend give bitwise the same results. Not here: MPI's own
-// reductions (MPI_Reduce_scatter, MPI_Allreduce), whose summation order is the library's choice.
+// The MPI backend: one rank per process of MPI_COMM_WORLD (or of a sub-group of its first ranks),
+// started by mpirun. Raw non-blocking byte movement only (MPI_Iallgather, MPI_Ialltoall, MPI_Ibcast,
+// MPI_Ibarrier), completed by MPI_Test polling with a yield/sleep back-off (MPI_Waitall when there
+// is neither a timeout nor anything else to drive); recording, the wait loop and the ordered
+// reductions are in communicator.cpp, which is why this backend and the threads backend give
+// bitwise the same results. Not here: MPI's own reductions (MPI_Reduce_scatter, MPI_Allreduce),
+// whose summation order is the library's choice.
+//
+// Lanes: MPI matches non-blocking collectives on a communicator in issue order. The second phases
+// of all_reduce are issued later, at times that differ between ranks, so they run on a duplicate
+// of the communicator (lane 1), where they are issued in the all_reduces' order on every rank.
 //
 // MPI counts are int. A transfer of more than INT_MAX bytes per rank is split into pieces of at
 // most that size; a piece is one contiguous run of bytes per rank, described by a datatype whose
@@ -24,6 +30,7 @@
 #include <cstdlib>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "laga/comm/communicator.hpp"
 #include "laga/core/error.hpp"
@@ -98,11 +105,21 @@ class Piece {
 
 class MpiCommunicator final : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  // owned: comm came from MPI_Comm_split and is freed with this communicator.
+  MpiCommunicator(MPI_Comm comm, bool owned) : comm_(comm), owned_(owned) {
     where_.host = host_name();
+    LAGA_MPI(where_, MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN));
     LAGA_MPI(where_, MPI_Comm_rank(comm_, &where_.rank));
     LAGA_MPI(where_, MPI_Comm_size(comm_, &size_));
+    LAGA_MPI(where_, MPI_Comm_dup(comm_, &second_));
+    LAGA_MPI(where_, MPI_Comm_set_errhandler(second_, MPI_ERRORS_RETURN));
   }
+  ~MpiCommunicator() override {
+    MPI_Comm_free(&second_);
+    if (owned_) MPI_Comm_free(&comm_);
+  }
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
   int rank() const override { return where_.rank; }
   int size() const override { return size_; }
   std::string backend() const override { return "mpi"; }
@@ -111,88 +128,102 @@ class MpiCommunicator final : public Communicator {
   void abort(const std::string& reason) override {
     std::fprintf(stderr, "laga: rank %d on %s: %s\n", where_.rank, where_.host.c_str(), reason.c_str());
     std::fflush(stderr);
-    MPI_Abort(comm_, 1);
+    MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);
   }
 
  protected:
-  void do_all_gather(const void* in, void* out, int64_t bytes) override {
-    const bool in_place = in == static_cast<const char*>(out) + int64_t(where_.rank) * bytes;
-    for (int64_t off = 0; off < bytes; off += g_max_piece_bytes) {
-      const Piece t(std::min(g_max_piece_bytes, bytes - off), bytes, where_);
-      const void* send = in_place ? MPI_IN_PLACE : static_cast<const char*>(in) + off;
-      char* recv = static_cast<char*>(out) + off;
-      if (timeout_s_ > 0) {
-        MPI_Request req;
-        LAGA_MPI(where_, MPI_Iallgather(send, t.count(), t.type(), recv, t.count(), t.type(), comm_, &req));
-        wait(req, "MPI_Iallgather");
-      } else {
-        LAGA_MPI(where_, MPI_Allgather(send, t.count(), t.type(), recv, t.count(), t.type(), comm_));
+  struct Request : RawRequest {
+    std::vector<MPI_Request> reqs;  // one per piece
+    const char* call = "";
+  };
+
+  std::unique_ptr<RawRequest> start_raw(const RawOp& op) override {
+    auto r = std::make_unique<Request>();
+    r->what = op.what;
+    MPI_Comm comm = op.lane == 0 ? comm_ : second_;
+    switch (op.kind) {
+      case RawKind::all_gather: {
+        r->call = "MPI_Iallgather";
+        const bool in_place = op.send == static_cast<const char*>(op.recv) + int64_t(where_.rank) * op.bytes;
+        for (int64_t off = 0; off < op.bytes; off += g_max_piece_bytes) {
+          const Piece t(std::min(g_max_piece_bytes, op.bytes - off), op.bytes, where_);
+          const void* send = in_place ? MPI_IN_PLACE : static_cast<const char*>(op.send) + off;
+          char* recv = static_cast<char*>(op.recv) + off;
+          LAGA_MPI(where_, MPI_Iallgather(send, t.count(), t.type(), recv, t.count(), t.type(), comm,
+                                          &r->reqs.emplace_back()));
+        }
+        break;
       }
+      case RawKind::all_to_all:
+        r->call = "MPI_Ialltoall";
+        for (int64_t off = 0; off < op.bytes; off += g_max_piece_bytes) {
+          const Piece t(std::min(g_max_piece_bytes, op.bytes - off), op.bytes, where_);
+          const char* send = static_cast<const char*>(op.send) + off;
+          char* recv = static_cast<char*>(op.recv) + off;
+          LAGA_MPI(where_, MPI_Ialltoall(send, t.count(), t.type(), recv, t.count(), t.type(), comm,
+                                         &r->reqs.emplace_back()));
+        }
+        break;
+      case RawKind::broadcast:
+        r->call = "MPI_Ibcast";
+        for (int64_t off = 0; off < op.bytes; off += g_max_piece_bytes) {
+          const int len = int(std::min(g_max_piece_bytes, op.bytes - off));
+          char* p = static_cast<char*>(op.recv) + off;
+          LAGA_MPI(where_, MPI_Ibcast(p, len, MPI_BYTE, op.root, comm, &r->reqs.emplace_back()));
+        }
+        break;
+      case RawKind::barrier:
+        r->call = "MPI_Ibarrier";
+        LAGA_MPI(where_, MPI_Ibarrier(comm, &r->reqs.emplace_back()));
+        break;
     }
+    return r;
   }
 
-  void do_all_to_all(const void* in, void* out, int64_t bytes_per_peer) override {
-    for (int64_t off = 0; off < bytes_per_peer; off += g_max_piece_bytes) {
-      const Piece t(std::min(g_max_piece_bytes, bytes_per_peer - off), bytes_per_peer, where_);
-      const char* send = static_cast<const char*>(in) + off;
-      char* recv = static_cast<char*>(out) + off;
-      if (timeout_s_ > 0) {
-        MPI_Request req;
-        LAGA_MPI(where_, MPI_Ialltoall(send, t.count(), t.type(), recv, t.count(), t.type(), comm_, &req));
-        wait(req, "MPI_Ialltoall");
-      } else {
-        LAGA_MPI(where_, MPI_Alltoall(send, t.count(), t.type(), recv, t.count(), t.type(), comm_));
-      }
-    }
+  bool test_raw(RawRequest& raw) override {
+    auto& r = static_cast<Request&>(raw);
+    if (r.reqs.empty()) return true;
+    int done = 0;
+    LAGA_MPI(where_, MPI_Testall(int(r.reqs.size()), r.reqs.data(), &done, MPI_STATUSES_IGNORE));
+    return done != 0;
   }
 
-  void do_broadcast(void* buf, int64_t bytes, int root) override {
-    for (int64_t off = 0; off < bytes; off += g_max_piece_bytes) {
-      const int len = int(std::min(g_max_piece_bytes, bytes - off));
-      char* p = static_cast<char*>(buf) + off;
-      if (timeout_s_ > 0) {
-        MPI_Request req;
-        LAGA_MPI(where_, MPI_Ibcast(p, len, MPI_BYTE, root, comm_, &req));
-        wait(req, "MPI_Ibcast");
-      } else {
-        LAGA_MPI(where_, MPI_Bcast(p, len, MPI_BYTE, root, comm_));
-      }
-    }
+  void block_raw(RawRequest& raw) override {
+    auto& r = static_cast<Request&>(raw);
+    if (!r.reqs.empty()) LAGA_MPI(where_, MPI_Waitall(int(r.reqs.size()), r.reqs.data(), MPI_STATUSES_IGNORE));
   }
 
-  void do_barrier() override {
-    if (timeout_s_ > 0) {
-      MPI_Request req;
-      LAGA_MPI(where_, MPI_Ibarrier(comm_, &req));
-      wait(req, "MPI_Ibarrier");
-    } else {
-      LAGA_MPI(where_, MPI_Barrier(comm_));
-    }
+  // Polling yields, then sleeps briefly, so oversubscribed ranks leave the cores to the ones still
+  // computing.
+  void idle(int polls, double) override {
+    if (polls < 100)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+  }
+
+  [[noreturn]] void timed_out(RawRequest& raw) override {
+    auto& r = static_cast<Request&>(raw);
+    throw Error(ErrorKind::failure, __FILE__, __LINE__,
+                fmt::format("rank {}: {} timed out after {:g} s waiting for the other ranks ({} on {}; MPI "
+                            "cannot tell which ranks are missing)",
+                            where_.rank, r.what, timeout_s_, r.call, where_.host));
+  }
+
+  std::unique_ptr<Communicator> first_ranks_of(int P) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    LAGA_MPI(where_, MPI_Comm_split(comm_, where_.rank < P ? 0 : MPI_UNDEFINED, where_.rank, &sub));
+    if (sub == MPI_COMM_NULL) return nullptr;
+    auto c = std::make_unique<MpiCommunicator>(sub, true);
+    c->set_timeout(timeout_s_);
+    return c;
   }
 
  private:
-  // Polls a non-blocking collective until it completes or the timeout passes. Polling yields, then
-  // sleeps briefly, so oversubscribed ranks leave the cores to the ones still computing.
-  void wait(MPI_Request& req, const char* call) {
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int polls = 0;; ++polls) {
-      int done = 0;
-      LAGA_MPI(where_, MPI_Test(&req, &done, MPI_STATUS_IGNORE));
-      if (done) return;
-      if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > timeout_s_)
-        throw Error(ErrorKind::failure, __FILE__, __LINE__,
-                    fmt::format("rank {}: {} timed out after {:g} s waiting for the other ranks ({} on {}; MPI "
-                                "cannot tell which ranks are missing)",
-                                where_.rank, current_collective(), timeout_s_, call, where_.host));
-      if (polls < 100)
-        std::this_thread::yield();
-      else
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-  }
-
   MPI_Comm comm_;
+  MPI_Comm second_ = MPI_COMM_NULL;  // lane 1: all_reduce's second phases
+  bool owned_;
   Where where_;
   int size_ = 0;
 };
@@ -242,7 +273,7 @@ int run_mpi(const std::function<void(Communicator&)>& fn, double timeout_s) {
                "this MPI library gives thread level {}; laga needs MPI_THREAD_FUNNELED", provided);
     const int cores = std::max(1, int(std::thread::hardware_concurrency()));
     omp_set_num_threads(std::max(1, cores / local_size(MPI_COMM_WORLD, where)));
-    MpiCommunicator comm(MPI_COMM_WORLD);
+    MpiCommunicator comm(MPI_COMM_WORLD, false);
     comm.set_timeout(timeout_s);
     fn(comm);
   } catch (const Error& e) {

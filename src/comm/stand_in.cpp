@@ -1,35 +1,72 @@
-// StandInCommunicator (see stand_in.hpp): one rank's collectives with the absent ranks' data made up.
-#include "laga/comm/stand_in.hpp"
-
+// The communicators without peers (no_peers.hpp): NoPeersCommunicator's immediate completion, and
+// what StandInCommunicator (stand_in.hpp) and MetaCommunicator (meta.hpp) put in the absent ranks'
+// chunks — made-up copies of this rank's data, and nothing.
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 
+#include "laga/comm/meta.hpp"
+#include "laga/comm/stand_in.hpp"
 #include "laga/core/error.hpp"
 
 namespace laga {
 
-StandInCommunicator::StandInCommunicator(int rank, int size) : rank_(rank), size_(size) {
-  LAGA_CHECK(size >= 1 && rank >= 0 && rank < size, "stand-in rank {} of {} ranks; the rank must be in 0 .. {}", rank,
-             size, size - 1);
+NoPeersCommunicator::NoPeersCommunicator(int rank, int size) : rank_(rank), size_(size) {
+  LAGA_CHECK(size >= 1 && rank >= 0 && rank < size, "rank {} of {} ranks (no peers); the rank must be in 0 .. {}",
+             rank, size, size - 1);
 }
 
-void StandInCommunicator::abort(const std::string& reason) {
-  throw Error(ErrorKind::failure, __FILE__, __LINE__, fmt::format("rank {} (stand-in) aborted: {}", rank_, reason));
+void NoPeersCommunicator::abort(const std::string& reason) {
+  throw Error(ErrorKind::failure, __FILE__, __LINE__, fmt::format("rank {} ({}) aborted: {}", rank_, backend(), reason));
 }
 
-void StandInCommunicator::do_all_gather(const void* in, void* out, int64_t bytes) {
-  // Every absent rank's chunk is a copy of this rank's.
-  char* o = static_cast<char*>(out);
-  const char* mine = o + int64_t(rank_) * bytes;
-  if (in != mine) std::memcpy(o + int64_t(rank_) * bytes, in, size_t(bytes));
-  for (int j = 0; j < size_; ++j)
-    if (j != rank_) std::memcpy(o + int64_t(j) * bytes, mine, size_t(bytes));
+std::unique_ptr<Communicator::RawRequest> NoPeersCommunicator::start_raw(const RawOp& op) {
+  if (op.bytes > 0) fill(op);
+  return nullptr;  // complete
 }
 
-void StandInCommunicator::do_all_to_all(const void* in, void* out, int64_t bytes_per_peer) {
-  // Rank j would send this rank its chunk for us; stand in with the chunk this rank sends to j.
-  const char* i = static_cast<const char*>(in);
-  char* o = static_cast<char*>(out);
-  for (int j = 0; j < size_; ++j) std::memcpy(o + int64_t(j) * bytes_per_peer, i + int64_t(j) * bytes_per_peer, size_t(bytes_per_peer));
+void NoPeersCommunicator::timed_out(RawRequest& r) {
+  LAGA_ASSERT(false, "rank {} ({}): {} timed out, but it has no peers to wait for", rank_, backend(), r.what);
+  std::abort();  // unreachable
+}
+
+std::unique_ptr<Communicator> NoPeersCommunicator::first_ranks_of(int P) {
+  if (rank_ >= P) return nullptr;
+  auto c = make(rank_, P);
+  c->set_timeout(timeout_s_);
+  return c;
+}
+
+void StandInCommunicator::fill(const RawOp& op) {
+  const int P = size(), me = rank();
+  const int64_t b = op.bytes;
+  char* o = static_cast<char*>(op.recv);
+  switch (op.kind) {
+    case RawKind::all_gather: {
+      // Every absent rank's chunk is a copy of this rank's.
+      const char* mine = o + int64_t(me) * b;
+      if (op.send != mine) std::memcpy(o + int64_t(me) * b, op.send, size_t(b));
+      for (int j = 0; j < P; ++j)
+        if (j != me) std::memcpy(o + int64_t(j) * b, mine, size_t(b));
+      break;
+    }
+    case RawKind::all_to_all: {
+      // Rank j would send this rank its chunk for us; stand in with the chunk this rank sends to j.
+      const char* i = static_cast<const char*>(op.send);
+      for (int j = 0; j < P; ++j) std::memcpy(o + int64_t(j) * b, i + int64_t(j) * b, size_t(b));
+      break;
+    }
+    case RawKind::broadcast:  // the root's bytes stand in as this rank's own
+    case RawKind::barrier: break;
+  }
+}
+
+std::unique_ptr<Communicator> StandInCommunicator::make(int rank, int P) const {
+  return std::make_unique<StandInCommunicator>(rank, P);
+}
+
+std::unique_ptr<Communicator> MetaCommunicator::make(int rank, int P) const {
+  return std::make_unique<MetaCommunicator>(rank, P);
 }
 
 }  // namespace laga

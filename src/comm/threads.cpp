@@ -1,13 +1,28 @@
-// The threads backend: P ranks as std::threads of one process. Each collective is two barriers
-// over a shared group state: at the first every rank publishes its buffer and what it is doing;
-// between them each rank copies what it needs straight out of its peers' buffers; the second keeps
-// those buffers alive until every peer has finished reading. Not here: recording and reductions
-// (communicator.cpp) and the MPI backend (mpi.cpp).
+// The threads backend: P ranks as std::threads of one process, several collectives in flight.
+// Each rank's k-th raw operation on a lane meets the other ranks' k-th in slot k of that lane: a
+// rank posts its buffers there when it issues the operation; the slot is ready once all P ranks have
+// posted; then each rank copies its own data straight out of its peers' posted send buffers (a pull:
+// a rank writes only its own output). A rank's operation is complete when it has read its data AND
+// all P ranks have finished reading from the slot, so its send buffer is no longer needed. Not here:
+// recording, reductions and the wait loop (communicator.cpp) and the MPI backend (mpi.cpp).
 //
-// Failure: abort() marks the group dead and wakes every waiter; a rank waiting in, or entering, the
-// first barrier throws. The second barrier is deliberately uninterruptible: a rank only reaches it
-// after the first barrier saw all P ranks, and the work between them is bounded (memcpy), so it
-// cannot hang — and leaving it early could free a buffer a peer is still reading.
+// Progress in every wait: any test (so any wait) first does this rank's pending reads for every
+// slot it issued that is ready, on both lanes, in slot order — not only the awaited one — and the
+// wait loop in communicator.cpp issues the second phases of this rank's all_reduces whose first
+// phase completed. Why this cannot deadlock: suppose every rank still running is blocked in a wait.
+// Take the lowest main-lane slot s that some rank has not completed. Every rank has posted s: a
+// rank that had not issued s would be waiting on an operation issued before s (all complete) or on
+// the second phase of an all_reduce whose first phase is before s, hence complete everywhere — so
+// every rank issues that second phase in its waits, and likewise the lowest incomplete second-lane
+// slot is posted by every rank. So the lowest incomplete slot of either lane is fully posted, every
+// blocked rank does its reads for it (they are bounded memcpys), and then it is complete on every
+// rank — a contradiction. Mismatched slots (ranks disagree on kind, bytes or root) are detected when
+// the slot fills; nobody reads them, and every rank that waits on one fails naming both sides.
+//
+// Failure: abort() marks the group dead and wakes every waiter; every pending and later operation
+// throws. Before a rank leaves a wait with an error it waits until no peer is in the middle of a
+// copy (copies start only while the group is alive, outside the lock, and are bounded), so a
+// buffer the caller frees afterwards is not being read.
 #include <omp.h>
 
 #include <algorithm>
@@ -15,6 +30,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -41,26 +57,40 @@ const char* kind_name(Kind k) {
   return "unknown";
 }
 
-// What one rank brings to a collective. All ranks must agree on kind, bytes and root.
+// What one rank brings to a raw operation. All ranks must agree on kind, bytes and root.
 struct Post {
   const void* send = nullptr;
+  void* recv = nullptr;
   Kind kind = Kind::barrier;
   int64_t bytes = 0;
   int root = 0;
   std::string what;  // the user-level collective, for the mismatch message
 };
 
+struct Slot {
+  explicit Slot(int P) : posts(size_t(P)), has_read(size_t(P), 0) {}
+  std::vector<Post> posts;
+  int posted = 0;
+  std::vector<char> has_read;
+  int reads_done = 0;
+  int completed = 0;  // ranks that observed completion: at P the slot is dropped
+  bool checked = false;
+  std::string mismatch;  // set when the full slot's posts disagree
+};
+
+constexpr int kLanes = 2;
+
 struct Group {
-  explicit Group(int P) : P(P), posts(size_t(P)), entered(size_t(P), 0) {}
+  explicit Group(int P) : P(P) {
+    for (auto& v : issued) v.assign(size_t(P), 0);
+  }
   const int P;
   std::mutex m;
   std::condition_variable cv;
-  std::vector<Post> posts;
-  std::vector<uint64_t> entered;  // collectives each rank has entered: who is missing after a timeout
-  int arrived = 0;                // at the first barrier of the current generation
-  uint64_t generation = 0;
-  int finished = 0;  // at the second barrier
-  uint64_t release = 0;
+  std::map<uint64_t, Slot> slots[kLanes];  // node-based: a Slot does not move while in use
+  std::vector<uint64_t> issued[kLanes];    // operations each rank has posted on each lane
+  uint64_t version = 0;                    // bumped (and cv notified) at every change
+  int reading = 0;                         // copies in progress, outside the lock
   bool aborted = false;
   int failed_rank = -1;
   std::string reason;
@@ -79,36 +109,89 @@ class ThreadsCommunicator final : public Communicator {
   }
 
  protected:
-  void do_all_gather(const void* in, void* out, int64_t bytes) override {
-    exchange(Post{in, Kind::all_gather, bytes, 0, current_collective()}, [&](const Group& g) {
-      for (int q = 0; q < g.P; ++q) {
-        char* dst = static_cast<char*>(out) + int64_t(q) * bytes;
-        if (bytes > 0 && g.posts[q].send != dst) std::memcpy(dst, g.posts[q].send, size_t(bytes));
-      }
-    });
+  struct Request : RawRequest {
+    int lane = 0;
+    uint64_t slot = 0;
+    bool done = false;  // tested complete (and counted in the slot's `completed`)
+  };
+
+  std::unique_ptr<RawRequest> start_raw(const RawOp& op) override {
+    static constexpr Kind kinds[] = {Kind::all_gather, Kind::all_to_all, Kind::broadcast, Kind::barrier};
+    auto r = std::make_unique<Request>();
+    r->what = op.what;
+    r->lane = op.lane;
+    std::lock_guard lk(g_->m);
+    if (g_->aborted) throw_aborted(op.what);
+    r->slot = g_->issued[op.lane][size_t(rank_)]++;
+    Slot& s = g_->slots[op.lane].try_emplace(r->slot, g_->P).first->second;
+    s.posts[size_t(rank_)] = Post{op.send, op.recv, kinds[int(op.kind)], op.bytes, op.root, op.what};
+    ++s.posted;
+    changed();
+    return r;
   }
 
-  void do_all_to_all(const void* in, void* out, int64_t bytes_per_peer) override {
-    exchange(Post{in, Kind::all_to_all, bytes_per_peer, 0, current_collective()}, [&](const Group& g) {
-      if (bytes_per_peer == 0) return;
-      for (int q = 0; q < g.P; ++q)
-        std::memcpy(static_cast<char*>(out) + int64_t(q) * bytes_per_peer,
-                    static_cast<const char*>(g.posts[q].send) + int64_t(rank_) * bytes_per_peer,
-                    size_t(bytes_per_peer));
-    });
+  bool test_raw(RawRequest& raw) override {
+    auto& r = static_cast<Request&>(raw);
+    if (r.done) return true;
+    std::unique_lock lk(g_->m);
+    do_reads(lk);
+    Slot& s = g_->slots[r.lane].at(r.slot);
+    if (s.posted == g_->P && !s.mismatch.empty()) {
+      lk.unlock();
+      LAGA_ASSERT(false, "rank {}: {}", rank_, s.mismatch);
+    }
+    seen_ = g_->version;
+    // A complete operation stays complete when the group is aborted afterwards.
+    if (!s.has_read[size_t(rank_)] || s.reads_done < g_->P) {
+      if (g_->aborted) leave_aborted(lk, r.what);
+      return false;
+    }
+    r.done = true;
+    if (++s.completed == g_->P) g_->slots[r.lane].erase(r.slot);
+    return true;
   }
 
-  void do_broadcast(void* buf, int64_t bytes, int root) override {
-    exchange(Post{buf, Kind::broadcast, bytes, root, current_collective()}, [&](const Group& g) {
-      if (rank_ != root && bytes > 0) std::memcpy(buf, g.posts[root].send, size_t(bytes));
-    });
+  void idle(int, double max_s) override {
+    std::unique_lock lk(g_->m);
+    auto changed = [&] { return g_->version != seen_ || g_->aborted; };
+    if (max_s > 0)
+      g_->cv.wait_for(lk, std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                              std::chrono::duration<double>(max_s)),
+                      changed);
+    else
+      g_->cv.wait(lk, changed);
   }
 
-  void do_barrier() override {
-    exchange(Post{nullptr, Kind::barrier, 0, 0, current_collective()}, [](const Group&) {});
+  [[noreturn]] void timed_out(RawRequest& raw) override {
+    auto& r = static_cast<Request&>(raw);
+    std::unique_lock lk(g_->m);
+    std::vector<int> missing;
+    std::string doing;
+    const Slot& s = g_->slots[r.lane].at(r.slot);
+    if (s.posted < g_->P) {
+      for (int q = 0; q < g_->P; ++q)
+        if (g_->issued[r.lane][size_t(q)] <= r.slot) missing.push_back(q);
+    } else {
+      for (int q = 0; q < g_->P; ++q)
+        if (!s.has_read[size_t(q)]) missing.push_back(q);
+      doing = " to take its data";
+    }
+    const std::string message =
+        fmt::format("rank {}: {} timed out after {:g} s waiting for rank{} {}{}", rank_, r.what, timeout_s_,
+                    missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), doing);
+    // Abort under the same lock: no late rank may start reading our buffers after we have left.
+    mark_aborted(message);
+    g_->cv.wait(lk, [&] { return g_->reading == 0; });
+    throw Error(ErrorKind::failure, __FILE__, __LINE__, message);
   }
 
  private:
+  // Caller holds the lock.
+  void changed() {
+    ++g_->version;
+    g_->cv.notify_all();
+  }
+
   // Caller holds the lock. The first rank to abort names the failure; later calls change nothing.
   void mark_aborted(const std::string& reason) {
     if (!g_->aborted) {
@@ -116,84 +199,88 @@ class ThreadsCommunicator final : public Communicator {
       g_->failed_rank = rank_;
       g_->reason = reason;
     }
-    g_->cv.notify_all();
+    changed();
   }
 
-  [[noreturn]] void throw_aborted() const {
+  [[noreturn]] void throw_aborted(const std::string& what) const {
     throw Error(ErrorKind::failure, __FILE__, __LINE__,
-                fmt::format("rank {}: {} aborted: rank {} failed: {}", rank_, current_collective(), g_->failed_rank,
-                            g_->reason));
+                fmt::format("rank {}: {} aborted: rank {} failed: {}", rank_, what, g_->failed_rank, g_->reason));
   }
 
-  template <class Copy>
-  void exchange(Post post, Copy copy) {
-    enter(std::move(post));
-    // Every rank read the same posts, so every rank reaches the same verdict.
-    std::string mismatch;
-    const Post& p0 = g_->posts[0];
-    for (int q = 1; q < g_->P && mismatch.empty(); ++q) {
-      const Post& p = g_->posts[q];
+  // The group is aborted: wait out the copies in progress (bounded), then throw.
+  [[noreturn]] void leave_aborted(std::unique_lock<std::mutex>& lk, const std::string& what) {
+    g_->cv.wait(lk, [&] { return g_->reading == 0; });
+    throw_aborted(what);
+  }
+
+  // Every rank reaches the same verdict on a full slot: it compares the same posts.
+  static void check(Slot& s, int P) {
+    if (s.checked) return;
+    s.checked = true;
+    const Post& p0 = s.posts[0];
+    for (int q = 1; q < P && s.mismatch.empty(); ++q) {
+      const Post& p = s.posts[size_t(q)];
       if (p.kind != p0.kind || p.bytes != p0.bytes || p.root != p0.root)
-        mismatch = fmt::format("ranks disagree on the collective: rank 0 runs {} ({}, {} bytes, root {}), rank {} runs "
-                               "{} ({}, {} bytes, root {})",
-                               p0.what, kind_name(p0.kind), p0.bytes, p0.root, q, p.what, kind_name(p.kind), p.bytes,
-                               p.root);
+        s.mismatch = fmt::format(
+            "ranks disagree on the collective: rank 0 runs {} ({}, {} bytes, root {}), rank {} runs {} ({}, {} bytes, "
+            "root {})",
+            p0.what, kind_name(p0.kind), p0.bytes, p0.root, q, p.what, kind_name(p.kind), p.bytes, p.root);
     }
-    if (mismatch.empty()) copy(*g_);
-    leave();
-    LAGA_ASSERT(mismatch.empty(), "rank {}: {}", rank_, mismatch);
   }
 
-  // The first barrier: publish, then wait for all P ranks, an abort, or the timeout.
-  void enter(Post post) {
-    std::unique_lock lk(g_->m);
-    if (g_->aborted) throw_aborted();
-    g_->posts[rank_] = std::move(post);
-    ++g_->entered[rank_];
-    const uint64_t gen = g_->generation;
-    if (++g_->arrived == g_->P) {
-      g_->arrived = 0;
-      ++g_->generation;
-      g_->cv.notify_all();
-      return;
-    }
-    auto done = [&] { return g_->generation != gen || g_->aborted; };
-    if (timeout_s_ > 0) {
-      const auto limit = std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-          std::chrono::duration<double>(timeout_s_));
-      if (!g_->cv.wait_for(lk, limit, done)) {
-        std::vector<int> missing;
-        for (int q = 0; q < g_->P; ++q)
-          if (g_->entered[q] < g_->entered[rank_]) missing.push_back(q);
-        const std::string message = fmt::format("rank {}: {} timed out after {:g} s waiting for rank{} {}", rank_,
-                                                current_collective(), timeout_s_, missing.size() > 1 ? "s" : "",
-                                                fmt::join(missing, ", "));
-        // Abort under the same lock: no late rank may complete this barrier and read our buffer
-        // after we have left it.
-        mark_aborted(message);
-        throw Error(ErrorKind::failure, __FILE__, __LINE__, message);
+  // This rank's reads for every ready slot it issued, per lane in slot order (readiness is
+  // monotone: all ranks post in order, so if slot k+1 is full, so is k). Copies run outside the
+  // lock; lk is held again on return.
+  void do_reads(std::unique_lock<std::mutex>& lk) {
+    for (int lane = 0; lane < kLanes; ++lane) {
+      for (;;) {
+        const uint64_t k = read_upto_[lane];
+        if (g_->aborted || k >= g_->issued[lane][size_t(rank_)]) break;
+        Slot& s = g_->slots[lane].at(k);
+        if (s.posted < g_->P) break;
+        check(s, g_->P);
+        ++read_upto_[lane];
+        if (!s.mismatch.empty()) continue;  // nobody reads it; its waiters fail
+        ++g_->reading;
+        lk.unlock();
+        copy(s);
+        lk.lock();
+        --g_->reading;
+        s.has_read[size_t(rank_)] = 1;
+        ++s.reads_done;
+        changed();
       }
-    } else {
-      g_->cv.wait(lk, done);
     }
-    if (g_->generation == gen) throw_aborted();
   }
 
-  // The second barrier: uninterruptible (see the top of the file).
-  void leave() {
-    std::unique_lock lk(g_->m);
-    const uint64_t rel = g_->release;
-    if (++g_->finished == g_->P) {
-      g_->finished = 0;
-      ++g_->release;
-      g_->cv.notify_all();
-      return;
+  // This rank's data out of the full slot s. The posts are immutable once the slot is full.
+  void copy(const Slot& s) const {
+    const Post& me = s.posts[size_t(rank_)];
+    const int64_t b = me.bytes;
+    if (b == 0) return;
+    switch (me.kind) {
+      case Kind::all_gather:
+        for (int q = 0; q < g_->P; ++q) {
+          char* dst = static_cast<char*>(me.recv) + int64_t(q) * b;
+          if (s.posts[size_t(q)].send != dst) std::memcpy(dst, s.posts[size_t(q)].send, size_t(b));
+        }
+        break;
+      case Kind::all_to_all:
+        for (int q = 0; q < g_->P; ++q)
+          std::memcpy(static_cast<char*>(me.recv) + int64_t(q) * b,
+                      static_cast<const char*>(s.posts[size_t(q)].send) + int64_t(rank_) * b, size_t(b));
+        break;
+      case Kind::broadcast:
+        if (rank_ != me.root) std::memcpy(me.recv, s.posts[size_t(me.root)].send, size_t(b));
+        break;
+      case Kind::barrier: break;
     }
-    g_->cv.wait(lk, [&] { return g_->release != rel; });
   }
 
   std::shared_ptr<Group> g_;
   int rank_;
+  uint64_t read_upto_[kLanes] = {0, 0};  // this rank's next slot to read, per lane
+  uint64_t seen_ = 0;                    // g_->version at this rank's last test
 };
 
 }  // namespace

@@ -26,4 +26,16 @@ int Error::exit_status() const {
   return 3;
 }
 
+std::string divisors_str(int64_t n) {
+  // Searching 1..n took as many steps as n when n has few divisors: a hang for --seq 13333333333333333
+  // (found by fuzz_cli). The search stops at kSearch; a larger n is then listed after its small divisors.
+  constexpr int64_t kSearch = int64_t(1) << 20;
+  std::string out;
+  int shown = 0;
+  for (int64_t d = 1; d <= n && d <= kSearch && shown < 12; ++d)
+    if (n % d == 0) out += (shown++ ? ", " : "") + std::to_string(d);
+  if (n > kSearch && shown < 12) out += (shown ? ", " : "") + std::to_string(n);
+  return out;
+}
+
 }  // namespace laga

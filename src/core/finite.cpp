@@ -13,7 +13,7 @@ void set_check_finite(bool on) { g_on = on; }
 bool check_finite_enabled() { return g_on.load(std::memory_order_relaxed); }
 
 void check_finite(const Tensor& t, const std::string& name, const std::string& step) {
-  if (!check_finite_enabled() || !t.defined()) return;
+  if (!check_finite_enabled() || !t.defined() || t.is_meta()) return;
   int64_t first = -1;
   dispatch_dtype(t.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;

@@ -15,8 +15,15 @@ thread_local MemoryTracker* tls_tracker = nullptr;
 void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
   LAGA_ASSERT(bytes >= 0, "negative allocation of {} bytes for '{}'", bytes, tag);
   size_t rounded = size_t((bytes + kAlignment - 1) / kAlignment * kAlignment);
-  void* ptr = rounded ? std::aligned_alloc(kAlignment, rounded) : nullptr;
-  if (rounded && !ptr)
+  void* ptr = nullptr;
+  if (meta_) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ptr = reinterpret_cast<void*>(next_meta_address_);
+    next_meta_address_ += int64_t(rounded) + kAlignment;  // distinct, never reused
+  } else if (rounded) {
+    ptr = std::aligned_alloc(kAlignment, rounded);
+  }
+  if (rounded && !ptr && !meta_)
     throw Error(ErrorKind::usage, __FILE__, __LINE__,
                 fmt::format("out of memory allocating {} bytes for '{}' ({} bytes already live)", bytes, tag,
                             live_bytes()));
@@ -34,7 +41,7 @@ void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
 }
 
 void MemoryTracker::release(void* ptr, int64_t bytes, const std::string& tag) {
-  std::free(ptr);
+  if (!meta_) std::free(ptr);
   if (bytes == 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   live_ -= bytes;

@@ -30,6 +30,7 @@ double normal(uint64_t seed, uint64_t stream, uint64_t index) {
 }
 
 void fill_normal(Tensor& t, uint64_t seed, std::string_view name, double std, double mean, int64_t offset) {
+  if (t.is_meta()) return;
   uint64_t s = stream_id(name);
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, float(mean + std * normal(seed, s, uint64_t(offset + i))));

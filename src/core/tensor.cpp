@@ -32,7 +32,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const std::string& tag) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, const std::string& tag) {
   Tensor t = empty(shape, dtype, tag);
-  if (t.nbytes()) std::memset(t.raw(), 0, size_t(t.nbytes()));
+  if (t.nbytes() && !meta_mode()) std::memset(t.raw(), 0, size_t(t.nbytes()));
   return t;
 }
 
@@ -80,10 +80,12 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 }
 
 float Tensor::get(int64_t i) const {
+  LAGA_ASSERT(!is_meta(), "element access to meta tensor '{}' (it has no storage)", tag());
   return dtype_ == DType::f32 ? static_cast<const float*>(raw())[i] : to_float(static_cast<const bf16*>(raw())[i]);
 }
 
 void Tensor::set(int64_t i, float v) {
+  LAGA_ASSERT(!is_meta(), "element access to meta tensor '{}' (it has no storage)", tag());
   if (dtype_ == DType::f32) static_cast<float*>(raw())[i] = v;
   else static_cast<bf16*>(raw())[i] = to_bf16(v);
 }
@@ -95,12 +97,14 @@ std::vector<float> Tensor::to_floats() const {
 }
 
 void Tensor::fill(float v) {
+  if (is_meta()) return;
   for (int64_t i = 0; i < numel(); ++i) set(i, v);
 }
 
 void Tensor::copy_from(const Tensor& src) {
   LAGA_ASSERT(src.shape_ == shape_, "copy into '{}' {} from '{}' {}", tag(), shape_str(shape_), src.tag(),
               shape_str(src.shape_));
+  if (is_meta()) return;
   if (src.dtype_ == dtype_) {
     if (nbytes()) std::memmove(raw(), src.raw(), size_t(nbytes()));
     return;

@@ -178,8 +178,8 @@ std::string checkpoint_name(WeightNaming naming, int64_t layer, const std::strin
   return fmt::format("model.layers.{}.self_attn.{}.weight", layer, hf_key(name));
 }
 
-Weights load_weights(const std::string& path, const MlaConfig& c) {
-  c.validate();
+Weights load_weights(const std::string& path, const Config& cfg) {
+  const MlaConfig& c = *cfg;
   CheckpointSource src(path);
   WeightNaming naming;
   if (src.has(checkpoint_name(WeightNaming::laga, 0, "attn_norm"))) naming = WeightNaming::laga;

@@ -4,6 +4,8 @@
 // out the sizes listed here.
 #include "laga/ops/attention.hpp"
 
+#include <map>
+
 #include "attention_internal.hpp"
 
 namespace laga {
@@ -43,8 +45,30 @@ void check_attention_params(const AttentionBwdParams& p) {
   check_strides(p.dv_stride, "dv [T, B, Hkv, Dv]");
 }
 
+namespace {
+// Under a meta tracker: the kernel's allocations, from its own event list, and nothing computed.
+AttentionSaved meta_walk(Kernel kernel, const AttentionFwdParams& p, bool backward) {
+  std::map<std::string, Tensor> live;
+  for (const auto& e : attention_memory_events(kernel, p, backward)) {
+    if (e.release) live.erase(e.tag);
+    else live[e.tag] = Tensor::empty(e.shape, e.dtype, e.tag);
+  }
+  AttentionSaved saved;
+  if (!backward) (kernel == Kernel::eager ? saved.probs : saved.lse) = live.at(kernel == Kernel::eager ? "attn.probs" : "attn.lse");
+  return saved;
+}
+}  // namespace
+
+std::string_view kernel_name(Kernel k) { return k == Kernel::eager ? "eager" : "fused"; }
+Kernel parse_kernel(std::string_view s) {
+  if (s == "eager") return Kernel::eager;
+  if (s == "fused") return Kernel::fused;
+  LAGA_FAIL_USAGE("unknown kernel '{}'; valid: eager, fused", s);
+}
+
 AttentionSaved attention_forward(Kernel kernel, const AttentionFwdParams& p) {
   check_attention_params(p);
+  if (meta_mode()) return meta_walk(kernel, p, false);
   return kernel == Kernel::eager ? attn::eager_forward(p) : attn::fused_forward(p);
 }
 
@@ -53,10 +77,12 @@ void attention_backward(Kernel kernel, const AttentionBwdParams& p, const Attent
   if (kernel == Kernel::eager) {
     check_shape(saved.probs, {p.B, p.Hq, p.T, p.T}, "saved.probs (eager attention)");
     check_dtype(saved.probs, p.dtype, "saved.probs (eager attention)");
+    if (meta_mode()) return (void)meta_walk(kernel, p, true);
     attn::eager_backward(p, saved);
   } else {
     check_shape(saved.lse, {p.B, p.Hq, p.T}, "saved.lse (fused attention)");
     check_dtype(saved.lse, DType::f32, "saved.lse (fused attention)");
+    if (meta_mode()) return (void)meta_walk(kernel, p, true);
     attn::fused_backward(p, saved);
   }
 }

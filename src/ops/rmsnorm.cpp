@@ -32,6 +32,7 @@ void backward_impl(const RmsNormBwdParams& p) {
   const T* dy = static_cast<const T*>(p.dy);
   T* dx = static_cast<T*>(p.dx);
   Tensor rstd = Tensor::empty({p.M}, DType::f32, "norm.rstd");  // [M] fp32, freed on return
+  if (rstd.is_meta()) return;
   float* r = rstd.data<float>();
   // y_c = x_c·r·w_c, r = (Σx²/C + eps)^-½
   //   dx_c = r·w_c·dy_c − x_c·r³/C · Σ_j dy_j·w_j·x_j
@@ -74,6 +75,7 @@ void backward_impl(const RmsNormBwdParams& p) {
 }  // namespace
 
 void rmsnorm_forward(const RmsNormParams& p) {
+  if (meta_mode()) return;
   dispatch_dtype(p.dtype, [&](auto* tag) { forward_impl<std::remove_pointer_t<decltype(tag)>>(p); });
 }
 

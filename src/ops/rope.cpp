@@ -1,6 +1,7 @@
 // RoPE forward (rotate by +θ) and backward (by −θ), in place, tokens in parallel.
 #include "laga/ops/rope.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "laga/core/error.hpp"
@@ -39,18 +40,46 @@ void apply(const RopeParams& p, double sign) {
 void run(const RopeParams& p, double sign) {
   LAGA_ASSERT(p.Dr % 2 == 0 && p.Dr <= 512 && int64_t(p.inv_freq.size()) == p.Dr / 2,
               "rope over Dr = {} with {} frequencies", p.Dr, p.inv_freq.size());
+  if (meta_mode()) return;
   dispatch_dtype(p.dtype, [&](auto* tag) { apply<std::remove_pointer_t<decltype(tag)>>(p, sign); });
 }
 
 }  // namespace
 
-RopeParams rope_params(const MlaConfig& c) {
+double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+
+double rope_attention_factor(const RopeSpec& s) {
+  if (!s.scaling.enabled) return 1.0;
+  return yarn_mscale(s.scaling.factor, s.scaling.mscale) / yarn_mscale(s.scaling.factor, s.scaling.mscale_all_dim);
+}
+
+std::vector<double> rope_inv_freq(const RopeSpec& s) {
+  const int64_t Dr = s.Dr;
+  std::vector<double> inv(size_t(Dr / 2));
+  for (int64_t i = 0; i < Dr / 2; ++i) inv[size_t(i)] = std::pow(s.theta, -2.0 * double(i) / double(Dr));
+  if (!s.scaling.enabled) return inv;
+  const auto& rs = s.scaling;
+  auto corr = [&](double n) {
+    return double(Dr) * std::log(double(rs.original_max_position_embeddings) / (n * 2 * M_PI)) / (2 * std::log(s.theta));
+  };
+  double low = std::max(std::floor(corr(rs.beta_fast)), 0.0);
+  double high = std::min(std::ceil(corr(rs.beta_slow)), double(Dr - 1));
+  if (low == high) high += 0.001;
+  for (int64_t i = 0; i < Dr / 2; ++i) {
+    double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
+    double f = inv[size_t(i)];
+    inv[size_t(i)] = f / rs.factor * ramp + f * (1 - ramp);
+  }
+  return inv;
+}
+
+RopeParams rope_params(const RopeSpec& s, DType dtype) {
   RopeParams p;
-  p.Dr = c.qk_rope_head_dim;
-  p.dtype = c.dtype;
-  p.interleaved = c.rope_interleaved;
-  p.inv_freq = c.rope_inv_freq();
-  p.attention_factor = c.rope_attention_factor();
+  p.Dr = s.Dr;
+  p.dtype = dtype;
+  p.interleaved = s.interleaved;
+  p.inv_freq = rope_inv_freq(s);
+  p.attention_factor = rope_attention_factor(s);
   return p;
 }
 

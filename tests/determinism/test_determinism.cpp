@@ -1,41 +1,42 @@
 // Determinism (the reliability bar: never a silent wrong number): the same run twice gives bitwise
 // the same tensors — inputs, weights, outputs and every gradient — for every form (explicit, laga,
 // absorbed with shared and with expanded K/V), kernel (fused, eager), dtype (fp32, bf16) and P (1, 2,
-// 4), ranks as threads; and after the grad sync every rank holds bitwise the same gradients.
+// 4), ranks as threads — every registered form; and after the grad sync every rank holds bitwise the same gradients.
 //
 // Not here: the MPI backend, checked the same way on `laga run --dump` under mpirun by
 // tests/cli/determinism_mpi.sh; agreement between forms (tests/mla/test_forms.cpp).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "laga/mla/run.hpp"
+#include "laga/driver/run.hpp"
+#include "laga/mla/form.hpp"
 
 using namespace laga;
 
 namespace {
 
 struct Case {
-  Form form;
-  AbsorbedKv kv;
+  std::string form;  // a registered label
   Kernel kernel;
   DType dtype;
   int64_t sp;
 };
 
 std::string case_name(const Case& c) {
-  std::string form = c.form == Form::absorbed ? "absorbed_" + std::string(absorbed_kv_name(c.kv))
-                                              : std::string(form_name(c.form));
+  std::string form = c.form;
+  std::replace(form.begin(), form.end(), '-', '_');
   return form + "_" + std::string(kernel_name(c.kernel)) + "_" + std::string(dtype_name(c.dtype)) + "_sp" +
          std::to_string(c.sp);
 }
 
 MlaConfig config(const Case& k) {
   MlaConfig c = MlaConfig::preset("tiny");
-  c.form = k.form, c.absorbed_kv = k.kv, c.kernel = k.kernel, c.dtype = k.dtype, c.sp = k.sp;
+  c.form = k.form, c.kernel = k.kernel, c.dtype = k.dtype, c.sp = k.sp;
   c.seq_len = 48, c.batch = 2, c.num_layers = 2;  // several attention tiles per rank at every P
   return c;
 }
@@ -84,14 +85,10 @@ TEST_P(Determinism, SameRunTwiceIsBitwiseIdenticalOnEveryRank) {
 
 std::vector<Case> every_case() {
   std::vector<Case> cases;
-  const std::pair<Form, AbsorbedKv> forms[] = {{Form::explicit_form, AbsorbedKv::expanded},
-                                               {Form::laga, AbsorbedKv::expanded},
-                                               {Form::absorbed, AbsorbedKv::shared},
-                                               {Form::absorbed, AbsorbedKv::expanded}};
-  for (auto [form, kv] : forms)
+  for (const Form* form : registered_forms())
     for (Kernel kernel : {Kernel::fused, Kernel::eager})
       for (DType dtype : {DType::f32, DType::bf16})
-        for (int64_t sp : {1, 2, 4}) cases.push_back({form, kv, kernel, dtype, sp});
+        for (int64_t sp : {1, 2, 4}) cases.push_back({std::string(form->name()), kernel, dtype, sp});
   return cases;
 }
 

@@ -41,7 +41,7 @@ MlaConfig tiny(int64_t layers, DType dtype, int64_t q_lora_rank = 48) {
   c.num_layers = layers;
   c.dtype = dtype;
   c.q_lora_rank = q_lora_rank;
-  c.validate();
+  (void)Config(c);
   return c;
 }
 

@@ -8,7 +8,7 @@
 #include "laga/comm/communicator.hpp"
 #include "laga/core/random.hpp"
 #include "laga/mla/block.hpp"
-#include "laga/mla/run.hpp"
+#include "laga/driver/run.hpp"
 #include "reference/block_ref.hpp"
 #include "testing.hpp"
 

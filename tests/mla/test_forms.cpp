@@ -1,172 +1,144 @@
-// The three forms under sequence parallelism against the fp64 reference and against each other
-// (DESIGN §7, `laga verify`'s claims): laga bit-identical to explicit at P = 1; laga within 1e-5
-// (fp32) / 1e-3 (bf16) relative of explicit at every P; absorbed's error against the reference at most
-// 2× explicit's in the same dtype; every form and P close to the reference.
+// Every registered form under sequence parallelism, judged by the one verification rule
+// (verify/forms.hpp, verify/compare.hpp — what `laga verify` runs): explicit within kExplicitFactor of
+// a plain same-precision implementation's error against the fp64 reference, every other form within
+// kFormFactor of explicit's at the same P and dtype, per tensor, and the exact forms (laga)
+// bit-identical to explicit at P = 1. Over tiny and small (DeepSeek's head dims), fp32 and bf16, both
+// kernels, T not a power of two, L 1–2, B 1–2, P 1, 2, 4 (8 for the formerly failing case). Also: each
+// form's ledger holds exactly the collectives it declares, and bad form names are refused.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
-#include <cstring>
+#include <algorithm>
 
-#include "laga/mla/run.hpp"
-#include "reference/block_ref.hpp"
-#include "testing.hpp"
+#include "laga/comm/meta.hpp"
+#include "laga/driver/launch.hpp"
+#include "laga/driver/plan.hpp"
+#include "laga/driver/run.hpp"
+#include "laga/mla/form.hpp"
+#include "verify/forms.hpp"
 
 using namespace laga;
-using namespace laga::testing;
 
 namespace {
 
-struct Outputs {
-  ref::Array y, dx;
-  ref::RefWeights grads;
-  std::vector<RankResult> ranks;
+struct Case {
+  std::string model;
+  DType dt;
+  Kernel kernel;
+  int64_t T, L, B, Lq = -1;  // Lq -1: the preset's
+  std::string name() const {
+    return fmt::format("{} {} {} T{} L{} B{}{}", model, dtype_name(dt), kernel_name(kernel), T, L, B,
+                       Lq >= 0 ? fmt::format(" Lq{}", Lq) : "");
+  }
+  Config config() const {
+    MlaConfig c = MlaConfig::preset(model);
+    c.dtype = dt, c.kernel = kernel, c.seq_len = T, c.num_layers = L, c.batch = B;
+    if (Lq >= 0) c.q_lora_rank = Lq;
+    return c;
+  }
 };
 
-MlaConfig config(Form form, int64_t P, DType dt, Kernel kernel, int64_t T = 16) {
-  MlaConfig c = MlaConfig::preset("tiny");
-  c.form = form, c.sp = P, c.dtype = dt, c.kernel = kernel, c.seq_len = T, c.num_layers = 2, c.batch = 2;
-  return c;
+verify::FormsReport check(const Case& k, const std::vector<int64_t>& sps, std::vector<std::string> forms = {}) {
+  verify::FormsReport report;
+  launch(LaunchKind::threads, [&](Launcher& l) {
+    verify::FormsOptions opt;
+    opt.forms = std::move(forms);
+    report = verify::check_forms(k.config(), sps, l, opt);
+  });
+  return report;
 }
 
-Outputs run(const MlaConfig& c) {
-  RunOptions opt;
-  opt.gather_tensors = true;
-  Outputs o;
-  o.ranks = run_group(c, opt);
-  const RankResult& r0 = o.ranks[0];
-  o.y = ref::from_tensor(r0.y);
-  o.dx = ref::from_tensor(r0.dx);
-  o.grads = ref::from_weights(r0.grads);
-  return o;
+void expect_pass(const Case& k, const verify::FormsReport& report) {
+  EXPECT_FALSE(report.cases.empty());
+  for (const auto& c : report.cases) {
+    fmt::print("[measured] {} P{} {} vs {}: worst {} at {:.3f} of allowed{}\n", k.name(), c.sp, c.form, c.vs, c.worst,
+               c.worst_ratio, c.vs == "fp64" ? "" : (c.bitwise ? " (bitwise)" : " (NOT bitwise)"));
+    EXPECT_TRUE(c.pass) << k.name() << " P" << c.sp << " " << c.form << " vs " << c.vs << ": worst " << c.worst << " at "
+                        << c.worst_ratio << " of allowed; " << c.criterion;
+  }
 }
-
-struct Reference {
-  ref::Array y, dx;
-  ref::RefWeights grads;
-};
-
-Reference reference(const MlaConfig& c) {
-  RunOptions opt;
-  opt.gather_tensors = true;
-  MlaConfig one = c;
-  one.sp = 1, one.form = Form::explicit_form;
-  // The same seed draws the same weights and inputs whatever the form and P.
-  auto r = run_group(one, opt)[0];
-  ref::RefWeights w = ref::from_weights(r.weights);
-  ref::Array x = ref::from_tensor(r.x), dy = ref::from_tensor(r.dy);
-  Reference out;
-  out.y = ref::block_forward(one, w, x);
-  auto g = ref::block_backward(one, w, x, dy);
-  out.dx = g.dx;
-  out.grads = g.dw;
-  return out;
-}
-
-// Max over y, dx and every gradient of ‖a − b‖₂ / ‖b‖₂.
-double rel_diff(const Outputs& a, const ref::Array& y, const ref::Array& dx, const ref::RefWeights& grads,
-                std::string* worst = nullptr) {
-  double m = 0;
-  auto upd = [&](const std::string& name, const ref::Array& got, const ref::Array& want) {
-    double d = rel_l2(got, want);
-    if (d > m) {
-      m = d;
-      if (worst) *worst = name;
-    }
-  };
-  upd("y", a.y, y);
-  upd("dx", a.dx, dx);
-  for (const auto& [name, arr] : grads) upd(name, a.grads.at(name), arr);
-  return m;
-}
-double rel_diff(const Outputs& a, const Reference& r, std::string* worst = nullptr) {
-  return rel_diff(a, r.y, r.dx, r.grads, worst);
-}
-
-bool bitwise_equal(const Outputs& a, const Outputs& b) {
-  auto eq = [](const ref::Array& x, const ref::Array& y) {
-    return x.shape == y.shape && std::memcmp(x.data.data(), y.data.data(), x.data.size() * sizeof(double)) == 0;
-  };
-  bool same = eq(a.y, b.y) && eq(a.dx, b.dx);
-  for (const auto& [name, arr] : b.grads) same = same && eq(a.grads.at(name), arr);
-  return same;
-}
-
-double tolerance(DType t) { return t == DType::f32 ? 1e-5 : 1e-3; }
-
-class FormsTest : public ::testing::TestWithParam<std::tuple<DType, Kernel>> {};
 
 }  // namespace
 
-TEST_P(FormsTest, ExplicitMatchesReferenceAtEveryP) {
-  auto [dt, kernel] = GetParam();
-  Reference ref = reference(config(Form::explicit_form, 1, dt, kernel));
-  // A plain implementation in fp32 keeps ~1e-6 relative; bf16 storage rounds every stage to 2^-9.
-  const double bound = dt == DType::f32 ? 1e-4 : 6e-2;
-  for (int64_t P : {1, 2, 4, 8}) {
-    std::string worst;
-    double d = rel_diff(run(config(Form::explicit_form, P, dt, kernel)), ref, &worst);
-    EXPECT_LT(d, bound) << "P " << P << " worst " << worst;
-  }
-}
-
-TEST_P(FormsTest, LagaIsBitIdenticalToExplicitAtOneRank) {
-  auto [dt, kernel] = GetParam();
-  for (int64_t Lq : {48, 0}) {
-    MlaConfig e = config(Form::explicit_form, 1, dt, kernel), l = config(Form::laga, 1, dt, kernel);
-    e.q_lora_rank = l.q_lora_rank = Lq;
-    EXPECT_TRUE(bitwise_equal(run(l), run(e))) << "q_lora_rank " << Lq;
-  }
-}
-
-// Per tensor: max|laga − explicit| ≤ max(tol · max|explicit|, max|explicit − fp64|). In fp32 the first
-// term rules (explicit's own error is far below 1e-5); in bf16 the forms may differ by what bf16
-// itself costs: laga rounds each rank's partial dlatent to bf16 before the reduce-scatter, where
-// explicit sums the heads in one product, and that rounding reaches every gradient upstream.
-TEST_P(FormsTest, LagaAgreesWithExplicitAtEveryP) {
-  auto [dt, kernel] = GetParam();
-  Reference ref = reference(config(Form::explicit_form, 1, dt, kernel));
-  Outputs e1 = run(config(Form::explicit_form, 1, dt, kernel));
-  auto check = [&](const Outputs& l, const Outputs& e, const std::string& what) {
-    auto one = [&](const std::string& name, const ref::Array& got, const ref::Array& want, const ref::Array& truth) {
-      double allowed = std::max(tolerance(dt) * max_abs(want), max_abs_diff(want, truth));
-      EXPECT_LE(max_abs_diff(got, want), allowed) << what << ": " << name;
-    };
-    one("y", l.y, e.y, ref.y);
-    one("dx", l.dx, e.dx, ref.dx);
-    for (const auto& [name, arr] : e.grads) one(name, l.grads.at(name), arr, ref.grads.at(name));
-  };
-  for (int64_t P : {2, 4, 8}) {
-    Outputs l = run(config(Form::laga, P, dt, kernel));
-    check(l, run(config(Form::explicit_form, P, dt, kernel)), "vs explicit at P = " + std::to_string(P));
-    check(l, e1, "P = " + std::to_string(P) + " vs explicit at P = 1");
-  }
-}
-
-TEST_P(FormsTest, AbsorbedErrorIsAtMostTwiceExplicits) {
-  auto [dt, kernel] = GetParam();
-  Reference ref = reference(config(Form::explicit_form, 1, dt, kernel));
-  for (int64_t P : {1, 2, 4}) {
-    double explicit_err = rel_diff(run(config(Form::explicit_form, P, dt, kernel)), ref);
-    for (AbsorbedKv regime : {AbsorbedKv::shared, AbsorbedKv::expanded}) {
-      MlaConfig c = config(Form::absorbed, P, dt, kernel);
-      c.absorbed_kv = regime;
-      std::string worst;
-      double err = rel_diff(run(c), ref, &worst);
-      EXPECT_LE(err, 2 * explicit_err) << "P " << P << " " << absorbed_kv_name(regime) << " worst " << worst
-                                       << " (explicit " << explicit_err << ")";
+TEST(Forms, EveryRegisteredFormPassesTheRuleAtEveryP) {
+  std::vector<Case> sweep;
+  for (DType dt : {DType::f32, DType::bf16})
+    for (Kernel kernel : {Kernel::eager, Kernel::fused}) {
+      sweep.push_back({"tiny", dt, kernel, 24, 1, 2});
+      sweep.push_back({"tiny", dt, kernel, 40, 2, 1});
     }
+  sweep.push_back({"tiny", DType::bf16, Kernel::fused, 16, 2, 2, /*Lq=*/0});  // a single wq, no q_norm
+  sweep.push_back({"small", DType::bf16, Kernel::fused, 24, 2, 1});
+  sweep.push_back({"small", DType::f32, Kernel::eager, 40, 1, 1});
+  for (const Case& k : sweep) {
+    const verify::FormsReport r = check(k, {1, 2, 4});
+    // Every registered form at every P, and the bitwise claim of every exact form at P = 1.
+    size_t exact = 0;
+    for (const Form* f : registered_forms()) exact += f->exact_at_one_rank();
+    EXPECT_EQ(r.cases.size(), 3 * registered_forms().size() + exact) << k.name();
+    expect_pass(k, r);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(DtypesKernels, FormsTest,
-                         ::testing::Combine(::testing::Values(DType::f32, DType::bf16),
-                                            ::testing::Values(Kernel::fused, Kernel::eager)),
-                         [](const auto& info) {
-                           return std::string(dtype_name(std::get<0>(info.param))) + "_" +
-                                  std::string(kernel_name(std::get<1>(info.param)));
-                         });
+// Once failed the old hand-picked rule (`laga verify --model small --seq 128 --sp 1,2,4,8`, bf16, fused:
+// laga's dx 6.25e-2 from explicit's while explicit's own error was 5.77e-2).
+TEST(Forms, SmallT128Bf16FusedPassesAtEveryP) {
+  const Case k{"small", DType::bf16, Kernel::fused, 128, 1, 1};
+  expect_pass(k, check(k, {1, 2, 4, 8}, {"laga"}));
+}
+
+TEST(Forms, LedgerHoldsExactlyTheDeclaredCollectives) {
+  // Per layer: the form's declared pairs plus the block's o / do, forward then backward, op and name.
+  for (const Form* f : registered_forms()) {
+    const Config c = Case{"tiny", DType::bf16, Kernel::fused, 32, 1, 1}.config().with([&](MlaConfig& m) {
+      m.form = std::string(f->name()), m.sp = 4;
+    });
+    std::vector<std::pair<CollectiveOp, std::string>> want_fwd{{CollectiveOp::all_to_all, "o"}},
+        want_bwd{{CollectiveOp::all_to_all, "do"}}, fwd, bwd;
+    for (const auto& d : f->collectives()) want_fwd.push_back({d.forward_op, d.forward}), want_bwd.push_back({d.backward_op, d.backward});
+    const PlannedComm plan = plan_comm(c);
+    bool backward = false;
+    for (const auto& r : plan.attention) {
+      backward = backward || r.tensor == "do";
+      (backward ? bwd : fwd).push_back({r.op, r.tensor});
+    }
+    for (auto* v : {&want_fwd, &want_bwd, &fwd, &bwd}) std::sort(v->begin(), v->end());
+    EXPECT_EQ(fwd, want_fwd) << f->name();
+    EXPECT_EQ(bwd, want_bwd) << f->name();
+  }
+}
+
+TEST(Forms, RegistryStartsWithTheBaselineAndNamesAreUnique) {
+  ASSERT_FALSE(registered_forms().empty());
+  EXPECT_EQ(registered_forms().front()->name(), kBaselineForm);
+  std::vector<std::string> names;
+  for (const Form* f : registered_forms()) names.emplace_back(f->name());
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(std::adjacent_find(names.begin(), names.end()), names.end());
+}
+
+TEST(Forms, FamilyAndRegimeNameOneVariant) {
+  EXPECT_EQ(resolve_form_label("absorbed", "shared"), "absorbed-shared");
+  EXPECT_EQ(resolve_form_label("absorbed", "expanded"), "absorbed-expanded");
+  EXPECT_EQ(resolve_form_label("absorbed-shared", "expanded"), "absorbed-shared");  // a full label wins
+  EXPECT_EQ(resolve_form_label("laga", "shared"), "laga");
+}
+
+TEST(Forms, UnknownFormIsAUsageErrorNamingTheRegisteredOnes) {
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.form = "implicit";
+  try {
+    (void)Config(c);
+    FAIL() << "expected a usage error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_status(), 2);
+    EXPECT_NE(e.message().find("unknown form 'implicit'; valid: " + form_names()), std::string::npos) << e.message();
+  }
+}
 
 TEST(Forms, SpThatDoesNotDivideHeadsIsAUsageError) {
-  MlaConfig c = config(Form::laga, 3, DType::f32, Kernel::fused, 24);
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.form = "laga", c.sp = 3, c.seq_len = 24;
   try {
     run_group(c, RunOptions{});
     FAIL() << "expected a usage error";

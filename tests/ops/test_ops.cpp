@@ -2,7 +2,7 @@
 // a plain float implementation of the same op measured in the same test.
 #include <gtest/gtest.h>
 
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 #include "laga/ops/linear.hpp"
 #include "laga/ops/rmsnorm.hpp"
 #include "laga/ops/rope.hpp"
@@ -103,7 +103,7 @@ TEST_P(OpsTest, RopeForwardAndBackwardMatchReferenceBothLayouts) {
     const int64_t T = 13, inner = 6, Dr = 16, pos0 = 4096 + 37;  // beyond YaRN's original length
     Tensor x = random_tensor({T, inner, Dr}, t, 7, "x");
     ref::Array xr = ref::from_tensor(x);
-    RopeParams p = rope_params(c);
+    RopeParams p = rope_params(c.rope(), c.dtype);
     p.x = x.raw(), p.T = T, p.inner = inner, p.t_stride = inner * Dr, p.inner_stride = Dr, p.pos0 = pos0;
     rope_forward(p);
     ref::Array y_ref = ref::rope_forward(xr, c, pos0);

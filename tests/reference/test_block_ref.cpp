@@ -11,7 +11,7 @@
 #include <cmath>
 #include <ostream>
 
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 #include "laga/core/random.hpp"
 #include "laga/mla/weights.hpp"
 #include "reference/attention_ref.hpp"

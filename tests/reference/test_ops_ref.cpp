@@ -13,7 +13,7 @@
 #include <functional>
 #include <numbers>
 
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 #include "laga/core/random.hpp"
 #include "reference/ops_ref.hpp"
 

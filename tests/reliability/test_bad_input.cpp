@@ -13,7 +13,7 @@
 #include <limits>
 #include <string>
 
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 #include "laga/core/error.hpp"
 #include "laga/core/tensor.hpp"
 #include "laga/io/safetensors.hpp"
@@ -85,16 +85,16 @@ TEST(Config, RejectsAFloatOrAnOutOfRangeNumberWhereAnIntegerBelongs) {
   for (const char* text : {"64.5", "64.0", "2e71", "18446744073709551615", "9223372036854775808"}) {
     nlohmann::json j = tiny_json();
     j["hidden_size"] = nlohmann::json::parse(text);
-    const std::string m = usage_error([&] { MlaConfig::from_json(j); });
+    const std::string m = usage_error([&] { (void)Config(MlaConfig::from_json(j)); });
     EXPECT_NE(m.find("hidden_size"), std::string::npos) << text << ": " << m;
     EXPECT_NE(m.find("not an integer"), std::string::npos) << text << ": " << m;
   }
   nlohmann::json j = tiny_json();
   j["rope_scaling"]["original_max_position_embeddings"] = 4096.5;
-  EXPECT_NE(usage_error([&] { MlaConfig::from_json(j); }).find("original_max_position_embeddings"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("original_max_position_embeddings"), std::string::npos);
   j = tiny_json();
   j["num_layers"] = 1e300;
-  EXPECT_NE(usage_error([&] { MlaConfig::from_json(j); }).find("num_layers"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("num_layers"), std::string::npos);
 }
 
 // Found reviewing fuzz_config's oracle (finite, positive derived quantities): a RoPE scaling that
@@ -102,16 +102,16 @@ TEST(Config, RejectsAFloatOrAnOutOfRangeNumberWhereAnIntegerBelongs) {
 TEST(Config, RejectsRopeScalingThatMakesTheSoftmaxScaleOrAttentionFactorUnusable) {
   nlohmann::json j = tiny_json();
   j["rope_scaling"]["mscale_all_dim"] = 1e300;
-  EXPECT_NE(usage_error([&] { MlaConfig::from_json(j); }).find("softmax scale"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("softmax scale"), std::string::npos);
   j = tiny_json();
   j["rope_scaling"]["mscale"] = -1e300;
-  EXPECT_NE(usage_error([&] { MlaConfig::from_json(j); }).find("RoPE attention factor"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("RoPE attention factor"), std::string::npos);
   MlaConfig c = MlaConfig::preset("tiny");
   c.rope_theta = std::numeric_limits<double>::infinity();
-  EXPECT_NE(usage_error([&] { c.validate(); }).find("rope_theta = inf must be a finite number"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(c); }).find("rope_theta = inf must be a finite number"), std::string::npos);
   c = MlaConfig::preset("tiny");
   c.rope_scaling.beta_fast = std::nan("");
-  EXPECT_NE(usage_error([&] { c.validate(); }).find("beta_fast"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(c); }).find("beta_fast"), std::string::npos);
 }
 
 // Found reviewing fuzz_config's oracle: a dimension of 2^62 validated, then rope_inv_freq asked for a
@@ -119,14 +119,14 @@ TEST(Config, RejectsRopeScalingThatMakesTheSoftmaxScaleOrAttentionFactorUnusable
 TEST(Config, RejectsSizesThatCannotBeAddressed) {
   MlaConfig c = MlaConfig::preset("tiny");
   c.qk_rope_head_dim = int64_t(1) << 62;
-  EXPECT_NE(usage_error([&] { c.validate(); }).find("qk_rope_head_dim = 4611686018427387904 exceeds"),
+  EXPECT_NE(usage_error([&] { (void)Config(c); }).find("qk_rope_head_dim = 4611686018427387904 exceeds"),
             std::string::npos);
   c = MlaConfig::preset("tiny");
   c.seq_len = int64_t(1) << 40;
-  EXPECT_NE(usage_error([&] { c.validate(); }).find("too large to address"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(c); }).find("too large to address"), std::string::npos);
   c = MlaConfig::preset("deepseek-v3");
   c.num_layers = int64_t(1) << 40;
-  EXPECT_NE(usage_error([&] { c.validate(); }).find("over all layers"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(c); }).find("over all layers"), std::string::npos);
 }
 
 // The new limits leave every real configuration alone: each preset at long sequences, every P that
@@ -147,7 +147,7 @@ TEST(Config, PresetsStillValidateAtLongSequencesAndManyLayers) {
 TEST(Config, SuggestsDivisorsOfAHugeSequenceWithoutSearchingToIt) {
   MlaConfig c = MlaConfig::preset("tiny");
   c.seq_len = 13333333333333333, c.sp = 4;
-  const std::string m = usage_error([&] { c.validate(); });
+  const std::string m = usage_error([&] { (void)Config(c); });
   EXPECT_NE(m.find("--sp 4 does not divide --seq 13333333333333333; try 1, 89, 1447, 1553, 128783, 138217, "
                    "13333333333333333"),
             std::string::npos)

@@ -94,7 +94,7 @@ run_case lite "model=deepseek-v2-lite q_lora_rank=0 seq_len=8 dtype=fp32" \
   --model deepseek-v2-lite --seq 8 --sp 1 --form explicit --layers 1 --dtype fp32
 # The other forms and rank counts compute the same block; their dumps are whole tensors.
 run_case laga_sp2 "form=laga sp=2" --model tiny --seq 16 --sp 2 --form laga --layers 2 --dtype fp32 --batch 2
-run_case absorbed_sp2 "form=absorbed sp=2" --model tiny --seq 16 --sp 2 --form absorbed --layers 2 --dtype fp32
+run_case absorbed_sp2 "form=absorbed-expanded sp=2" --model tiny --seq 16 --sp 2 --form absorbed --layers 2 --dtype fp32
 
 # Rotate-half RoPE.
 run_case rotate_half "rope_interleaved=false" $TINY --dtype fp32 --batch 2 --rope-layout rotate-half

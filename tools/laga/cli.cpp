@@ -29,26 +29,38 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   }
 }
 
-MlaConfig build_config(const CommonFlags& f) {
+Config build_config(const CommonFlags& f) {
   MlaConfig c = MlaConfig::preset(f.model);
   if (!f.config_path.empty()) {
     std::ifstream in(f.config_path);
     LAGA_CHECK(in.good(), "--config {}: cannot open ({}); give a readable JSON file", f.config_path, std::strerror(errno));
     nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     LAGA_CHECK(!j.is_discarded(), "--config {}: not valid JSON", f.config_path);
-    c = MlaConfig::from_json(j, /*validate=*/false);
+    c = MlaConfig::from_json(j);
   }
   c.seq_len = f.seq, c.sp = f.sp, c.batch = f.batch, c.num_layers = f.layers;
-  c.form = parse_form(f.form);
+  c.form = form_label(f.form, f.absorbed_kv);
   c.kernel = parse_kernel(f.kernel);
-  c.absorbed_kv = parse_absorbed_kv(f.absorbed_kv);
   c.dtype = parse_dtype(f.dtype);
   if (f.rope_layout == "interleaved") c.rope_interleaved = true;
   else if (f.rope_layout == "rotate-half") c.rope_interleaved = false;
   else LAGA_FAIL_USAGE("unknown --rope-layout '{}'; valid: interleaved, rotate-half", f.rope_layout);
   LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s), "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
-  c.validate();
-  return c;
+  return Config(std::move(c));
+}
+
+std::string form_label(const std::string& form, const std::string& absorbed_kv) {
+  // --absorbed-kv names a regime of the absorbed family, whatever --form is.
+  bool known = false;
+  std::string regimes;
+  for (const Form* f : registered_forms())
+    if (f->family() == "absorbed") {
+      const std::string regime(f->name().substr(f->family().size() + 1));
+      known = known || regime == absorbed_kv;
+      regimes += (regimes.empty() ? "" : ", ") + regime;
+    }
+  LAGA_CHECK(known, "unknown absorbed-kv regime '{}'; valid: {}", absorbed_kv, regimes);
+  return resolve_form_label(form, absorbed_kv);
 }
 
 std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag) {
@@ -117,17 +129,6 @@ nlohmann::json rank_json(const RankResult& r, const PlannedMemory& plan) {
           {"fwd_s", r.forward_s},
           {"bwd_s", r.backward_s},
           {"time_s", r.forward_s + r.backward_s}};
-}
-
-bool use_mpi(const std::string& comm) {
-  if (comm == "auto") return under_mpi();
-  if (comm == "mpi") {
-    LAGA_CHECK(under_mpi(), "--comm mpi needs the ranks started by mpirun, e.g. mpirun -np 4 laga run ... --sp 4; "
-               "or use --comm threads");
-    return true;
-  }
-  if (comm == "threads") return false;
-  LAGA_FAIL_USAGE("unknown --comm '{}'; valid: auto, threads, mpi", comm);
 }
 
 std::vector<nlohmann::json> gather_json(Communicator& comm, const nlohmann::json& mine) {

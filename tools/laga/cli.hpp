@@ -13,9 +13,10 @@
 #include <vector>
 
 #include "laga/comm/communicator.hpp"
-#include "laga/core/config.hpp"
-#include "laga/mla/planner.hpp"
-#include "laga/mla/run.hpp"
+#include "laga/mla/config.hpp"
+#include "laga/driver/plan.hpp"
+#include "laga/mla/form.hpp"
+#include "laga/driver/run.hpp"
 
 namespace laga::cli {
 
@@ -32,7 +33,10 @@ struct CommonFlags {
 // --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --rope-layout --json --seed;
 // with_comm adds --comm and --timeout.
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
-MlaConfig build_config(const CommonFlags& f);
+Config build_config(const CommonFlags& f);
+// The registered form label of --form (and, for a family with variants, --absorbed-kv); usage error
+// naming the valid spellings.
+std::string form_label(const std::string& form, const std::string& absorbed_kv);
 
 // Opens (so checks) an output file before any work; null when path is empty.
 std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag);
@@ -47,10 +51,6 @@ void check_mem_limit(const PlannedMemory& plan, int64_t ranks, int64_t limit_byt
 // MPI ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE), 1 when unknown.
 int64_t local_ranks();
 nlohmann::json collectives_json(const std::vector<CollectiveRecord>& records);
-
-// True when the run should use MPI: --comm mpi, or --comm auto under mpirun. Usage error for
-// --comm mpi without mpirun, or --comm threads under mpirun with more than one process.
-bool use_mpi(const std::string& comm);
 
 // Every rank's JSON on every rank, in rank order (variable-length all-gather).
 std::vector<nlohmann::json> gather_json(Communicator& comm, const nlohmann::json& mine);

@@ -8,29 +8,43 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "laga/core/error.hpp"
-#include "laga/mla/train.hpp"
+#include "laga/driver/launch.hpp"
+#include "laga/driver/train.hpp"
 
 namespace laga::cli {
 
 int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr) {
-  MlaConfig base = build_config(f);
-  auto json_out = open_output(f.json_path, "--json");
-  LAGA_CHECK(!use_mpi(f.comm), "laga train runs its ranks in-process; run it without mpirun");
+  const Config base_cfg = build_config(f);
+  const MlaConfig& base = *base_cfg;
+  auto json_out = is_root_process() ? open_output(f.json_path, "--json") : nullptr;
   TrainOptions opt;
   opt.steps = steps, opt.lr = lr, opt.seed = f.seed;
+  std::vector<Config> configs;
+  for (const auto& name : forms)
+    configs.push_back(base_cfg.with([&](MlaConfig& m) { m.form = form_label(name, f.absorbed_kv); }));
+  std::vector<TrainResult> results(configs.size());
+  std::string backend;
+  const bool root = launch(launch_kind(f.comm), [&](Launcher& launcher) {
+    backend = launcher.backend();
+    for (size_t i = 0; i < configs.size(); ++i)
+      launcher.run(int(base.sp), [&](Communicator& comm) {
+        TrainResult r = train_rank(configs[i], opt, comm);
+        if (comm.rank() == 0) results[i] = std::move(r);
+      }, f.timeout_s);
+  });
+  if (!root) return 0;
   // Agreement between forms: relative difference of each loss from explicit's.
   const double tol = base.dtype == DType::f32 ? 1e-3 : 5e-2;
   nlohmann::json runs = nlohmann::json::array();
   std::vector<double> reference;
   bool pass = true;
-  fmt::print("laga train: model {} T {} B {} P {} L {} kernel {} dtype {} steps {} lr {:g}\n", base.model, base.seq_len,
-             base.batch, base.sp, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype), steps, lr);
+  fmt::print("laga train: model {} T {} B {} P {} ({}) L {} kernel {} dtype {} steps {} lr {:g}\n", base.model,
+             base.seq_len, base.batch, base.sp, backend, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype), steps, lr);
   fmt::print("# {:<18} {:>12} {:>12} {:>12} {:>16} {:>9}\n", "form", "loss[0]", "loss[mid]", "loss[last]",
              "max rel vs 1st", "seconds");
-  for (const auto& name : forms) {
-    MlaConfig c = base;
-    c.form = parse_form(name);
-    TrainResult r = train_group(c, opt, f.timeout_s);
+  for (size_t i = 0; i < configs.size(); ++i) {
+    const Config& c = configs[i];
+    const TrainResult& r = results[i];
     double max_rel = 0;
     if (reference.empty()) reference = r.losses;
     for (size_t i = 0; i < r.losses.size(); ++i)
@@ -38,11 +52,11 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
     bool decreased = r.losses.back() < 0.5 * r.losses.front();
     bool agrees = max_rel <= tol;
     pass = pass && decreased && agrees;
-    std::string label = std::string(name) + (c.form == Form::absorbed ? "-" + std::string(absorbed_kv_name(c.absorbed_kv)) : "");
+    const std::string& label = c->form;
     fmt::print("  {:<18} {:>12.5e} {:>12.5e} {:>12.5e} {:>16.3e} {:>9.2f}{}{}\n", label, r.losses.front(),
                r.losses[r.losses.size() / 2], r.losses.back(), max_rel, r.seconds,
                decreased ? "" : "  FAIL: loss did not halve", agrees ? "" : "  FAIL: differs from the first form");
-    runs.push_back({{"form", name}, {"losses", r.losses}, {"seconds", r.seconds}, {"max_rel_vs_first", max_rel},
+    runs.push_back({{"form", find_form(label).family()}, {"variant", label}, {"losses", r.losses}, {"seconds", r.seconds}, {"max_rel_vs_first", max_rel},
                     {"decreased", decreased}});
   }
   fmt::print("train: {} (curves agree within {:g} relative; loss must halve)\n", pass ? "pass" : "FAIL", tol);

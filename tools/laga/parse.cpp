@@ -9,6 +9,7 @@
 #include "laga/core/bytes.hpp"
 #include "laga/core/error.hpp"
 #include "laga/core/fault.hpp"
+#include "laga/driver/launch.hpp"
 
 namespace laga::cli {
 
@@ -32,7 +33,8 @@ std::optional<int> parse_args(int argc, const char* const* argv, Invocation& inv
   auto* run = app.add_subcommand("run", "one forward + backward of the block stack on P ranks, measured");
   add_common(run, flags, true);
   run->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
-  run->add_option("--form", flags.form, "explicit, absorbed, laga")->capture_default_str();
+  run->add_option("--form", flags.form, "a registered form (" + form_names() + "), or absorbed with --absorbed-kv")
+      ->capture_default_str();
   run->add_option("--dump", inv.dump_dir, "write config.json and tensors.safetensors (whole tensors, gathered to rank 0)");
   run->add_option("--weights", inv.weights, "load weights from a laga dump or a Hugging Face DeepSeek shard (.safetensors)");
   run->add_option("--inject-fault", inv.fault, "testing: RANK:PLACE makes that rank fail in forward or backward");
@@ -91,11 +93,12 @@ void check_invocation(const Invocation& inv) {
   if (!inv.mem_limit.empty()) parse_bytes(inv.mem_limit);
   if (inv.command == "run") {
     if (!inv.fault.empty()) set_injected_fault(inv.fault);
-    MlaConfig c = build_config(f);
+    const Config c = build_config(f);
     if (inv.stand_in >= 0) {
-      LAGA_CHECK(inv.stand_in < c.sp, "--stand-in {} is not a rank of --sp {}; try 0 .. {}", inv.stand_in, c.sp, c.sp - 1);
+      LAGA_CHECK(inv.stand_in < c->sp, "--stand-in {} is not a rank of --sp {}; try 0 .. {}", inv.stand_in, c->sp, c->sp - 1);
       LAGA_CHECK(inv.dump_dir.empty(), "--stand-in makes up the other ranks' data, so it cannot --dump; drop one of them");
-      LAGA_CHECK(!use_mpi(f.comm), "--stand-in runs one rank in this process; run it without mpirun");
+      LAGA_CHECK(launch_kind(f.comm) != LaunchKind::mpi, "--stand-in runs one rank in this process; run it without "
+                 "mpirun");
     }
   } else if (inv.command == "plan") {
     LAGA_CHECK(inv.sweep || f.seq > 0, "laga plan needs --seq T (or --sweep)");
@@ -103,15 +106,11 @@ void check_invocation(const Invocation& inv) {
     if (inv.sweep && g.seq == 0) g.seq = 4096;
     build_config(g);
   } else if (inv.command == "verify") {
-    MlaConfig base = build_config(f);
-    for (int64_t P : inv.sps) {
-      MlaConfig c = base;
-      c.sp = P;
-      c.validate();
-    }
+    const Config base = build_config(f);
+    for (int64_t P : inv.sps) base.with([&](MlaConfig& c) { c.sp = P; });
   } else if (inv.command == "bench") {
     LAGA_CHECK(inv.iters >= 1, "--iters {} must be at least 1", inv.iters);
-    LAGA_CHECK(!inv.forms.empty(), "--forms is empty; valid: explicit, absorbed, laga");
+    LAGA_CHECK(!inv.forms.empty(), "--forms is empty; valid: {}", form_names());
     for (int64_t T : inv.seqs)
       for (const auto& name : inv.forms) {
         CommonFlags g = f;
@@ -120,13 +119,13 @@ void check_invocation(const Invocation& inv) {
       }
   } else if (inv.command == "train") {
     build_config(f);
-    for (const auto& name : inv.forms) parse_form(name);
+    for (const auto& name : inv.forms) form_label(name, f.absorbed_kv);
     LAGA_CHECK(inv.steps >= 2, "--steps {} must be at least 2 (a decrease needs two losses)", inv.steps);
     LAGA_CHECK(inv.lr > 0 && std::isfinite(inv.lr), "--lr {} must be a positive number, e.g. 1e-3", inv.lr);
   } else {
     LAGA_ASSERT(false, "laga {} parsed but has no checks", inv.command);
   }
-  use_mpi(f.comm);  // an unknown --comm, or --comm mpi without mpirun
+  launch_kind(f.comm);  // an unknown --comm, or --comm mpi without mpirun
 }
 
 int parse_only(int argc, const char* const* argv, std::ostream* err) {

@@ -22,11 +22,22 @@
 //   all_reduce     = reduce_scatter over chunks of c = ⌈n/P⌉ elements (the input zero-padded to
 //                    P·c in scratch when P does not divide n) followed by an all_gather of the sums.
 //
+// Every collective also has a non-blocking form (*_start, then wait or test), with the semantics of
+// MPI-3's non-blocking collectives: every rank issues its collectives in the same order; several may
+// be in flight at once; the caller keeps the buffers alive and untouched until wait; handles may be
+// waited in any order. The blocking calls are start + wait. The ledger keeps records in issue order
+// and times each one: issued_s and completed_s (seconds since the ledger's epoch, steady clock),
+// seconds = completed_s − issued_s, and wait_s = the time the caller was blocked for it (inside the
+// start call and the wait/test calls on its handle). Exposed communication = wait_s; hidden =
+// seconds − wait_s.
+//
 // A rank that fails calls abort() (the launchers do it for an escaping exception): every other rank
 // leaves its current or next collective with an error instead of waiting forever.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
@@ -44,23 +55,34 @@ struct CollectiveRecord {
   CollectiveOp op;
   std::string tensor;  // what moved, e.g. "q", "latent", "dlatent", "grad_sync"
   DType dtype;
-  double seconds = 0;
+  double seconds = 0;  // completed_s − issued_s
   int64_t tensor_bytes = 0;
   int64_t wire_bytes = 0;
+  double issued_s = 0;     // when this rank issued it, seconds since the ledger's epoch
+  double completed_s = 0;  // when this rank observed its completion (in wait or test); 0 while in flight
+  double wait_s = 0;       // time the caller was blocked for it: exposed; seconds − wait_s was hidden
 };
 
 class Ledger {
  public:
+  Ledger() : epoch_(std::chrono::steady_clock::now()) {}
   void add(CollectiveRecord r) { records_.push_back(std::move(r)); }
   const std::vector<CollectiveRecord>& records() const { return records_; }
-  void clear() { records_.clear(); }
+  // Drops the records and restarts the epoch. Collectives in flight are not filled in afterwards.
+  void clear();
+  // Seconds since the epoch (construction or the last clear()).
+  double now() const;
   // Totals over records that pass the filter (all when null).
   int64_t tensor_bytes(const std::function<bool(const CollectiveRecord&)>& filter = nullptr) const;
   int64_t wire_bytes(const std::function<bool(const CollectiveRecord&)>& filter = nullptr) const;
   double seconds(const std::function<bool(const CollectiveRecord&)>& filter = nullptr) const;
+  double wait_seconds(const std::function<bool(const CollectiveRecord&)>& filter = nullptr) const;
 
  private:
+  friend class Communicator;
   std::vector<CollectiveRecord> records_;
+  std::chrono::steady_clock::time_point epoch_;
+  uint64_t generation_ = 0;  // bumped by clear(): a record index from before it is stale
 };
 
 class Communicator;
@@ -68,12 +90,40 @@ class Communicator;
 // hash and the length; only those travel). Not recorded in the ledger: it is not attention traffic.
 void check_same_everywhere(Communicator& c, const std::string& what, const std::string& value);
 
+namespace detail {
+struct PendingCollective;  // communicator.cpp
+}
+
+// A collective in flight, returned by the *_start calls. Move-only; default-constructed = empty;
+// Communicator::wait empties it. Destroyed while not empty it waits (it never throws: if the wait
+// fails, or the destructor runs during stack unwinding, it aborts the group first and swallows the
+// error, so no peer keeps waiting and no peer still reads a buffer about to be freed).
+class CollectiveHandle {
+ public:
+  CollectiveHandle();
+  CollectiveHandle(CollectiveHandle&& o) noexcept;
+  CollectiveHandle& operator=(CollectiveHandle&& o) noexcept;  // settles the current one as the destructor does
+  CollectiveHandle(const CollectiveHandle&) = delete;
+  CollectiveHandle& operator=(const CollectiveHandle&) = delete;
+  ~CollectiveHandle();
+  bool empty() const { return p_ == nullptr; }
+
+ private:
+  friend class Communicator;
+  void settle() noexcept;
+  std::unique_ptr<detail::PendingCollective> p_;
+};
+
 class Communicator {
  public:
-  virtual ~Communicator() = default;
+  Communicator();
+  virtual ~Communicator();
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual std::string backend() const = 0;  // "threads" or "mpi"
+  virtual std::string backend() const = 0;  // "threads", "mpi", "stand-in" or "meta"
+  // False for a communicator that only plans (MetaCommunicator): the collectives are checked and
+  // recorded but read and write no memory, so buffers may be null.
+  virtual bool moves_data() const { return true; }
 
   // out [P · n] = concat over ranks r of in_r [n]  (n elements of dtype; chunk r from rank r).
   // in may be out + rank · n (in place); otherwise in and out must not overlap.
@@ -89,6 +139,25 @@ class Communicator {
   void broadcast(void* buf, int64_t bytes, int root, const std::string& tensor);
   void barrier();
 
+  // The same collectives, non-blocking: the results (bitwise) and the records are those of the
+  // blocking calls. in/out/buf must stay alive and untouched until wait() on the handle returns
+  // (or test() returned true). reduce_scatter's sum is formed when this rank observes completion;
+  // all_reduce's second phase (the all_gather of the sums) is issued by whichever wait or test on
+  // this communicator first finds its first phase complete, in the all_reduces' issue order.
+  CollectiveHandle all_gather_start(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor);
+  CollectiveHandle reduce_scatter_start(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor);
+  CollectiveHandle all_to_all_start(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor);
+  CollectiveHandle all_reduce_start(void* buf, int64_t n, DType dtype, const std::string& tensor);
+  CollectiveHandle broadcast_start(void* buf, int64_t bytes, int root, const std::string& tensor);
+  CollectiveHandle barrier_start();
+  // Blocks until h's collective is done (bounded by the timeout); then its buffers may be reused and
+  // h is empty. Every wait also makes progress on this rank's other collectives in flight, so ranks
+  // waiting on different handles do not deadlock. An empty h returns at once.
+  void wait(CollectiveHandle& h);
+  // Non-blocking progress; true when h's collective is done (then wait(h) returns at once). True for
+  // an empty h.
+  bool test(CollectiveHandle& h);
+
   // Brings the group down: every rank's pending and future collectives throw (threads), or the job
   // ends (MPI_Abort). Never returns an error.
   virtual void abort(const std::string& reason) = 0;
@@ -99,26 +168,69 @@ class Communicator {
   Ledger& ledger() { return ledger_; }
 
  protected:
-  // Backends implement raw byte movement; the public calls above time and record them. Every rank
-  // passes the same byte counts (and root). do_all_gather may get in == out + rank · bytes.
-  virtual void do_all_gather(const void* in, void* out, int64_t bytes) = 0;
-  virtual void do_all_to_all(const void* in, void* out, int64_t bytes_per_peer) = 0;
-  virtual void do_broadcast(void* buf, int64_t bytes, int root) = 0;
-  virtual void do_barrier() = 0;
-  // The user-level collective being run, for error messages: "all_gather of 'latent'".
-  const std::string& current_collective() const { return current_; }
+  // Backends implement raw, non-blocking byte movement; the public calls above check, time, record
+  // and reduce. Every rank issues the same raw operations in the same order per lane, with the same
+  // kind, byte count and root. Lane 1 carries only the second phase of all_reduce (issued later than
+  // its first phase, at a time that differs between ranks, so it needs its own ordering).
+  enum class RawKind { all_gather, all_to_all, broadcast, barrier };
+  struct RawOp {
+    RawKind kind;
+    const void* send;  // all_gather: may be recv + rank · bytes (in place); broadcast: the buffer
+    void* recv;
+    int64_t bytes;  // all_gather, broadcast: per rank; all_to_all: per peer
+    int root;
+    int lane;
+    const std::string& what;  // the user-level collective, for messages: "all_gather of 'latent'"
+  };
+  struct RawRequest {
+    virtual ~RawRequest() = default;
+    std::string what;
+  };
+  // Issues op; nullptr when it is already complete. Throws if the group is aborted.
+  virtual std::unique_ptr<RawRequest> start_raw(const RawOp& op) = 0;
+  // Non-blocking: does this rank's share of the work that is possible now (for any raw operation in
+  // flight); true when r is complete on this rank, i.e. its output is written and its input is no
+  // longer read by anyone. Throws when the group is aborted or the ranks disagree on r.
+  virtual bool test_raw(RawRequest& r) = 0;
+  // Blocks until r is complete (only used with no timeout and nothing else to drive). By default
+  // test_raw and idle in turn.
+  virtual void block_raw(RawRequest& r);
+  // Waits a little for something to change (polls: calls so far in this wait; at most max_s seconds
+  // when max_s > 0).
+  virtual void idle(int polls, double max_s) = 0;
+  // r waited longer than the timeout: fail naming it, this rank and what is known of the others.
+  [[noreturn]] virtual void timed_out(RawRequest& r) = 0;
+  // The communicator of this group's first P ranks (see first_ranks); called with 1 ≤ P ≤ size().
+  virtual std::unique_ptr<Communicator> first_ranks_of(int P);
   double timeout_s_ = 0;
 
  private:
   friend void check_same_everywhere(Communicator& c, const std::string& what, const std::string& value);
-  class Naming;  // sets current_ for the duration of one collective
-  void reduce_scatter_raw(const void* in, void* out, int64_t n, DType dtype);
-  void record(CollectiveOp op, const std::string& tensor, DType dtype, double seconds, int64_t tensor_bytes,
-              int64_t wire_bytes);
+  friend std::unique_ptr<Communicator> first_ranks(Communicator& world, int P);
+  friend class CollectiveHandle;
+  friend struct detail::PendingCollective;
+  using Pending = detail::PendingCollective;
+  CollectiveHandle issue(std::unique_ptr<Pending> p, const RawOp& op, int64_t tensor_bytes, int64_t wire_bytes);
+  void advance_queue();
+  bool step(Pending& p);
+  void drive(Pending& p);
+  void complete(Pending& p);
+  void forget(Pending* p);
 
   Ledger ledger_;
-  std::string current_;
+  // all_reduces whose first phase is in flight, in issue order: their second phases are issued in
+  // this order on every rank.
+  std::deque<Pending*> queue_;
 };
+
+// The communicator of world ranks 0 .. P−1, for running a P-rank group inside a larger world (e.g.
+// `laga verify --sp 1,2,4,8` under `mpirun -np 8`). Collective over the world: every world rank
+// calls it, with no collective of the world in flight. Returns the group on ranks 0 .. P−1 (rank r
+// of the world is rank r of the group; it starts with the world's timeout and an empty ledger) and
+// nullptr on the others. Usage error (exit 2) when P is not in 1 .. world size. MPI: MPI_Comm_split;
+// stand-in and meta: a communicator of P ranks; threads: a usage error (ranks are threads of one
+// process: start a new group with run_threads(P, ...) instead).
+std::unique_ptr<Communicator> first_ranks(Communicator& world, int P);
 
 // Runs fn on P ranks as threads of this process, each with its own OpenMP
 // thread count max(1, cores / P). If a rank throws, the group is aborted, every rank is joined, and
@@ -132,8 +244,8 @@ bool under_mpi();
 // Runs fn on this MPI process's rank of MPI_COMM_WORLD (MPI_Init_thread/Finalize around it), with
 // max(1, cores / ranks on this node) OpenMP threads. An escaping exception prints
 // "laga: rank R on HOST: <what>" and calls MPI_Abort with the error's exit status (2 usage,
-// 1 failure or any other exception, 3 internal), so no rank hangs. timeout_s > 0 runs collectives
-// non-blocking and fails one that waits longer. Returns 0 (after MPI_Finalize) for main() to return.
+// 1 failure or any other exception, 3 internal), so no rank hangs. timeout_s > 0 fails a collective
+// that waits longer. Returns 0 (after MPI_Finalize) for main() to return.
 // Once per process: MPI cannot be initialised twice.
 int run_mpi(const std::function<void(Communicator&)>& fn, double timeout_s = 0);
 

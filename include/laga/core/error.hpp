@@ -32,6 +32,9 @@ class Error : public std::runtime_error {
   std::string message_;
 };
 
+// Divisors of n, for "try ..." suggestions: the first 12, smallest first, from those up to 2^20 and n.
+std::string divisors_str(int64_t n);
+
 }  // namespace laga
 
 // Bad input or configuration at an API or CLI boundary.

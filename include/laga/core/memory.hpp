@@ -5,6 +5,12 @@
 //
 // Each rank has its own tracker. A thread uses the tracker installed by the innermost
 // TrackerScope, or the process-wide default one. Trackers must outlive the tensors they allocated.
+//
+// A meta tracker (PyTorch's meta device) counts exactly as a real one but allocates no storage: each
+// allocation gets a distinct address in an unmapped range, never dereferenced, so that pointer
+// arithmetic and overlap checks behave as on real buffers. Every kernel returns after its own
+// allocations when the current tracker is meta (meta_mode()), so running the real forward and
+// backward under a meta tracker plans their memory without computing anything.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +22,8 @@ namespace laga {
 
 class MemoryTracker {
  public:
+  explicit MemoryTracker(bool meta = false) : meta_(meta) {}
+  bool meta() const { return meta_; }
   void* allocate(int64_t bytes, const std::string& tag);
   void release(void* ptr, int64_t bytes, const std::string& tag);
 
@@ -27,6 +35,8 @@ class MemoryTracker {
   void reset_peak();                         // peak := live now
 
  private:
+  const bool meta_;
+  int64_t next_meta_address_ = int64_t(1) << 48;  // the meta range: above any heap, far below 2^63
   mutable std::mutex mutex_;
   int64_t live_ = 0, peak_ = 0, allocations_ = 0;
   std::map<std::string, int64_t> live_by_tag_, peak_by_tag_;
@@ -34,6 +44,8 @@ class MemoryTracker {
 
 MemoryTracker& default_tracker();
 MemoryTracker& current_tracker();
+// True when this thread's current tracker is meta: kernels allocate, then skip their compute.
+inline bool meta_mode() { return current_tracker().meta(); }
 
 // Installs a tracker for this thread until the scope ends.
 class TrackerScope {

@@ -33,6 +33,7 @@ class Storage {
   void* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
   const std::string& tag() const { return tag_; }
+  bool meta() const { return tracker_->meta(); }
 
  private:
   void* data_;
@@ -52,6 +53,8 @@ class Tensor {
   static Tensor from_floats(const Shape& shape, DType dtype, const std::vector<float>& values, const std::string& tag);
 
   bool defined() const { return storage_ != nullptr; }
+  // Made by a meta tracker: sized and tracked, no storage (see memory.hpp). Data access is an error.
+  bool is_meta() const { return storage_ && storage_->meta(); }
   const Shape& shape() const { return shape_; }
   int64_t dim(int i) const;  // negative counts from the end
   int rank() const { return int(shape_.size()); }

@@ -16,7 +16,7 @@
 #include <string>
 #include <string_view>
 
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 #include "laga/core/tensor.hpp"
 #include "laga/mla/weights.hpp"
 
@@ -34,7 +34,7 @@ std::string checkpoint_name(WeightNaming naming, int64_t layer, const std::strin
 // model.safetensors.index.json or model.safetensors. The naming is detected from layer 0 (laga's
 // wins when a file has both); other tensors in the file are ignored. Usage error naming the file,
 // the tensor, its shape and the expected one when a tensor is missing or mis-shaped.
-Weights load_weights(const std::string& path, const MlaConfig& c);
+Weights load_weights(const std::string& path, const Config& c);
 
 // Writes w (each tensor in its own dtype) under the given naming.
 void write_weights(const std::string& path, const MlaConfig& c, const Weights& w,

@@ -1,10 +1,11 @@
 // FLOPs of the block stack, whole sequence, all ranks together (DESIGN §4): projections counted
 // exactly (2 per multiply-add), attention by FlashAttention-3's convention with causal
-// avg_kv = (T+1)/2 and backward = 2.5× forward; the absorbed core executes (Dl + Lkv) per score
-// instead of (Dqk + Dv). Elementwise work (norms, RoPE, softmax) is not counted.
+// avg_kv = (T+1)/2 and backward = 2.5× forward, for the attention each form executes (Form::
+// attention_forward_flops: the absorbed core scores over Dl and sums values of Lkv, the others Dqk and
+// Dv). Elementwise work (norms, RoPE, softmax) is not counted.
 #pragma once
 
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 
 namespace laga {
 

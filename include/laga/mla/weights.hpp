@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 #include "laga/core/tensor.hpp"
 
 namespace laga {

@@ -20,13 +20,17 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "laga/core/config.hpp"
 #include "laga/core/dtype.hpp"
 #include "laga/core/tensor.hpp"
 
 namespace laga {
+
+enum class Kernel { eager, fused };
+std::string_view kernel_name(Kernel k);  // "eager", "fused"
+Kernel parse_kernel(std::string_view s);  // usage error naming the valid kernels
 
 struct AttentionStrides {
   int64_t t = 0, b = 0, h = 0;  // in elements

@@ -8,10 +8,30 @@
 #include <cstdint>
 #include <vector>
 
-#include "laga/core/config.hpp"
 #include "laga/core/dtype.hpp"
 
 namespace laga {
+
+// Hugging Face's rope_scaling of type "yarn" (DeepSeek-V2/V3), always applied when enabled.
+struct RopeScaling {
+  bool enabled = true;  // false: plain RoPE, and a softmax scale of Dqk^-0.5
+  double factor = 40;
+  int64_t original_max_position_embeddings = 4096;
+  double beta_fast = 32, beta_slow = 1;
+  double mscale = 1, mscale_all_dim = 1;
+};
+
+// Everything RoPE needs from a model: the rotated width, theta, the pair layout and the scaling.
+struct RopeSpec {
+  int64_t Dr = 0;
+  double theta = 10000;
+  bool interleaved = true;
+  RopeScaling scaling;
+};
+
+double yarn_mscale(double factor, double m);             // 0.1 · m · ln(factor) + 1, or 1 if factor ≤ 1
+std::vector<double> rope_inv_freq(const RopeSpec& s);    // [Dr/2], YaRN-corrected (docs/design.md §1.1)
+double rope_attention_factor(const RopeSpec& s);         // yarn_mscale(f, m) / yarn_mscale(f, ma)
 
 struct RopeParams {
   int64_t T = 0, inner = 0, Dr = 0;
@@ -24,8 +44,8 @@ struct RopeParams {
   double attention_factor = 1.0;
 };
 
-// Params for this config (frequencies, layout, factor); the caller sets the buffer fields.
-RopeParams rope_params(const MlaConfig& c);
+// Params for this spec (frequencies, layout, factor) and dtype; the caller sets the buffer fields.
+RopeParams rope_params(const RopeSpec& s, DType dtype);
 
 void rope_forward(const RopeParams& p);
 void rope_backward(const RopeParams& p);

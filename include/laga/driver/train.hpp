@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "laga/comm/communicator.hpp"
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 
 namespace laga {
 
@@ -23,8 +23,8 @@ struct TrainResult {
 };
 
 // Runs on every rank of comm (config.sp ranks); every rank returns the same losses.
-TrainResult train_rank(const MlaConfig& c, const TrainOptions& opt, Communicator& comm);
+TrainResult train_rank(const Config& c, const TrainOptions& opt, Communicator& comm);
 // Every rank as a thread.
-TrainResult train_group(const MlaConfig& c, const TrainOptions& opt, double timeout_s = 0);
+TrainResult train_group(const Config& c, const TrainOptions& opt, double timeout_s = 0);
 
 }  // namespace laga

@@ -1,4 +1,4 @@
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -9,36 +9,9 @@
 #include <optional>
 
 #include "laga/core/error.hpp"
+#include "laga/mla/form.hpp"
 
 namespace laga {
-
-std::string_view form_name(Form f) {
-  switch (f) {
-    case Form::explicit_form: return "explicit";
-    case Form::absorbed: return "absorbed";
-    case Form::laga: return "laga";
-  }
-  return "?";
-}
-std::string_view kernel_name(Kernel k) { return k == Kernel::eager ? "eager" : "fused"; }
-std::string_view absorbed_kv_name(AbsorbedKv a) { return a == AbsorbedKv::shared ? "shared" : "expanded"; }
-
-Form parse_form(std::string_view s) {
-  if (s == "explicit") return Form::explicit_form;
-  if (s == "absorbed") return Form::absorbed;
-  if (s == "laga") return Form::laga;
-  LAGA_FAIL_USAGE("unknown form '{}'; valid: explicit, absorbed, laga", s);
-}
-Kernel parse_kernel(std::string_view s) {
-  if (s == "eager") return Kernel::eager;
-  if (s == "fused") return Kernel::fused;
-  LAGA_FAIL_USAGE("unknown kernel '{}'; valid: eager, fused", s);
-}
-AbsorbedKv parse_absorbed_kv(std::string_view s) {
-  if (s == "shared") return AbsorbedKv::shared;
-  if (s == "expanded") return AbsorbedKv::expanded;
-  LAGA_FAIL_USAGE("unknown absorbed-kv regime '{}'; valid: shared, expanded", s);
-}
 
 std::vector<std::string> MlaConfig::preset_names() { return {"deepseek-v3", "deepseek-v2-lite", "small", "tiny"}; }
 
@@ -68,14 +41,7 @@ MlaConfig MlaConfig::preset(std::string_view name) {
   return c;
 }
 
-double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
-
-double MlaConfig::rope_attention_factor() const {
-  if (!rope_scaling.enabled) return 1.0;
-  return yarn_mscale(rope_scaling.factor, rope_scaling.mscale) / yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
-}
-
-double MlaConfig::softmax_scale() const {
+double ModelDims::softmax_scale() const {
   double s = 1.0 / std::sqrt(double(qk_head_dim()));
   if (rope_scaling.enabled) {
     double m = yarn_mscale(rope_scaling.factor, rope_scaling.mscale_all_dim);
@@ -84,37 +50,6 @@ double MlaConfig::softmax_scale() const {
   return s;
 }
 
-std::vector<double> MlaConfig::rope_inv_freq() const {
-  const int64_t Dr = qk_rope_head_dim;
-  std::vector<double> inv(size_t(Dr / 2));
-  for (int64_t i = 0; i < Dr / 2; ++i) inv[size_t(i)] = std::pow(rope_theta, -2.0 * double(i) / double(Dr));
-  if (!rope_scaling.enabled) return inv;
-  const auto& rs = rope_scaling;
-  auto corr = [&](double n) {
-    return double(Dr) * std::log(double(rs.original_max_position_embeddings) / (n * 2 * M_PI)) / (2 * std::log(rope_theta));
-  };
-  double low = std::max(std::floor(corr(rs.beta_fast)), 0.0);
-  double high = std::min(std::ceil(corr(rs.beta_slow)), double(Dr - 1));
-  if (low == high) high += 0.001;
-  for (int64_t i = 0; i < Dr / 2; ++i) {
-    double ramp = std::clamp((double(i) - low) / (high - low), 0.0, 1.0);
-    double f = inv[size_t(i)];
-    inv[size_t(i)] = f / rs.factor * ramp + f * (1 - ramp);
-  }
-  return inv;
-}
-
-std::string divisors_str(int64_t n) {
-  // Searching 1..n took as many steps as n when n has few divisors: a hang for --seq 13333333333333333
-  // (found by fuzz_cli). The search stops at kSearch; a larger n is then listed after its small divisors.
-  constexpr int64_t kSearch = int64_t(1) << 20;
-  std::string out;
-  int shown = 0;
-  for (int64_t d = 1; d <= n && d <= kSearch && shown < 12; ++d)
-    if (n % d == 0) out += (shown++ ? ", " : "") + std::to_string(d);
-  if (n > kSearch && shown < 12) out += (shown ? ", " : "") + std::to_string(n);
-  return out;
-}
 
 std::vector<std::string> MlaConfig::problems() const {
   std::vector<std::string> p;
@@ -199,7 +134,7 @@ std::vector<std::string> MlaConfig::problems() const {
     if (p.empty()) {
       // What the dimensions and the RoPE scaling make of the attention: finite and positive, or every
       // output would be a silent inf or NaN.
-      const double scale = softmax_scale(), factor = rope_attention_factor();
+      const double scale = softmax_scale(), factor = rope_attention_factor(rope());
       if (!(std::isfinite(scale) && scale > 0))
         p.push_back(fmt::format("the softmax scale comes out as {} (from qk head dim {} and rope_scaling.mscale_all_dim "
                                 "= {}); it must be finite and positive", scale, Dqk, rope_scaling.mscale_all_dim));
@@ -214,15 +149,23 @@ std::vector<std::string> MlaConfig::problems() const {
                             divisors_str(num_attention_heads)));
   if (sp > 0 && seq_len > 0 && seq_len % sp)
     p.push_back(fmt::format("--sp {} does not divide --seq {}; try {}", sp, seq_len, divisors_str(seq_len)));
+  if (const Form* f = find_form_or_null(form)) f->add_problems(*this, p);
+  else p.push_back(fmt::format("unknown form '{}'; valid: {}", form, form_names()));
   return p;
 }
 
-void MlaConfig::validate() const {
-  auto p = problems();
+Config::Config(MlaConfig spec) : spec_(std::move(spec)) {
+  auto p = spec_.problems();
   if (p.empty()) return;
-  std::string msg = fmt::format("invalid configuration (model '{}'): ", model);
+  std::string msg = fmt::format("invalid configuration (model '{}'): ", spec_.model);
   for (size_t i = 0; i < p.size(); ++i) msg += (i ? "; " : "") + p[i];
   LAGA_FAIL_USAGE("{}", msg);
+}
+
+Config Config::with(const std::function<void(MlaConfig&)>& edit) const {
+  MlaConfig c = spec_;
+  edit(c);
+  return Config(std::move(c));
 }
 
 nlohmann::json MlaConfig::to_json() const {
@@ -239,9 +182,8 @@ nlohmann::json MlaConfig::to_json() const {
   j["seq_len"] = seq_len;
   j["batch"] = batch;
   j["sp"] = sp;
-  j["form"] = form_name(form);
+  j["form"] = form;
   j["kernel"] = kernel_name(kernel);
-  j["absorbed_kv"] = absorbed_kv_name(absorbed_kv);
   j["dtype"] = dtype_name(dtype);
   j["softmax_scale"] = softmax_scale();
   j["rms_norm_eps"] = rms_norm_eps;
@@ -277,7 +219,7 @@ int64_t json_int(const nlohmann::json& j, const char* key, std::optional<int64_t
 
 }  // namespace
 
-MlaConfig MlaConfig::from_json(const nlohmann::json& j, bool validate) {
+MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
   LAGA_CHECK(j.is_object(), "configuration JSON must be an object, got {}", j.type_name());
   MlaConfig c;
   try {
@@ -293,9 +235,10 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j, bool validate) {
     c.seq_len = json_int(j, "seq_len", 16);
     c.batch = json_int(j, "batch", 1);
     c.sp = json_int(j, "sp", 1);
-    if (j.contains("form")) c.form = parse_form(j["form"].get<std::string>());
+    // A family and its regime ("absorbed" + "absorbed_kv": "shared") name one registered variant.
+    if (j.contains("form"))
+      c.form = resolve_form_label(j["form"].get<std::string>(), j.value("absorbed_kv", std::string("expanded")));
     if (j.contains("kernel")) c.kernel = parse_kernel(j["kernel"].get<std::string>());
-    if (j.contains("absorbed_kv")) c.absorbed_kv = parse_absorbed_kv(j["absorbed_kv"].get<std::string>());
     if (j.contains("dtype")) c.dtype = parse_dtype(j["dtype"].get<std::string>());
     c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
     c.rope_theta = j.value("rope_theta", 10000.0);
@@ -316,7 +259,6 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j, bool validate) {
   } catch (const nlohmann::json::exception& e) {
     LAGA_FAIL_USAGE("configuration JSON: {}", e.what());
   }
-  if (validate) c.validate();
   return c;
 }
 

@@ -1,23 +1,23 @@
 // The synthetic regression task of train.hpp: teacher forward, student forward + backward, grad sync,
 // Adam on fp32 master weights (replicated: every rank applies the same update to the same numbers).
-#include "laga/mla/train.hpp"
+#include "laga/driver/train.hpp"
 
 #include <chrono>
 #include <cmath>
 
 #include "laga/mla/block.hpp"
-#include "laga/mla/run.hpp"
+#include "laga/driver/run.hpp"
+#include "laga/mla/form.hpp"
 #include "laga/mla/weights.hpp"
 
 namespace laga {
 
-TrainResult train_rank(const MlaConfig& c, const TrainOptions& opt, Communicator& comm) {
-  c.validate();
+TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator& comm) {
+  const MlaConfig& c = *cfg;
   LAGA_CHECK(opt.steps >= 1, "--steps {} must be at least 1", opt.steps);
   MemoryTracker tracker;
   TrackerScope scope(tracker);
-  MlaConfig teacher_cfg = c;
-  teacher_cfg.form = Form::explicit_form;
+  const Config teacher_cfg = cfg.with([](MlaConfig& t) { t.form = std::string(kBaselineForm); });
   Weights teacher = allocate_weights(c, "teacher");
   init_weights(teacher, c, opt.seed ^ 0x7eac4e7ull);
   Weights student = allocate_weights(c, "weights");
@@ -41,7 +41,7 @@ TrainResult train_rank(const MlaConfig& c, const TrainOptions& opt, Communicator
       target = stack_forward(teacher_cfg, teacher, x, discard, comm);
     }
     StackSaved saved;
-    Tensor y = stack_forward(c, student, x, saved, comm);
+    Tensor y = stack_forward(cfg, student, x, saved, comm);
     // loss = ½ Σ (y − t)² / count;  dy = (y − t) / count
     Tensor dy = Tensor::empty(y.shape(), y.dtype(), "input.dy");
     double local = 0;
@@ -54,7 +54,7 @@ TrainResult train_rank(const MlaConfig& c, const TrainOptions& opt, Communicator
     comm.all_reduce(&loss_parts, 1, DType::f32, "loss");
     result.losses.push_back(double(loss_parts) / count);
     Weights grads = zero_grads(c, "grads");
-    stack_backward(c, student, saved, dy, grads, comm);
+    stack_backward(cfg, student, saved, dy, grads, comm);
     grads.for_each([&](const std::string&, Tensor& t) { comm.all_reduce(t.raw(), t.numel(), t.dtype(), "grad_sync"); });
     // Adam, bias-corrected.
     const double b1t = 1 - std::pow(opt.beta1, double(step + 1)), b2t = 1 - std::pow(opt.beta2, double(step + 1));
@@ -80,11 +80,10 @@ TrainResult train_rank(const MlaConfig& c, const TrainOptions& opt, Communicator
   return result;
 }
 
-TrainResult train_group(const MlaConfig& c, const TrainOptions& opt, double timeout_s) {
-  c.validate();
+TrainResult train_group(const Config& c, const TrainOptions& opt, double timeout_s) {
   TrainResult out;
   run_threads(
-      int(c.sp),
+      int(c->sp),
       [&](Communicator& comm) {
         TrainResult r = train_rank(c, opt, comm);
         if (comm.rank() == 0) out = std::move(r);

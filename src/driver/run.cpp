@@ -1,5 +1,7 @@
-// A measured forward + backward of the block stack on one rank (DESIGN §4's memory semantics).
-#include "laga/mla/run.hpp"
+// A measured forward + backward of the block stack on one rank (docs/design.md §4's memory semantics).
+// On a communicator that moves no data (MetaCommunicator) the same code runs on meta tensors: that is
+// the planner (driver/plan.hpp).
+#include "laga/driver/run.hpp"
 
 #include <chrono>
 #include <mutex>
@@ -36,17 +38,19 @@ Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const s
   return t;
 }
 
-RankResult run_rank(const MlaConfig& c, const RunOptions& opt, Communicator& comm) {
-  c.validate();
+RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm) {
+  const MlaConfig& c = *cfg;
   LAGA_CHECK(c.sp == comm.size(), "config says --sp {} but the group has {} ranks", c.sp, comm.size());
-  MemoryTracker tracker;
+  const bool meta = !comm.moves_data();  // planning: meta tensors, nothing computed
+  LAGA_CHECK(!meta || !opt.gather_tensors, "a planning run (meta tensors) has no values to gather");
+  MemoryTracker tracker(meta);
   RankResult r;
   r.rank = comm.rank();
   Tensor y_shard, dx_shard, x_shard, dy_shard;
   Weights w, g;
   {
     TrackerScope scope(tracker);
-    if (opt.weights_path.empty()) {
+    if (opt.weights_path.empty() || meta) {
       w = allocate_weights(c, "weights");
       init_weights(w, c, opt.seed);
     } else {
@@ -55,10 +59,13 @@ RankResult run_rank(const MlaConfig& c, const RunOptions& opt, Communicator& com
     g = zero_grads(c, "grads");
     x_shard = make_input_shard(c, comm.rank(), opt.seed, "x", "input.x");
     dy_shard = make_input_shard(c, comm.rank(), opt.seed, "dy", "input.dy");
-    if (poison_point("nan-x", comm.rank())) x_shard.set(x_shard.numel() / 2, NAN);
-    if (poison_point("nan-dy", comm.rank())) dy_shard.set(dy_shard.numel() / 2, NAN);
-    if (poison_point("inf-wkv_b", comm.rank())) w.layers.back().wkv_b.set(0, INFINITY);
+    if (!meta) {
+      if (poison_point("nan-x", comm.rank())) x_shard.set(x_shard.numel() / 2, NAN);
+      if (poison_point("nan-dy", comm.rank())) dy_shard.set(dy_shard.numel() / 2, NAN);
+      if (poison_point("inf-wkv_b", comm.rank())) w.layers.back().wkv_b.set(0, INFINITY);
+    }
     const int64_t baseline = tracker.live_bytes();
+    const std::map<std::string, int64_t> baseline_tags = tracker.live_by_tag();
     r.memory.baseline_bytes = baseline;
     comm.barrier();
     comm.ledger().clear();
@@ -66,14 +73,18 @@ RankResult run_rank(const MlaConfig& c, const RunOptions& opt, Communicator& com
 
     StackSaved saved;
     auto t0 = clock_type::now();
-    y_shard = stack_forward(c, w, x_shard, saved, comm);
+    y_shard = stack_forward(cfg, w, x_shard, saved, comm);
     r.forward_s = since(t0);
     r.memory.saved_bytes = tracker.live_bytes() - baseline;
+    for (const auto& [tag, bytes] : tracker.live_by_tag()) {
+      const auto it = baseline_tags.find(tag);
+      if (const int64_t extra = bytes - (it == baseline_tags.end() ? 0 : it->second)) r.memory.saved_breakdown[tag] = extra;
+    }
     r.memory.forward_peak_bytes = tracker.peak_bytes() - baseline;
     auto forward_breakdown = tracker.peak_by_tag();
     tracker.reset_peak();
     auto t1 = clock_type::now();
-    dx_shard = stack_backward(c, w, saved, dy_shard, g, comm);
+    dx_shard = stack_backward(cfg, w, saved, dy_shard, g, comm);
     r.backward_s = since(t1);
     r.memory.backward_peak_bytes = tracker.peak_bytes() - baseline;
     r.memory.activation_peak_bytes = std::max(r.memory.forward_peak_bytes, r.memory.backward_peak_bytes);
@@ -102,10 +113,9 @@ RankResult run_rank(const MlaConfig& c, const RunOptions& opt, Communicator& com
   return r;
 }
 
-std::vector<RankResult> run_group(const MlaConfig& c, const RunOptions& opt, double timeout_s) {
-  c.validate();
-  std::vector<RankResult> results(size_t(c.sp));
-  run_threads(int(c.sp), [&](Communicator& comm) { results[size_t(comm.rank())] = run_rank(c, opt, comm); }, timeout_s);
+std::vector<RankResult> run_group(const Config& c, const RunOptions& opt, double timeout_s) {
+  std::vector<RankResult> results(size_t(c->sp));
+  run_threads(int(c->sp), [&](Communicator& comm) { results[size_t(comm.rank())] = run_rank(c, opt, comm); }, timeout_s);
   return results;
 }
 

@@ -1,7 +1,8 @@
 // One forward + backward of the block stack as a measured run on one rank of a group: weights and
 // this rank's shard of x and dy drawn from a seed (or weights loaded from a file), the baseline
-// allocated first, then forward, backward and the grad sync, with memory measured per DESIGN §4,
-// the communication ledger, and times per phase. run_group runs every rank as a thread.
+// allocated first, then forward, backward and the grad sync, with memory measured per docs/design.md
+// §4, the communication ledger, and times per phase. run_group runs every rank as a thread. On a
+// communicator that moves no data (comm/meta.hpp) the run is on meta tensors: the plan.
 #pragma once
 
 #include <map>
@@ -9,7 +10,7 @@
 #include <vector>
 
 #include "laga/comm/communicator.hpp"
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 #include "laga/core/memory.hpp"
 #include "laga/mla/weights.hpp"
 
@@ -29,6 +30,7 @@ struct MemoryReport {
   int64_t forward_peak_bytes = 0;      // max over forward of (live − baseline)
   int64_t backward_peak_bytes = 0;     // max over backward of (live − baseline)
   std::map<std::string, int64_t> peak_breakdown;  // live bytes by tag at the peak (baseline tags included)
+  std::map<std::string, int64_t> saved_breakdown; // live bytes by tag at the end of forward, baseline excluded
 };
 
 struct RankResult {
@@ -45,9 +47,9 @@ struct RankResult {
 // as N(0, 1) from the seed — the same whole tensor whatever P is.
 Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const std::string& name, const std::string& tag);
 
-RankResult run_rank(const MlaConfig& c, const RunOptions& opt, Communicator& comm);
+RankResult run_rank(const Config& c, const RunOptions& opt, Communicator& comm);
 // Every rank as a thread; results in rank order.
-std::vector<RankResult> run_group(const MlaConfig& c, const RunOptions& opt, double timeout_s = 0);
+std::vector<RankResult> run_group(const Config& c, const RunOptions& opt, double timeout_s = 0);
 
 // Attention traffic (everything but the grad sync) and the grad sync, from a ledger.
 bool is_grad_sync(const CollectiveRecord& r);

@@ -1,11 +1,9 @@
-// The analytical planner: per-rank memory and communication of a run, from the configuration alone
-// (DESIGN §4–§5), so DeepSeek-V3 scale can be planned on a laptop.
-//
-// Memory is planned by replaying, tensor by tensor, the allocations and releases the block performs
-// (src/mla/block.cpp, src/mla/forms.cpp) with their exact sizes — written here independently of that
-// code and checked against the tracking allocator byte for byte by the tests — plus the attention
-// kernels' own event lists (attention_memory_events). Communication is the list of collectives each
-// form issues with the ledger's byte conventions. Derivations: docs/accounting.md.
+// The planner: per-rank memory and communication of a run from its configuration alone (docs/design.md
+// §4), so DeepSeek-V3 scale can be planned on a laptop. The plan is the run itself — run_rank on meta
+// tensors (core/memory.hpp) with a MetaCommunicator (comm/meta.hpp) — so it cannot drift from the code:
+// every tensor the block, the form and the kernels allocate is counted with its tag and size, every
+// collective recorded with its bytes, and nothing is computed. The closed-form formulas of
+// docs/accounting.md are the independent check (tests/memory/test_planner.cpp).
 #pragma once
 
 #include <map>
@@ -13,7 +11,7 @@
 #include <vector>
 
 #include "laga/comm/communicator.hpp"
-#include "laga/core/config.hpp"
+#include "laga/mla/config.hpp"
 
 namespace laga {
 
@@ -34,7 +32,14 @@ struct PlannedComm {
   int64_t wire_bytes() const;
 };
 
-PlannedMemory plan_memory(const MlaConfig& c);
-PlannedComm plan_comm(const MlaConfig& c);
+struct Plan {
+  PlannedMemory memory;
+  PlannedComm comm;
+};
+
+// Rank `rank` of the group (every rank of the registered forms plans alike; rank 0 by default).
+Plan plan_run(const Config& c, int rank = 0);
+PlannedMemory plan_memory(const Config& c);
+PlannedComm plan_comm(const Config& c);
 
 }  // namespace laga

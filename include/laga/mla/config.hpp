@@ -1,0 +1,100 @@
+// The configuration of a run, in three parts: ModelDims (the MLA block's dimensions, norms and RoPE,
+// Hugging Face names), RunShape (sequence, batch, ranks, layers) and RunChoices (form, kernel, dtype).
+// MlaConfig is the three together as the user spells them (presets, JSON, CLI flags), freely edited;
+// Config is an MlaConfig that passed validation — the only kind the engine (block, forms, drivers,
+// planner) accepts — so validation happens once, where a Config is made, and reports every problem in
+// one usage error.
+//
+// The YaRN frequencies and factors live with RoPE (ops/rope.hpp); the softmax scale is derived here
+// from the same rope_scaling (docs/design.md §1.1).
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "laga/core/dtype.hpp"
+#include "laga/ops/attention.hpp"
+#include "laga/ops/rope.hpp"
+
+namespace laga {
+
+// The largest model dimension laga accepts (hidden size, heads, ranks, head dims): far beyond any MLA
+// model, small enough that sizes derived from dimensions cannot overflow before problems() sizes them.
+inline constexpr int64_t kMaxModelDim = int64_t(1) << 20;
+
+// The MLA block's dimensions (D, H, Lq, Lkv, Dn, Dr, Dv of docs/design.md §1), norms and RoPE.
+struct ModelDims {
+  int64_t hidden_size = 0;          // D
+  int64_t num_attention_heads = 0;  // H
+  int64_t q_lora_rank = 0;          // Lq; 0 = a single wq [H·Dqk, D], no q_norm
+  int64_t kv_lora_rank = 0;         // Lkv
+  int64_t qk_nope_head_dim = 0;     // Dn
+  int64_t qk_rope_head_dim = 0;     // Dr
+  int64_t v_head_dim = 0;           // Dv
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000;
+  bool rope_interleaved = true;
+  RopeScaling rope_scaling;
+
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }  // Dqk
+  int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }       // Dl
+  RopeSpec rope() const { return {qk_rope_head_dim, rope_theta, rope_interleaved, rope_scaling}; }
+  double softmax_scale() const;  // Dqk^-0.5 · yarn_mscale(f, mscale_all_dim)², Dqk^-0.5 without scaling
+};
+
+// How much work: the stacked layers, the global sequence, the micro-batch, the ranks of the group.
+struct RunShape {
+  int64_t num_layers = 1;  // L
+  int64_t seq_len = 0;     // T, global
+  int64_t batch = 1;       // B
+  int64_t sp = 1;          // P
+};
+
+// How it is done: the form (a registered variant label, mla/form.hpp), the attention kernel, the
+// storage dtype.
+struct RunChoices {
+  std::string form = "explicit";
+  Kernel kernel = Kernel::fused;
+  DType dtype = DType::bf16;
+};
+
+struct MlaConfig : ModelDims, RunShape, RunChoices {
+  std::string model = "tiny";  // the preset this config started from
+
+  static MlaConfig preset(std::string_view name);  // usage error naming the valid presets
+  static std::vector<std::string> preset_names();
+
+  int64_t tokens_per_rank() const { return seq_len / sp; }             // N (per batch entry)
+  int64_t heads_per_rank() const { return num_attention_heads / sp; }  // Hr
+
+  // Empty when valid. Besides ranges and divisibility: a registered form, every double finite, no
+  // model dimension above kMaxModelDim, the largest tensors of a run addressable in int64 bytes, and a
+  // finite, positive softmax scale and RoPE attention factor.
+  std::vector<std::string> problems() const;
+
+  nlohmann::json to_json() const;  // the keys of docs/design.md §1.1
+  // Inverse of to_json; also reads a Hugging Face DeepSeek config.json (its extra keys are ignored).
+  // Usage error on missing or mistyped keys. Not validated: make a Config of it.
+  static MlaConfig from_json(const nlohmann::json& j);
+};
+
+// A validated MlaConfig. Making one (implicitly, from an MlaConfig) validates it: a usage error listing
+// every problem. Read it through -> or *; edit a copy with with().
+class Config {
+ public:
+  Config(MlaConfig spec);  // implicit on purpose: every MlaConfig entering the engine is checked here
+  const MlaConfig& operator*() const { return spec_; }
+  const MlaConfig* operator->() const { return &spec_; }
+  // A copy with edit applied, validated again.
+  Config with(const std::function<void(MlaConfig&)>& edit) const;
+
+ private:
+  MlaConfig spec_;
+};
+
+}  // namespace laga

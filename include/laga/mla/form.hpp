@@ -1,0 +1,95 @@
+// A form: one way of computing the attention core of the MLA block under sequence parallelism —
+// everything between the local stage (q and the latent of this rank's tokens) and the output
+// projection (o of this rank's tokens). Each form is one source file in src/mla/forms/ implementing
+// this interface: its forward and backward, its own saved state, the collectives it issues (declared
+// as forward/backward pairs, comm/pairs.hpp), its FLOPs, and the configurations it refuses. Its memory
+// plan is its own code run on meta tensors (driver/plan.hpp), so nothing is written twice.
+//
+// The registry (src/mla/forms/registry.cpp) lists every form; every command, test sweep and report
+// iterates it, so a new form appears everywhere by being registered. The dataflow of each form is in
+// docs/design.md §2; how to add one, in docs/architecture.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "laga/comm/communicator.hpp"
+#include "laga/core/tensor.hpp"
+#include "laga/mla/config.hpp"
+#include "laga/mla/weights.hpp"
+
+namespace laga {
+
+// One rank's view of a layer's work: the validated config, the group, and the dimension letters of
+// docs/design.md §1 for this rank.
+struct RankCtx {
+  const MlaConfig& c;
+  Communicator& comm;
+  int64_t P, r;  // ranks, this rank
+  int64_t N, T, B, D, H, Hr, Lq, Lkv, Dn, Dr, Dqk, Dv, Dl;
+  int64_t pos0;  // global position of this rank's first token: r·N
+  DType dt;
+  RankCtx(const Config& c, Communicator& comm);  // the group must have c->sp ranks
+};
+
+// What a form's forward keeps for its backward (tags "act.*"). Each form defines its own.
+struct CoreSaved {
+  virtual ~CoreSaved() = default;
+  // Every tensor held, by name: for --check-finite and for tests.
+  virtual void for_each(const std::function<void(const char* name, const Tensor&)>& f) const = 0;
+};
+
+// A forward/backward pair of collectives a form issues per layer, by the ledger's tensor names
+// ("q" forward, its adjoint "dq" in backward).
+struct DeclaredCollective {
+  CollectiveOp forward_op;
+  std::string forward;
+  CollectiveOp backward_op;
+  std::string backward;
+};
+
+class Form {
+ public:
+  virtual ~Form() = default;
+  virtual std::string_view name() const = 0;     // the registry label: "explicit", "absorbed-shared", ...
+  virtual std::string_view family() const = 0;   // "absorbed" for both absorbed variants; else the name
+  virtual std::string_view summary() const = 0;  // one line: what moves and what each rank computes
+
+  // q_local [N, B, H, Dqk] (after RoPE) and latent [N, B, Dl] = [ckv | kpe] of this rank's tokens ->
+  // o [T, B, Hr, Dv] of this rank's heads over the whole sequence. Both inputs are the form's to keep
+  // or release; what backward needs goes into `saved`.
+  virtual Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
+                         std::unique_ptr<CoreSaved>& saved) const = 0;
+  // dout [T, B, Hr, Dv] -> dq_local [N, B, H, Dqk] and dlatent [N, B, Dl] (returned through the
+  // references); g.wkv_b (+=), partial over this rank's tokens or head shard. Consumes saved.
+  virtual void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                        LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const = 0;
+
+  // The collectives of one layer's core, forward order; the block adds the o/do pair around it.
+  virtual std::vector<DeclaredCollective> collectives() const = 0;
+  // Executed FLOPs of the core's attention forward over the whole sequence, all ranks
+  // (FlashAttention-3's convention, attention_forward_flops); the backward is 2.5× this.
+  virtual double attention_forward_flops(const MlaConfig& c) const = 0;
+  // True when at P = 1 the form runs explicit's operations exactly (its collectives are identities):
+  // its results must then be bit-identical to explicit's (laga and its variants).
+  virtual bool exact_at_one_rank() const { return false; }
+  // Configurations this form cannot run, as messages naming the value and a valid alternative.
+  virtual void add_problems(const MlaConfig& c, std::vector<std::string>& problems) const {}
+};
+
+// Every registered form, in registry order (explicit first: the baseline every other is compared to).
+const std::vector<const Form*>& registered_forms();
+// The form every other is checked and timed against.
+inline constexpr std::string_view kBaselineForm = "explicit";
+const Form* find_form_or_null(std::string_view name);
+const Form& find_form(std::string_view name);  // usage error naming the valid labels
+std::string form_names();                      // "explicit, absorbed-expanded, absorbed-shared, laga"
+// The label a user's spelling names: a registered label as is; a family with variants ("absorbed")
+// with its regime appended ("absorbed-shared"). Usage error naming the valid spellings otherwise.
+std::string resolve_form_label(std::string_view form, std::string_view regime);
+
+}  // namespace laga

@@ -1,0 +1,40 @@
+// The planner (plan.hpp): run_rank on meta tensors with a MetaCommunicator.
+#include "laga/driver/plan.hpp"
+
+#include "laga/comm/meta.hpp"
+#include "laga/driver/run.hpp"
+
+namespace laga {
+
+Plan plan_run(const Config& c, int rank) {
+  MetaCommunicator comm(rank, int(c->sp));
+  RunOptions opt;  // meta: no values, so no seed, weights file or gathering matters
+  const RankResult r = run_rank(c, opt, comm);
+  Plan p;
+  p.memory.baseline_bytes = r.memory.baseline_bytes;
+  p.memory.activation_peak_bytes = r.memory.activation_peak_bytes;
+  p.memory.saved_bytes = r.memory.saved_bytes;
+  p.memory.forward_peak_bytes = r.memory.forward_peak_bytes;
+  p.memory.backward_peak_bytes = r.memory.backward_peak_bytes;
+  p.memory.peak_breakdown = r.memory.peak_breakdown;
+  p.memory.saved_breakdown = r.memory.saved_breakdown;
+  for (const auto& rec : r.collectives) (is_grad_sync(rec) ? p.comm.grad_sync : p.comm.attention).push_back(rec);
+  return p;
+}
+
+PlannedMemory plan_memory(const Config& c) { return plan_run(c).memory; }
+PlannedComm plan_comm(const Config& c) { return plan_run(c).comm; }
+
+int64_t PlannedComm::tensor_bytes() const {
+  int64_t s = 0;
+  for (const auto& r : attention) s += r.tensor_bytes;
+  return s;
+}
+
+int64_t PlannedComm::wire_bytes() const {
+  int64_t s = 0;
+  for (const auto& r : attention) s += r.wire_bytes;
+  return s;
+}
+
+}  // namespace laga

@@ -1,0 +1,100 @@
+// absorbed-expanded (docs/design.md §2.3): the absorbed form as stock attention kernels force it — the
+// gathered latent copied to every query head as K [T, B, Hr, Dl] and V [T, B, Hr, Lkv], and with the
+// fused kernel V and the output zero-padded to Dl (FlashAttention-2 / TransformerEngine need equal head
+// dims). The faithful "inference absorb path ported to training", and the source of the memory
+// regression the paper measures.
+//   A1  scatter_heads q;  all_gather_tokens latent
+//   A2  q_abs = [q_nope·W_UK | q_pe]
+//   A3  k_exp, v_exp = the latent per head;  o_lat = attention(q_abs, k_exp, v_exp)
+//   A4  o = o_lat[..., :Lkv]·W_UVᵀ
+// Backward: A4's, attention backward, dK and dV summed over heads into dlatent, A2's,
+// reduce_scatter_tokens dlatent, gather_heads dq.
+#include "absorbed_common.hpp"
+#include "laga/comm/pairs.hpp"
+
+namespace laga::forms {
+
+namespace {
+
+// The output width: V and o padded to Dl with the fused kernel, Lkv with the eager one.
+int64_t out_width(const RankCtx& x) { return x.c.kernel == Kernel::fused ? x.Dl : x.Lkv; }
+
+class AbsorbedExpanded final : public Form {
+ public:
+  std::string_view name() const override { return "absorbed-expanded"; }
+  std::string_view family() const override { return "absorbed"; }
+  std::string_view summary() const override {
+    return "all-to-all of q and o, all-gather of the latent; W_UK in the query, the latent copied per head";
+  }
+
+  Tensor forward(const RankCtx& x, const LayerWeights& w, Tensor q_local, Tensor latent,
+                 std::unique_ptr<CoreSaved>& out) const override {
+    auto s = std::make_unique<AbsorbedSaved>();
+    const int64_t Dvo = out_width(x);
+    s->q = scatter_heads(x.comm, q_local, "q", "act.q");                          // A1
+    q_local = Tensor();
+    s->latent_g = all_gather_tokens(x.comm, latent, "latent", "act.latent_g");
+    latent = Tensor();
+    s->q_abs = absorb_query(x, w, s->q);                                          // A2
+    s->k_exp = Tensor::empty({x.T, x.B, x.Hr, x.Dl}, x.dt, "act.k_exp");         // A3 the per-head copies
+    s->v_exp = Tensor::zeros({x.T, x.B, x.Hr, Dvo}, x.dt, "act.v_exp");
+    for (int64_t h = 0; h < x.Hr; ++h) {
+      copy_rows(x.dt, x.T * x.B, x.Dl, s->latent_g.raw(), x.Dl, at(s->k_exp, h * x.Dl), x.Hr * x.Dl);
+      copy_rows(x.dt, x.T * x.B, x.Lkv, s->latent_g.raw(), x.Dl, at(s->v_exp, h * Dvo), x.Hr * Dvo);
+    }
+    s->o_lat = Tensor::empty({x.T, x.B, x.Hr, Dvo}, x.dt, "act.o_att");
+    s->attn = attention_forward(
+        x.c.kernel, dense_attention(x, s->q_abs, s->k_exp, s->v_exp, s->o_lat, x.Hr, x.Hr, x.Dl, Dvo));
+    Tensor o = project_out(x, w, s->o_lat, Dvo);                                  // A4
+    out = std::move(s);
+    return o;
+  }
+
+  void backward(const RankCtx& x, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
+    auto& s = static_cast<AbsorbedSaved&>(*saved);
+    const int64_t Dvo = out_width(x);
+    Tensor do_lat = project_out_backward(x, w, dout, s.o_lat, Dvo, g);            // A4
+    dout = Tensor();
+    // A3: dq_abs, and dK, dV per head, summed into dlatent_g
+    Tensor dq_abs = Tensor::empty({x.T, x.B, x.Hr, x.Dl}, x.dt, "grad.q_abs");
+    Tensor dlatent_g;
+    {
+      Tensor dk = Tensor::empty({x.T, x.B, x.Hr, x.Dl}, x.dt, "grad.k_exp");
+      Tensor dv = Tensor::empty({x.T, x.B, x.Hr, Dvo}, x.dt, "grad.v_exp");
+      const AttentionFwdParams p = dense_attention(x, s.q_abs, s.k_exp, s.v_exp, s.o_lat, x.Hr, x.Hr, x.Dl, Dvo);
+      attention_backward(x.c.kernel, dense_attention_backward(p, x, do_lat, dq_abs, dk, dv), s.attn);
+      s.k_exp = s.v_exp = Tensor();
+      dlatent_g = Tensor::empty({x.T, x.B, x.Dl}, x.dt, "grad.latent_g");
+      sum_heads(x.dt, x.T * x.B, x.Hr, x.Dl, dk.raw(), x.Hr * x.Dl, x.Dl, dlatent_g.raw(), x.Dl, false);
+      sum_heads(x.dt, x.T * x.B, x.Hr, x.Lkv, dv.raw(), x.Hr * Dvo, Dvo, dlatent_g.raw(), x.Dl, true);
+    }
+    do_lat = Tensor();
+    s.attn = {};
+    s.o_lat = s.q_abs = s.latent_g = Tensor();
+    Tensor dq = absorb_query_backward(x, w, s.q, dq_abs, g);                      // A2
+    dq_abs = s.q = Tensor();
+    dlatent = reduce_scatter_tokens(x.comm, dlatent_g, "dlatent", "grad.latent");  // A1's adjoints
+    dlatent_g = Tensor();
+    dq_local = gather_heads(x.comm, dq, "dq", "grad.q_local");
+  }
+
+  std::vector<DeclaredCollective> collectives() const override {
+    using Op = CollectiveOp;
+    return {{Op::all_to_all, "q", Op::all_to_all, "dq"}, {Op::all_gather, "latent", Op::reduce_scatter, "dlatent"}};
+  }
+
+  // The executed core: scores over Dl, values of Lkv (the padding's zeros are not counted).
+  double attention_forward_flops(const MlaConfig& c) const override {
+    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.latent_dim(), c.kv_lora_rank, true);
+  }
+};
+
+}  // namespace
+
+const Form& absorbed_expanded_form() {
+  static const AbsorbedExpanded form;
+  return form;
+}
+
+}  // namespace laga::forms

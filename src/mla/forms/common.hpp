@@ -1,0 +1,34 @@
+// Pieces the forms share (src/mla/forms/): views into wkv_b and head-sharded tensors, the per-head
+// K/V up-projection of E1/G2 with its backward, and the attention params of dense head-sharded tensors.
+// Internal to the forms; the math is in docs/block.md and docs/design.md §2.
+#pragma once
+
+#include "laga/mla/form.hpp"
+#include "laga/ops/attention.hpp"
+#include "laga/ops/elementwise.hpp"
+#include "laga/ops/matmul.hpp"
+
+namespace laga::forms {
+
+// Rows of wkv_b (or its gradient) for head g: k-rows W_UK [Dn, Lkv] and v-rows W_UV [Dv, Lkv].
+MatView w_uk(const RankCtx& ctx, const Tensor& wkv_b, int64_t g);
+MatView w_uv(const RankCtx& ctx, const Tensor& wkv_b, int64_t g);
+// Head h's [T·B, cols] slice of a [T, B, Hr, width] tensor, from column `col`.
+MatView head(const RankCtx& ctx, const Tensor& t, int64_t h, int64_t width, int64_t col, int64_t cols);
+
+// The up-projection of E1/G2 for heads [h0, h0 + Hs): from latent [M, B, Dl] and wkv_b,
+// k [M, B, Hs, Dqk] = [ckv·W_UKᵀ | kpe broadcast] and v [M, B, Hs, Dv] = ckv·W_UVᵀ (=).
+void up_project_forward(const RankCtx& ctx, const Tensor& latent, const Tensor& wkv_b, int64_t h0, int64_t Hs,
+                        Tensor& k, Tensor& v);
+// Its backward: dlatent [M, B, Dl] (=) and the dwkv_b rows of heads [h0, h0 + Hs) (+=).
+void up_project_backward(const RankCtx& ctx, const Tensor& latent, const Tensor& wkv_b, int64_t h0, int64_t Hs,
+                         const Tensor& dk, const Tensor& dv, Tensor& dlatent, Tensor& dwkv_b);
+
+// Causal attention params over dense [T, B, Hq, ·] q/o and [T, B, Hkv, ·] k/v, the config's scale.
+AttentionFwdParams dense_attention(const RankCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& o, int64_t Hq, int64_t Hkv, int64_t Dqk, int64_t Dv);
+// The backward params: the forward's, with do, dq, dk, dv dense of the same head counts.
+AttentionBwdParams dense_attention_backward(const AttentionFwdParams& fwd, const RankCtx& ctx, const Tensor& dout,
+                                            const Tensor& dq, const Tensor& dk, const Tensor& dv);
+
+}  // namespace laga::forms

@@ -1,0 +1,98 @@
+// The explicit form (docs/design.md §2.2): per-head K/V up-projected from this rank's own latent, then
+// the Ulysses all-to-alls of q, k and v and standard attention over this rank's heads.
+//   E1  [k_nope | v] = ckv·wkv_bᵀ (every head, local tokens);  k = [k_nope | kpe broadcast]
+//   E2  scatter_heads q, k, v:  [N, B, H, ·] -> [T, B, Hr, ·]
+//   E3  o = attention(q, k, v)
+// Backward walks them in reverse: attention backward, gather_heads of dq, dk, dv (E2's adjoint), E1's
+// backward with dwkv_b partial over this rank's tokens.
+#include "common.hpp"
+#include "laga/comm/pairs.hpp"
+
+namespace laga::forms {
+
+namespace {
+
+struct ExplicitSaved final : CoreSaved {
+  Tensor latent;  // [N, B, Dl]       this rank's [ckv | kpe], for E1's backward
+  Tensor q, k;    // [T, B, Hr, Dqk]
+  Tensor v, o;    // [T, B, Hr, Dv]   (o: the attention output)
+  AttentionSaved attn;
+  void for_each(const std::function<void(const char*, const Tensor&)>& f) const override {
+    f("latent", latent), f("q", q), f("k", k), f("v", v), f("o_att", o);
+  }
+};
+
+class Explicit final : public Form {
+ public:
+  std::string_view name() const override { return "explicit"; }
+  std::string_view family() const override { return "explicit"; }
+  std::string_view summary() const override {
+    return "all-to-all of per-head q, k, v and o; K/V up-projected from the local latent";
+  }
+
+  Tensor forward(const RankCtx& x, const LayerWeights& w, Tensor q_local, Tensor latent,
+                 std::unique_ptr<CoreSaved>& out) const override {
+    auto s = std::make_unique<ExplicitSaved>();
+    Tensor k_local = Tensor::empty({x.N, x.B, x.H, x.Dqk}, x.dt, "act.k_local");   // E1 (local tokens, every head)
+    Tensor v_local = Tensor::empty({x.N, x.B, x.H, x.Dv}, x.dt, "act.v_local");
+    up_project_forward(x, latent, w.wkv_b, 0, x.H, k_local, v_local);
+    s->latent = std::move(latent);
+    s->q = scatter_heads(x.comm, q_local, "q", "act.q");                          // E2
+    q_local = Tensor();
+    s->k = scatter_heads(x.comm, k_local, "k", "act.k");
+    k_local = Tensor();
+    s->v = scatter_heads(x.comm, v_local, "v", "act.v");
+    v_local = Tensor();
+    s->o = Tensor::empty({x.T, x.B, x.Hr, x.Dv}, x.dt, "act.o_att");              // E3
+    s->attn = attention_forward(x.c.kernel, dense_attention(x, s->q, s->k, s->v, s->o, x.Hr, x.Hr, x.Dqk, x.Dv));
+    Tensor o = s->o;
+    out = std::move(s);
+    return o;
+  }
+
+  void backward(const RankCtx& x, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
+    auto& s = static_cast<ExplicitSaved&>(*saved);
+    // E3 o = attention(q, k, v)
+    Tensor dq = Tensor::empty({x.T, x.B, x.Hr, x.Dqk}, x.dt, "grad.q");
+    Tensor dk = Tensor::empty({x.T, x.B, x.Hr, x.Dqk}, x.dt, "grad.k");
+    Tensor dv = Tensor::empty({x.T, x.B, x.Hr, x.Dv}, x.dt, "grad.v");
+    {
+      const AttentionFwdParams p = dense_attention(x, s.q, s.k, s.v, s.o, x.Hr, x.Hr, x.Dqk, x.Dv);
+      attention_backward(x.c.kernel, dense_attention_backward(p, x, dout, dq, dk, dv), s.attn);
+    }
+    dout = Tensor();
+    s.attn = {};
+    s.q = s.k = s.v = s.o = Tensor();
+    // E2 scatter_heads q, k, v:  its adjoint brings dq, dk, dv back to the local tokens
+    dq_local = gather_heads(x.comm, dq, "dq", "grad.q_local");
+    dq = Tensor();
+    Tensor dk_local = gather_heads(x.comm, dk, "dk", "grad.k_local");
+    dk = Tensor();
+    Tensor dv_local = gather_heads(x.comm, dv, "dv", "grad.v_local");
+    dv = Tensor();
+    dlatent = Tensor::empty({x.N, x.B, x.Dl}, x.dt, "grad.latent");               // E1 backward
+    up_project_backward(x, s.latent, w.wkv_b, 0, x.H, dk_local, dv_local, dlatent, g.wkv_b);
+    s.latent = Tensor();
+  }
+
+  std::vector<DeclaredCollective> collectives() const override {
+    using Op = CollectiveOp;
+    return {{Op::all_to_all, "q", Op::all_to_all, "dq"},
+            {Op::all_to_all, "k", Op::all_to_all, "dk"},
+            {Op::all_to_all, "v", Op::all_to_all, "dv"}};
+  }
+
+  double attention_forward_flops(const MlaConfig& c) const override {
+    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(), c.v_head_dim, true);
+  }
+};
+
+}  // namespace
+
+const Form& explicit_form() {
+  static const Explicit form;
+  return form;
+}
+
+}  // namespace laga::forms

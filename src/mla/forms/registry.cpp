@@ -1,0 +1,69 @@
+// The registry of forms: one line per form. A form added here appears in every command (plan, run,
+// verify, bench, train), every test sweep over forms, and every label table.
+#include <algorithm>
+
+#include "laga/mla/form.hpp"
+
+namespace laga {
+
+namespace forms {
+const Form& explicit_form();
+const Form& absorbed_expanded_form();
+const Form& absorbed_shared_form();
+const Form& laga_form();
+}  // namespace forms
+
+const std::vector<const Form*>& registered_forms() {
+  static const std::vector<const Form*> all = {
+      &forms::explicit_form(),
+      &forms::absorbed_expanded_form(),
+      &forms::absorbed_shared_form(),
+      &forms::laga_form(),
+  };
+  return all;
+}
+
+const Form* find_form_or_null(std::string_view name) {
+  for (const Form* f : registered_forms())
+    if (f->name() == name) return f;
+  return nullptr;
+}
+
+std::string form_names() {
+  std::string s;
+  for (const Form* f : registered_forms()) s += (s.empty() ? "" : ", ") + std::string(f->name());
+  return s;
+}
+
+const Form& find_form(std::string_view name) {
+  const Form* f = find_form_or_null(name);
+  LAGA_CHECK(f, "unknown form '{}'; valid: {}", name, form_names());
+  return *f;
+}
+
+std::string resolve_form_label(std::string_view form, std::string_view regime) {
+  if (find_form_or_null(form)) return std::string(form);
+  std::vector<std::string> variants;
+  for (const Form* f : registered_forms())
+    if (f->family() == form && f->name() != form) variants.emplace_back(f->name());
+  LAGA_CHECK(!variants.empty(), "unknown form '{}'; valid: {} (or a family with its regime, e.g. absorbed "
+             "--absorbed-kv shared)", form, form_names());
+  const std::string label = std::string(form) + "-" + std::string(regime);
+  LAGA_CHECK(find_form_or_null(label), "unknown {} regime '{}'; valid: {}", form, regime, [&] {
+    std::string s;
+    for (const auto& v : variants) s += (s.empty() ? "" : ", ") + v.substr(form.size() + 1);
+    return s;
+  }());
+  return label;
+}
+
+RankCtx::RankCtx(const Config& cfg, Communicator& cm)
+    : c(*cfg), comm(cm), P(cm.size()), r(cm.rank()), N(cfg->tokens_per_rank()), T(cfg->seq_len), B(cfg->batch),
+      D(cfg->hidden_size), H(cfg->num_attention_heads), Hr(cfg->heads_per_rank()), Lq(cfg->q_lora_rank),
+      Lkv(cfg->kv_lora_rank), Dn(cfg->qk_nope_head_dim), Dr(cfg->qk_rope_head_dim), Dqk(cfg->qk_head_dim()),
+      Dv(cfg->v_head_dim), Dl(cfg->latent_dim()), pos0(cm.rank() * cfg->tokens_per_rank()), dt(cfg->dtype) {
+  LAGA_CHECK(cfg->sp == cm.size(), "config says --sp {} but the group has {} ranks; run with --sp {}", cfg->sp,
+             cm.size(), cm.size());
+}
+
+}  // namespace laga

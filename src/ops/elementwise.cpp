@@ -1,0 +1,50 @@
+// The loops of ops/elementwise.hpp.
+#include "laga/ops/elementwise.hpp"
+
+#include <cstring>
+#include <type_traits>
+
+namespace laga {
+
+void* at(const Tensor& x, int64_t offset) { return static_cast<char*>(x.raw()) + offset * dtype_size(x.dtype()); }
+
+void copy_rows(DType t, int64_t rows, int64_t cols, const void* src, int64_t src_stride, void* dst, int64_t dst_stride) {
+  if (meta_mode()) return;
+  const int64_t es = dtype_size(t);
+#pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
+  for (int64_t i = 0; i < rows; ++i)
+    std::memcpy(static_cast<char*>(dst) + i * dst_stride * es, static_cast<const char*>(src) + i * src_stride * es,
+                size_t(cols * es));
+}
+
+void add_into(Tensor& y, const Tensor& x) {
+  LAGA_ASSERT(y.shape() == x.shape() && y.dtype() == x.dtype(), "add_into '{}' {} += '{}' {}", y.tag(),
+              shape_str(y.shape()), x.tag(), shape_str(x.shape()));
+  if (y.is_meta()) return;
+  dispatch_dtype(y.dtype(), [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    T* yp = y.data<T>();
+    const T* xp = x.data<T>();
+#pragma omp parallel for schedule(static) if (y.numel() >= kParallelMin)
+    for (int64_t i = 0; i < y.numel(); ++i) yp[i] = from_float<T>(to_float(yp[i]) + to_float(xp[i]));
+  });
+}
+
+void sum_heads(DType t, int64_t rows, int64_t Hs, int64_t cols, const void* src, int64_t src_row, int64_t src_head,
+               void* dst, int64_t dst_row, bool accumulate) {
+  if (meta_mode()) return;
+  dispatch_dtype(t, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    const T* s = static_cast<const T*>(src);
+    T* d = static_cast<T*>(dst);
+#pragma omp parallel for schedule(static) if (rows * Hs * cols >= kParallelMin)
+    for (int64_t m = 0; m < rows; ++m)
+      for (int64_t i = 0; i < cols; ++i) {
+        float acc = accumulate ? to_float(d[m * dst_row + i]) : 0.0f;
+        for (int64_t h = 0; h < Hs; ++h) acc += to_float(s[m * src_row + h * src_head + i]);
+        d[m * dst_row + i] = from_float<T>(acc);
+      }
+  });
+}
+
+}  // namespace laga

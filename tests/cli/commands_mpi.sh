@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Every command under mpirun, one process per rank, against the same command with ranks as threads:
+# `laga verify --sp 1,2,4` under mpirun -np 4 (each P on the first P processes) passes and reports the
+# same cases; `laga train` under mpirun -np 2 gives bitwise the same losses as under threads; `laga
+# bench` under mpirun -np 2 reports validated rows for every form with the MPI backend named; a bad
+# flag still exits 2 on every process. Usage: commands_mpi.sh <laga binary> <source dir>
+set -u
+laga=$1
+source "$(dirname "$0")/lib/mpi.bash"  # mpirun settings: the array mpi
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+json_has() {  # file, python expression over j that must be true
+  /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"
+}
+
+common=(--model tiny --seq 16 --batch 2 --layers 2 --dtype fp32)
+if timeout 300 "${mpi[@]}" -np 4 "$laga" verify "${common[@]}" --sp 1,2,4 --json "$work/verify.mpi.json" \
+    >"$work/out" 2>&1; then
+  echo "ok: verify under mpirun -np 4"
+else
+  fail "verify under mpirun -np 4: $(tail -5 "$work/out")"
+fi
+"$laga" verify "${common[@]}" --sp 1,2,4 --comm threads --json "$work/verify.threads.json" >/dev/null 2>&1 \
+  || fail "verify under threads"
+/usr/bin/python3 - "$work/verify.mpi.json" "$work/verify.threads.json" <<'PY' || fail "verify: MPI cases differ from threads'"
+import json, sys
+m, t = (json.load(open(f)) for f in sys.argv[1:3])
+assert m["backend"] == "mpi" and t["backend"] == "threads", (m["backend"], t["backend"])
+key = lambda c: (c["sp"], c["form"], c["vs"])
+assert sorted(map(key, m["cases"])) == sorted(map(key, t["cases"]))
+# The same numbers: MPI and threads sum in the same order, so every error is the same to the bit.
+tm = {key(c): c["max_abs_diff"] for c in t["cases"]}
+assert all(c["max_abs_diff"] == tm[key(c)] for c in m["cases"]), "max_abs_diff differs"
+PY
+
+for comm in threads mpi; do
+  launcher=()
+  [ "$comm" = mpi ] && launcher=("${mpi[@]}" -np 2)
+  timeout 300 "${launcher[@]}" "$laga" train --model tiny --seq 16 --sp 2 --steps 150 --lr 3e-3 --dtype fp32 \
+    --forms explicit,laga --json "$work/train.$comm.json" >"$work/out" 2>&1 || fail "train ($comm): $(tail -3 "$work/out")"
+done
+/usr/bin/python3 - "$work/train.mpi.json" "$work/train.threads.json" <<'PY' && echo "ok: train under mpirun -np 2 bitwise equal to threads" || fail "train: MPI losses differ from threads'"
+import json, sys
+m, t = (json.load(open(f)) for f in sys.argv[1:3])
+assert [r["losses"] for r in m["runs"]] == [r["losses"] for r in t["runs"]]
+PY
+
+if timeout 300 "${mpi[@]}" -np 2 "$laga" bench --model tiny --seq 16,32 --sp 2 --iters 2 --json "$work/bench.json" \
+    >"$work/out" 2>&1; then
+  echo "ok: bench under mpirun -np 2"
+else
+  fail "bench under mpirun -np 2: $(tail -5 "$work/out")"
+fi
+json_has "$work/bench.json" "j['backend']=='mpi' and len(j['rows'])==6 and all(r['tokens_per_s']>0 for r in j['rows'])" \
+  || fail "bench JSON under MPI: backend or rows missing"
+[ "$(grep -c "laga bench" "$work/out")" -eq 1 ] || fail "bench under MPI printed its table more than once"
+
+timeout 60 "${mpi[@]}" -np 2 "$laga" bench --model tiny --seq 16 --sp 2 --iters 0 >"$work/out" 2>&1
+status=$?
+[ "$status" -eq 2 ] || fail "bench --iters 0 under mpirun: status $status, want 2"
+
+[ "$failures" -eq 0 ] && echo "commands_mpi: all cases pass" || echo "commands_mpi: $failures failures"
+[ "$failures" -eq 0 ]

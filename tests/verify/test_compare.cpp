@@ -1,0 +1,114 @@
+// The verification rule of verify/compare.hpp itself: the plain same-precision reference (block_ref's
+// storage rounding) is a real, small baseline, and the rule fails when a tensor is off by a few
+// allowances or holds a NaN. The forms judged by it, over a sweep: tests/mla/test_forms.cpp.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "laga/driver/run.hpp"
+#include "verify/compare.hpp"
+
+using namespace laga;
+using namespace laga::verify;
+
+namespace {
+
+struct Case {
+  std::string model;
+  DType dt;
+  Kernel kernel;
+  int64_t T, L, B;
+  std::string name() const {
+    return fmt::format("{} {} {} T{} L{} B{}", model, dtype_name(dt), kernel_name(kernel), T, L, B);
+  }
+};
+
+MlaConfig config_of(const Case& k, const std::string& form, int64_t P) {
+  MlaConfig c = MlaConfig::preset(k.model);
+  c.dtype = k.dt, c.kernel = k.kernel, c.seq_len = k.T, c.num_layers = k.L, c.batch = k.B;
+  c.form = form, c.sp = P;
+  return c;
+}
+
+// explicit at P = 1 on the case's weights and inputs (the same whatever P and form: one seed), the
+// exact fp64 reference and, when asked, the plain same-precision reference on them.
+struct Truth {
+  Tensors explicit_1, exact, plain;
+};
+
+Truth truth_of(const Case& k, bool with_plain) {
+  const MlaConfig one = config_of(k, "explicit", 1);
+  RunOptions opt;
+  opt.gather_tensors = true;
+  const RankResult r = run_group(one, opt)[0];
+  const ref::RefWeights w = ref::from_weights(r.weights);
+  const ref::Array x = ref::from_tensor(r.x), dy = ref::from_tensor(r.dy);
+  Truth t;
+  t.explicit_1 = tensors_of(r.y, r.dx, r.grads);
+  t.exact = reference_tensors(one, w, x, dy, std::nullopt);
+  if (with_plain) t.plain = reference_tensors(one, w, x, dy, k.dt);
+  return t;
+}
+
+TEST(Compare, PlainBf16BaselineIsNonZeroAndBelowBf16Eps) {
+  // The plain baseline errs on every tensor (a baseline of 0 would make the rule demand
+  // bit-exactness) and its error is the dtype's size. bf16, where storage rounding rules: y (two
+  // roundings per layer on the residual stream) within eps in relative L2, every gradient (a chain of
+  // some fifteen roundings per layer back to it) within 4 eps. fp32, where the sequential fp32 sums
+  // rule (hundreds of terms): within 32 eps. Measured (tiny, T 24, L 2, B 2), rel L2 of plain vs fp64:
+  //   bf16  y 5.4e-3, dx 1.0e-2, weight gradients 7.7e-3 .. 1.9e-2 (dq_norm.0)   eps 7.8e-3
+  //   fp32  y 2.9e-7, dx 6.0e-7, weight gradients up to 8.2e-7 (dq_norm.0)       eps 1.2e-7
+  for (DType dt : {DType::bf16, DType::f32}) {
+    const Case k{"tiny", dt, Kernel::fused, 24, 2, 2};
+    const Truth t = truth_of(k, /*with_plain=*/true);
+    for (const auto& [name, e] : errors(t.plain, t.exact)) {
+      EXPECT_GT(e.max_abs, 0) << name << " " << dtype_name(dt);
+      const double bound = dt == DType::bf16 ? (name == "y" ? 1 : 4) : 32;
+      EXPECT_LT(e.rel_l2, bound * eps(dt)) << name << " " << dtype_name(dt);
+      fmt::print("[measured] plain {} vs fp64 {}: rel L2 {:.2e}, max abs {:.2e} of scale {:.2e}\n", dtype_name(dt),
+                 name, e.rel_l2, e.max_abs, e.scale);
+    }
+  }
+}
+
+TEST(Compare, RuleFailsOnATensorOffByAFewBaselineErrors) {
+  const Case k{"tiny", DType::bf16, Kernel::fused, 24, 2, 1};
+  const Truth t = truth_of(k, /*with_plain=*/false);
+  const auto base = errors(t.explicit_1, t.exact);
+  // explicit judged against itself passes, at half the allowance or less.
+  const Verdict same = form_vs_explicit(base, base, k.dt);
+  EXPECT_TRUE(same.pass) << summary(same);
+  EXPECT_LE(same.worst_ratio, 0.5);
+  // One element of one weight gradient moved by 3 allowances (3 × (2 × baseline + floor)) fails, and
+  // the verdict names that tensor.
+  for (const std::string name : {"dwkv_b.1", "dx", "y"}) {
+    Tensors bad = t.explicit_1;
+    const TensorError& b = base.at(name);
+    const double allowed = kFormFactor * b.max_abs + kFloorUlps * eps(k.dt) * b.scale;
+    ref::Array& a = bad.at(name);
+    a[a.numel() / 2] = t.exact.at(name)[a.numel() / 2] + 3 * allowed;
+    const Verdict v = form_vs_explicit(errors(bad, t.exact), base, k.dt);
+    EXPECT_FALSE(v.pass) << name << ": " << summary(v);
+    EXPECT_EQ(v.worst, name);
+    EXPECT_NEAR(v.worst_ratio, 3.0, 1e-9);
+    std::string where;
+    EXPECT_FALSE(bitwise_equal(bad, t.explicit_1, &where));
+    EXPECT_NE(where.find(name), std::string::npos) << where;
+  }
+  // A NaN fails, whatever the baseline.
+  Tensors nan = t.explicit_1;
+  nan.at("dx")[3] = std::numeric_limits<double>::quiet_NaN();
+  const Verdict v = form_vs_explicit(errors(nan, t.exact), base, k.dt);
+  EXPECT_FALSE(v.pass);
+  EXPECT_EQ(v.worst, "dx");
+}
+
+TEST(Compare, GradKeysNameWeightAndLayer) {
+  EXPECT_EQ(grad_key("layers.0.wkv_b"), "dwkv_b.0");
+  EXPECT_EQ(grad_key("layers.12.attn_norm"), "dattn_norm.12");
+}
+
+}  // namespace

@@ -1,0 +1,119 @@
+// check_forms (verify/forms.hpp).
+#include "verify/forms.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "laga/driver/run.hpp"
+#include "laga/mla/form.hpp"
+
+namespace laga::verify {
+
+namespace {
+
+// "dwkv_b.1" -> "dwkv_b": the per-output maxima of the report.
+std::string output_of(const std::string& key) { return key.substr(0, key.find('.')); }
+
+void summarize(FormCase& k, const std::map<std::string, TensorError>& err) {
+  for (const auto& [name, e] : err) {
+    const std::string out = output_of(name);
+    k.max_abs[out] = std::max(k.max_abs[out], e.max_abs);
+    k.rel_l2[out] = std::max(k.rel_l2[out], e.rel_l2);
+  }
+}
+
+struct Run {
+  Tensors outputs;          // y, dx, every weight gradient (whole, synced)
+  ref::RefWeights weights;  // the weights (whole), for the reference
+  ref::Array x, dy;
+};
+
+}  // namespace
+
+FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,
+                        const FormsOptions& opt) {
+  RunOptions run_opt;
+  run_opt.seed = opt.seed;
+  run_opt.gather_tensors = true;
+  // A whole run of c; its tensors on the root (rank 0 of the group), empty elsewhere.
+  auto run = [&](const Config& c, bool keep_inputs) {
+    Run out;
+    launcher.run(int(c->sp), [&](Communicator& comm) {
+      RankResult r = run_rank(c, run_opt, comm);
+      if (comm.rank() != 0) return;
+      out.outputs = tensors_of(r.y, r.dx, r.grads);
+      if (keep_inputs) {
+        out.weights = ref::from_weights(r.weights);
+        out.x = ref::from_tensor(r.x), out.dy = ref::from_tensor(r.dy);
+      }
+    }, opt.timeout_s);
+    return out;
+  };
+  auto at = [&](std::string_view form, int64_t P) {
+    return base.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; });
+  };
+
+  std::vector<const Form*> forms;
+  for (const Form* f : registered_forms())
+    if (f->name() != kBaselineForm &&
+        (opt.forms.empty() || std::find(opt.forms.begin(), opt.forms.end(), f->name()) != opt.forms.end()))
+      forms.push_back(f);
+
+  FormsReport report;
+  report.backend = launcher.backend();
+  report.rule = fmt::format("per tensor, max|form − fp64| ≤ {:g} × explicit's + {:g} ulp × max|fp64|; explicit's ≤ "
+                            "{:g} × a plain {} implementation's", kFormFactor, kFloorUlps, kExplicitFactor,
+                            dtype_name(base->dtype));
+  // The same seed draws the same whole weights and inputs at every P and for every form.
+  Run one = run(at(kBaselineForm, 1), /*keep_inputs=*/true);
+  const bool root = launcher.is_root();
+  Tensors exact, plain;
+  std::map<std::string, TensorError> plain_err;
+  if (root) {
+    exact = reference_tensors(*base, one.weights, one.x, one.dy, std::nullopt);
+    plain = reference_tensors(*base, one.weights, one.x, one.dy, base->dtype);
+    plain_err = errors(plain, exact);
+  }
+  auto add = [&](FormCase k) {
+    report.pass = report.pass && k.pass;
+    report.cases.push_back(std::move(k));
+  };
+  for (int64_t P : sps) {
+    Run e = P == 1 ? one : run(at(kBaselineForm, P), false);
+    std::map<std::string, TensorError> e_err;
+    if (root) {
+      e_err = errors(e.outputs, exact);
+      const Verdict v = explicit_vs_plain(e_err, plain_err, base->dtype);
+      FormCase k{P, std::string(kBaselineForm), "fp64"};
+      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio;
+      k.criterion = fmt::format("≤ {:g} × the plain {} implementation's error + floor", kExplicitFactor,
+                                dtype_name(base->dtype));
+      summarize(k, e_err);
+      add(k);
+    }
+    for (const Form* f : forms) {
+      Run r = run(at(f->name(), P), false);
+      if (!root) continue;
+      const auto err = errors(r.outputs, exact);
+      const Verdict v = form_vs_explicit(err, e_err, base->dtype);
+      FormCase k{P, std::string(f->name()), "fp64"};
+      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio;
+      k.criterion = fmt::format("≤ {:g} × explicit's error at P {} + floor", kFormFactor, P);
+      summarize(k, err);
+      add(k);
+      if (P == 1 && f->exact_at_one_rank()) {
+        FormCase b{P, std::string(f->name()), "explicit@1"};
+        std::string where;
+        b.bitwise = b.pass = bitwise_equal(r.outputs, one.outputs, &where);
+        b.criterion = "bit-identical to explicit at P = 1" + (b.pass ? std::string() : " (first difference: " + where + ")");
+        b.worst = b.pass ? "" : where;
+        summarize(b, errors(r.outputs, one.outputs));
+        add(b);
+      }
+    }
+  }
+  return report;
+}
+
+}  // namespace laga::verify

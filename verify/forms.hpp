@@ -1,0 +1,48 @@
+// The verification of the forms, shared by `laga verify`, the tests (tests/mla/test_forms.cpp) and the
+// benchmarks' validation: every registered form run at every P on the same weights and inputs, each
+// judged by the one rule of verify/compare.hpp against the exact fp64 reference, with explicit judged
+// against a plain implementation in the same precision. Runs through a Launcher, so under threads or
+// under mpirun alike; the report is complete on the root process only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "laga/driver/launch.hpp"
+#include "laga/mla/config.hpp"
+#include "verify/compare.hpp"
+
+namespace laga::verify {
+
+struct FormCase {
+  int64_t sp = 1;
+  std::string form;                       // registry label
+  std::string vs;                         // "fp64" (the rule), or "explicit@1" (the bitwise claim)
+  bool bitwise = false;                   // vs explicit at P = 1, bit for bit
+  bool pass = false;
+  std::string criterion;                  // the rule applied, in words
+  std::string worst;                      // the tensor nearest to (or over) its allowance
+  double worst_ratio = 0;                 // its err / allowed (pass ⇔ ≤ 1 for the rule)
+  std::map<std::string, double> max_abs;  // per output ("y", "dx", "dwkv_b": max over layers) vs `vs`
+  std::map<std::string, double> rel_l2;
+};
+
+struct FormsReport {
+  std::string backend, rule;
+  std::vector<FormCase> cases;
+  bool pass = true;
+};
+
+struct FormsOptions {
+  std::vector<std::string> forms;  // labels to check besides explicit; empty: every registered form
+  uint64_t seed = 1234;
+  double timeout_s = 0;
+};
+
+// base: the configuration (its sp and form are replaced by each case's). sps: the rank counts.
+FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,
+                        const FormsOptions& opt);
+
+}  // namespace laga::verify
