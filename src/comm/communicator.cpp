@@ -163,9 +163,8 @@ CollectiveHandle& CollectiveHandle::operator=(CollectiveHandle&& o) noexcept {
 }
 CollectiveHandle::~CollectiveHandle() { settle(); }
 
-// Never throws. During stack unwinding the rank is failing anyway: abort first, so that peers stop
-// waiting for this rank's later collectives, then wait (which, once aborted, only waits for peers
-// that are in the middle of reading this rank's buffers).
+// Never throws. During stack unwinding the rank is failing anyway: waiting could block on peers
+// that wait for this rank's later collectives, so the collective is abandoned instead.
 void CollectiveHandle::settle() noexcept {
   if (!p_) return;
   Communicator* c = p_->comm;
@@ -175,8 +174,15 @@ void CollectiveHandle::settle() noexcept {
     } catch (...) {
     }
   };
-  if (std::uncaught_exceptions() > 0 && !p_->done)
-    abort_quietly(fmt::format("rank {}: {} was abandoned while an error unwound the stack", c->rank(), p_->what));
+  if (std::uncaught_exceptions() > 0 && !p_->done) {
+    try {
+      c->abandon(fmt::format("rank {}: {} was abandoned while an error unwound the stack", c->rank(), p_->what));
+    } catch (...) {
+    }
+    c->forget(p_.get());
+    p_.reset();
+    return;
+  }
   try {
     c->wait(*this);
   } catch (const std::exception& e) {
@@ -274,10 +280,15 @@ void Communicator::drive(Pending& p) {
   for (int polls = 0;; ++polls) {
     advance_queue();
     if (step(p)) return;
-    // Nothing else to drive: the backend may block in its own way (MPI_Waitall).
-    if (timeout_s_ <= 0 && queue_.empty() && p.raw) {
-      block_raw(*p.raw);
-      continue;
+    // Without a timeout the backend may block in its own way (MPI_Waitall) on the gate: the queue's
+    // front when there is one (every later second phase waits for it; the MPI library progresses
+    // everything else meanwhile), else p itself.
+    if (timeout_s_ <= 0) {
+      RawRequest* gate = !queue_.empty() ? queue_.front()->raw.get() : p.raw.get();
+      if (gate) {
+        block_raw(*gate);
+        continue;
+      }
     }
     const double waited = seconds_since(t0);
     if (timeout_s_ > 0 && waited > timeout_s_) {

@@ -109,6 +109,13 @@ class ThreadsCommunicator final : public Communicator {
   }
 
  protected:
+  // Aborts, then waits out the copies in progress: afterwards nobody reads this rank's buffers.
+  void abandon(const std::string& reason) override {
+    std::unique_lock lk(g_->m);
+    mark_aborted(reason);
+    g_->cv.wait(lk, [&] { return g_->reading == 0; });
+  }
+
   struct Request : RawRequest {
     int lane = 0;
     uint64_t slot = 0;

@@ -26,40 +26,14 @@ namespace {
 constexpr const char* kIndexName = "model.safetensors.index.json";
 constexpr const char* kSingleName = "model.safetensors";
 
-const char* hf_key(const std::string& name) {
-  if (name == "wq_a") return "q_a_proj";
-  if (name == "q_norm") return "q_a_layernorm";
-  if (name == "wq_b") return "q_b_proj";
-  if (name == "wq") return "q_proj";
-  if (name == "wkv_a") return "kv_a_proj_with_mqa";
-  if (name == "kv_norm") return "kv_a_layernorm";
-  if (name == "wkv_b") return "kv_b_proj";
-  if (name == "wo") return "o_proj";
-  LAGA_ASSERT(false, "no Hugging Face name for weight '{}'", name);
-}
-
 // How a weight's expected shape follows from the config, for error messages.
 std::string shape_reason(const MlaConfig& c, const std::string& name) {
-  const int64_t D = c.hidden_size, H = c.num_attention_heads, Lq = c.q_lora_rank, Lkv = c.kv_lora_rank;
-  const int64_t Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
-  std::string r;
-  if (name == "attn_norm") r = fmt::format("[D] for hidden_size {}", D);
-  else if (name == "wq_a") r = fmt::format("[Lq, D] for q_lora_rank {}, hidden_size {}", Lq, D);
-  else if (name == "q_norm") r = fmt::format("[Lq] for q_lora_rank {}", Lq);
-  else if (name == "wq_b")
-    r = fmt::format("[H·(Dn+Dr), Lq] for num_attention_heads {}, qk_nope_head_dim {}, qk_rope_head_dim {}, "
-                    "q_lora_rank {}", H, Dn, Dr, Lq);
-  else if (name == "wq")
-    r = fmt::format("[H·(Dn+Dr), D] for num_attention_heads {}, qk_nope_head_dim {}, qk_rope_head_dim {}, "
-                    "hidden_size {}", H, Dn, Dr, D);
-  else if (name == "wkv_a")
-    r = fmt::format("[Lkv+Dr, D] for kv_lora_rank {}, qk_rope_head_dim {}, hidden_size {}", Lkv, Dr, D);
-  else if (name == "kv_norm") r = fmt::format("[Lkv] for kv_lora_rank {}", Lkv);
-  else if (name == "wkv_b")
-    r = fmt::format("[H·(Dn+Dv), Lkv] for num_attention_heads {}, qk_nope_head_dim {}, v_head_dim {}, kv_lora_rank {}",
-                    H, Dn, Dv, Lkv);
-  else if (name == "wo") r = fmt::format("[D, H·Dv] for hidden_size {}, num_attention_heads {}, v_head_dim {}", D, H, Dv);
-  return r + fmt::format(" (model '{}')", c.model);
+  const WeightSpec* spec = find_weight_spec(name);
+  LAGA_ASSERT(spec, "no weight named '{}'", name);
+  return fmt::format("{} with D = hidden_size {}, H = num_attention_heads {}, Lq = q_lora_rank {}, Lkv = kv_lora_rank "
+                     "{}, Dn = qk_nope_head_dim {}, Dr = qk_rope_head_dim {}, Dv = v_head_dim {} (model '{}')",
+                     spec->shape_doc, c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank,
+                     c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.model);
 }
 
 std::string read_text_file(const std::string& path, int64_t limit) {
@@ -174,8 +148,9 @@ std::string_view weight_naming_name(WeightNaming n) { return n == WeightNaming::
 
 std::string checkpoint_name(WeightNaming naming, int64_t layer, const std::string& name) {
   if (naming == WeightNaming::laga) return fmt::format("layers.{}.{}", layer, name);
-  if (name == "attn_norm") return fmt::format("model.layers.{}.input_layernorm.weight", layer);
-  return fmt::format("model.layers.{}.self_attn.{}.weight", layer, hf_key(name));
+  const WeightSpec* spec = find_weight_spec(name);
+  LAGA_ASSERT(spec, "no weight named '{}'", name);
+  return fmt::format("model.layers.{}.{}.weight", layer, spec->hf_key);
 }
 
 Weights load_weights(const std::string& path, const Config& cfg) {

@@ -16,52 +16,52 @@ namespace laga {
 
 namespace {
 
-RopeParams rope_on(const RankCtx& x, void* data, int64_t inner, int64_t t_stride, int64_t inner_stride) {
-  RopeParams p = rope_params(x.c.rope(), x.dt);
-  p.x = data, p.T = x.N, p.inner = inner, p.t_stride = t_stride, p.inner_stride = inner_stride, p.pos0 = x.pos0;
+RopeParams rope_on(const RankCtx& ctx, void* data, int64_t inner, int64_t t_stride, int64_t inner_stride) {
+  RopeParams p = rope_params(ctx.c.rope(), ctx.dt);
+  p.x = data, p.T = ctx.N, p.inner = inner, p.t_stride = t_stride, p.inner_stride = inner_stride, p.pos0 = ctx.pos0;
   return p;
 }
 
-Tensor layer_forward(const RankCtx& x, const Form& form, const LayerWeights& w, const Tensor& in, LayerSaved& s,
+Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w, const Tensor& in, LayerSaved& s,
                      int64_t layer) {
-  const MlaConfig& c = x.c;
+  const MlaConfig& c = ctx.c;
   s.x = in;
   s.xn = rmsnorm_forward(in, w.attn_norm, c.rms_norm_eps, "act.xn");                  // xn = RMSNorm(x)
   Tensor q;
-  if (x.Lq > 0) {
+  if (ctx.Lq > 0) {
     s.cq = linear_forward(s.xn, w.wq_a, "act.cq");                                   // L1 cq = xn·wq_aᵀ
     s.cqn = rmsnorm_forward(s.cq, w.q_norm, c.rms_norm_eps, "act.cqn");              // L2 cqn = RMSNorm(cq)
     q = linear_forward(s.cqn, w.wq_b, "act.q_local");                                // L3 q = cqn·wq_bᵀ
   } else {
     q = linear_forward(s.xn, w.wq, "act.q_local");                                   // L3' q = xn·wqᵀ
   }
-  q = q.reshape({x.N, x.B, x.H, x.Dqk});
-  rope_forward(rope_on(x, at(q, x.Dn), x.B * x.H, x.B * x.H * x.Dqk, x.Dqk));      //    q_pe ← rope(q_pe)
+  q = q.reshape({ctx.N, ctx.B, ctx.H, ctx.Dqk});
+  rope_forward(rope_on(ctx, at(q, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk));      //    q_pe ← rope(q_pe)
   s.kv = linear_forward(s.xn, w.wkv_a, "act.kv");                                    // L4 kv = xn·wkv_aᵀ
-  Tensor latent = Tensor::empty({x.N, x.B, x.Dl}, x.dt, "act.latent");             // ℓ = [ckv | kpe]
+  Tensor latent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "act.latent");             // ℓ = [ckv | kpe]
   {
     RmsNormParams p;                                                                 // L5 ckv = RMSNorm(kv[:, :Lkv])
-    p.M = x.N * x.B, p.C = x.Lkv, p.dtype = x.dt, p.eps = c.rms_norm_eps;
-    p.x = s.kv.raw(), p.x_stride = x.Lkv + x.Dr, p.w = w.kv_norm.raw(), p.y = latent.raw(), p.y_stride = x.Dl;
+    p.M = ctx.N * ctx.B, p.C = ctx.Lkv, p.dtype = ctx.dt, p.eps = c.rms_norm_eps;
+    p.x = s.kv.raw(), p.x_stride = ctx.Lkv + ctx.Dr, p.w = w.kv_norm.raw(), p.y = latent.raw(), p.y_stride = ctx.Dl;
     rmsnorm_forward(p);
   }
-  copy_rows(x.dt, x.N * x.B, x.Dr, at(s.kv, x.Lkv), x.Lkv + x.Dr, at(latent, x.Lkv), x.Dl);
-  rope_forward(rope_on(x, at(latent, x.Lkv), x.B, x.B * x.Dl, x.Dl));                // L6 kpe = rope(kv[:, Lkv:])
+  copy_rows(ctx.dt, ctx.N * ctx.B, ctx.Dr, at(s.kv, ctx.Lkv), ctx.Lkv + ctx.Dr, at(latent, ctx.Lkv), ctx.Dl);
+  rope_forward(rope_on(ctx, at(latent, ctx.Lkv), ctx.B, ctx.B * ctx.Dl, ctx.Dl));                // L6 kpe = rope(kv[:, Lkv:])
 
   if (check_finite_enabled()) {  // this rank's own tensors, before any of them is communicated
-    const std::string step = fmt::format("layer {} forward, rank {}", layer, x.r);
+    const std::string step = fmt::format("layer {} forward, rank {}", layer, ctx.r);
     for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &in}, {"xn", &s.xn}, {"cq", &s.cq},
                                   {"cqn", &s.cqn}, {"q", &q}, {"kv", &s.kv}, {"latent", &latent}})
       check_finite(*t, name, step);
   }
-  Tensor o_g = form.forward(x, w, std::move(q), std::move(latent), s.core);          // the form's core
-  fault_point("forward", int(x.r));
-  s.o = gather_heads(x.comm, o_g, "o", "act.o").reshape({x.N, x.B, x.H * x.Dv});    // o back to the tokens
+  Tensor o_g = form.forward(ctx, w, std::move(q), std::move(latent), s.core);          // the form's core
+  fault_point("forward", int(ctx.r));
+  s.o = gather_heads(ctx.comm, o_g, "o", "act.o").reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});    // o back to the tokens
   o_g = Tensor();
   Tensor y = linear_forward(s.o, w.wo, "act.y");                                     // y = o·woᵀ
   add_into(y, in);                                                                   // y = x + y
   if (check_finite_enabled()) {
-    const std::string step = fmt::format("layer {} forward, rank {}", layer, x.r);
+    const std::string step = fmt::format("layer {} forward, rank {}", layer, ctx.r);
     s.core->for_each([&](const char* name, const Tensor& t) { check_finite(t, name, step); });
     for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"o", &s.o}, {"y", &y}})
       check_finite(*t, name, step);
@@ -69,51 +69,51 @@ Tensor layer_forward(const RankCtx& x, const Form& form, const LayerWeights& w, 
   return y;
 }
 
-Tensor layer_backward(const RankCtx& x, const Form& form, const LayerWeights& w, LayerSaved& s, const Tensor& dy,
+Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& w, LayerSaved& s, const Tensor& dy,
                       LayerWeights& g, int64_t layer) {
-  const std::string step = fmt::format("layer {} backward, rank {}", layer, x.r);
+  const std::string step = fmt::format("layer {} backward, rank {}", layer, ctx.r);
   check_finite(dy, "dy", step);
-  const MlaConfig& c = x.c;
+  const MlaConfig& c = ctx.c;
   // y = x + o·woᵀ:  do = dy·wo,  dwo += dyᵀ·o;  then the all-to-all of do (the adjoint of o's)
   Tensor dout;
   {
-    Tensor do_local = Tensor::empty({x.N, x.B, x.H * x.Dv}, x.dt, "grad.o_local");
+    Tensor do_local = Tensor::empty({ctx.N, ctx.B, ctx.H * ctx.Dv}, ctx.dt, "grad.o_local");
     linear_backward(s.o, w.wo, dy, &do_local, false, g.wo);
     s.o = Tensor();
     check_finite(do_local, "do", step);
-    dout = scatter_heads(x.comm, do_local.reshape({x.N, x.B, x.H, x.Dv}), "do", "grad.o");
+    dout = scatter_heads(ctx.comm, do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv}), "do", "grad.o");
   }
   Tensor dq, dlatent;
-  form.backward(x, w, std::move(s.core), std::move(dout), g, dq, dlatent);         // the form's core
-  fault_point("backward", int(x.r));
+  form.backward(ctx, w, std::move(s.core), std::move(dout), g, dq, dlatent);         // the form's core
+  fault_point("backward", int(ctx.r));
   check_finite(dq, "dq", step);
   check_finite(dlatent, "dlatent", step);
   // L6 kpe = rope(kv[:, Lkv:]):  dkv[:, Lkv:] = ropeᵀ(dkpe)
-  Tensor dkv = Tensor::empty({x.N, x.B, x.Lkv + x.Dr}, x.dt, "grad.kv");
-  copy_rows(x.dt, x.N * x.B, x.Dr, at(dlatent, x.Lkv), x.Dl, at(dkv, x.Lkv), x.Lkv + x.Dr);
-  rope_backward(rope_on(x, at(dkv, x.Lkv), x.B, x.B * (x.Lkv + x.Dr), x.Lkv + x.Dr));
+  Tensor dkv = Tensor::empty({ctx.N, ctx.B, ctx.Lkv + ctx.Dr}, ctx.dt, "grad.kv");
+  copy_rows(ctx.dt, ctx.N * ctx.B, ctx.Dr, at(dlatent, ctx.Lkv), ctx.Dl, at(dkv, ctx.Lkv), ctx.Lkv + ctx.Dr);
+  rope_backward(rope_on(ctx, at(dkv, ctx.Lkv), ctx.B, ctx.B * (ctx.Lkv + ctx.Dr), ctx.Lkv + ctx.Dr));
   {
     RmsNormBwdParams p;  // L5 ckv = RMSNorm(kv[:, :Lkv]):  dkv[:, :Lkv],  dkv_norm +=
-    p.M = x.N * x.B, p.C = x.Lkv, p.dtype = x.dt, p.eps = c.rms_norm_eps;
-    p.x = s.kv.raw(), p.x_stride = x.Lkv + x.Dr, p.w = w.kv_norm.raw();
-    p.dy = dlatent.raw(), p.dy_stride = x.Dl, p.dx = dkv.raw(), p.dx_stride = x.Lkv + x.Dr, p.dw = g.kv_norm.raw();
+    p.M = ctx.N * ctx.B, p.C = ctx.Lkv, p.dtype = ctx.dt, p.eps = c.rms_norm_eps;
+    p.x = s.kv.raw(), p.x_stride = ctx.Lkv + ctx.Dr, p.w = w.kv_norm.raw();
+    p.dy = dlatent.raw(), p.dy_stride = ctx.Dl, p.dx = dkv.raw(), p.dx_stride = ctx.Lkv + ctx.Dr, p.dw = g.kv_norm.raw();
     p.dw_dtype = g.kv_norm.dtype();
     rmsnorm_backward(p);
   }
   dlatent = Tensor();
   s.kv = Tensor();
   // L4 kv = xn·wkv_aᵀ:  dxn = dkv·wkv_a,  dwkv_a += dkvᵀ·xn
-  Tensor dxn = Tensor::empty({x.N, x.B, x.D}, x.dt, "grad.xn");
+  Tensor dxn = Tensor::empty({ctx.N, ctx.B, ctx.D}, ctx.dt, "grad.xn");
   linear_backward(s.xn, w.wkv_a, dkv, &dxn, false, g.wkv_a);
   dkv = Tensor();
   // L3 q_pe ← rope(q_pe):  dq_pe ← ropeᵀ(dq_pe)
-  rope_backward(rope_on(x, at(dq, x.Dn), x.B * x.H, x.B * x.H * x.Dqk, x.Dqk));
-  dq = dq.reshape({x.N, x.B, x.H * x.Dqk});
-  if (x.Lq > 0) {
-    Tensor dcqn = Tensor::empty({x.N, x.B, x.Lq}, x.dt, "grad.cqn");  // L3 q = cqn·wq_bᵀ
+  rope_backward(rope_on(ctx, at(dq, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk));
+  dq = dq.reshape({ctx.N, ctx.B, ctx.H * ctx.Dqk});
+  if (ctx.Lq > 0) {
+    Tensor dcqn = Tensor::empty({ctx.N, ctx.B, ctx.Lq}, ctx.dt, "grad.cqn");  // L3 q = cqn·wq_bᵀ
     linear_backward(s.cqn, w.wq_b, dq, &dcqn, false, g.wq_b);
     dq = s.cqn = Tensor();
-    Tensor dcq = Tensor::empty({x.N, x.B, x.Lq}, x.dt, "grad.cq");    // L2 cqn = RMSNorm(cq)
+    Tensor dcq = Tensor::empty({ctx.N, ctx.B, ctx.Lq}, ctx.dt, "grad.cq");    // L2 cqn = RMSNorm(cq)
     rmsnorm_backward(s.cq, w.q_norm, dcqn, c.rms_norm_eps, dcq, g.q_norm);
     dcqn = s.cq = Tensor();
     linear_backward(s.xn, w.wq_a, dcq, &dxn, /*accumulate_dx=*/true, g.wq_a);  // L1 cq = xn·wq_aᵀ
@@ -123,7 +123,7 @@ Tensor layer_backward(const RankCtx& x, const Form& form, const LayerWeights& w,
   }
   s.xn = Tensor();
   // xn = RMSNorm(x), y = x + ...:  dx = dy + RMSNormᵀ(dxn)
-  Tensor dx = Tensor::empty({x.N, x.B, x.D}, x.dt, "grad.x");
+  Tensor dx = Tensor::empty({ctx.N, ctx.B, ctx.D}, ctx.dt, "grad.x");
   rmsnorm_backward(s.x, w.attn_norm, dxn, c.rms_norm_eps, dx, g.attn_norm);
   add_into(dx, dy);
   s.x = Tensor();

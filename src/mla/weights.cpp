@@ -1,19 +1,51 @@
 #include "laga/mla/weights.hpp"
 
-#include <array>
 #include <cmath>
 
 #include "laga/core/random.hpp"
 
 namespace laga {
 
+const std::vector<WeightSpec>& weight_table() {
+  using D = const ModelDims&;
+  static const std::vector<WeightSpec> table = {
+      {"attn_norm", "input_layernorm", "RMSNorm before attention", "[D]", &LayerWeights::attn_norm,
+       [](D d) -> Shape { return {d.hidden_size}; }},
+      {"wq_a", "self_attn.q_a_proj", "W^DQ", "[Lq, D]", &LayerWeights::wq_a,
+       [](D d) -> Shape { return d.q_lora_rank > 0 ? Shape{d.q_lora_rank, d.hidden_size} : Shape{}; }},
+      {"q_norm", "self_attn.q_a_layernorm", "RMSNorm on c^Q", "[Lq]", &LayerWeights::q_norm,
+       [](D d) -> Shape { return d.q_lora_rank > 0 ? Shape{d.q_lora_rank} : Shape{}; }},
+      {"wq_b", "self_attn.q_b_proj", "W^UQ, W^QR", "[H·(Dn+Dr), Lq]", &LayerWeights::wq_b,
+       [](D d) -> Shape {
+         return d.q_lora_rank > 0 ? Shape{d.num_attention_heads * d.qk_head_dim(), d.q_lora_rank} : Shape{};
+       }},
+      {"wq", "self_attn.q_proj", "W^Q (q_lora_rank 0)", "[H·(Dn+Dr), D]", &LayerWeights::wq,
+       [](D d) -> Shape {
+         return d.q_lora_rank == 0 ? Shape{d.num_attention_heads * d.qk_head_dim(), d.hidden_size} : Shape{};
+       }},
+      {"wkv_a", "self_attn.kv_a_proj_with_mqa", "W^DKV, W^KR", "[Lkv+Dr, D]", &LayerWeights::wkv_a,
+       [](D d) -> Shape { return {d.kv_lora_rank + d.qk_rope_head_dim, d.hidden_size}; }},
+      {"kv_norm", "self_attn.kv_a_layernorm", "RMSNorm on c^KV", "[Lkv]", &LayerWeights::kv_norm,
+       [](D d) -> Shape { return {d.kv_lora_rank}; }},
+      {"wkv_b", "self_attn.kv_b_proj", "W^UK, W^UV", "[H·(Dn+Dv), Lkv]", &LayerWeights::wkv_b,
+       [](D d) -> Shape { return {d.num_attention_heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank}; }},
+      {"wo", "self_attn.o_proj", "W^O", "[D, H·Dv]", &LayerWeights::wo,
+       [](D d) -> Shape { return {d.hidden_size, d.num_attention_heads * d.v_head_dim}; }},
+  };
+  return table;
+}
+
+const WeightSpec* find_weight_spec(std::string_view name) {
+  for (const auto& w : weight_table())
+    if (name == w.name) return &w;
+  return nullptr;
+}
+
 namespace {
 template <class LW, class F>
 void visit(LW& w, F&& f) {
-  const char* names[] = {"attn_norm", "wq_a", "q_norm", "wq_b", "wq", "wkv_a", "kv_norm", "wkv_b", "wo"};
-  auto tensors = std::array{&w.attn_norm, &w.wq_a, &w.q_norm, &w.wq_b, &w.wq, &w.wkv_a, &w.kv_norm, &w.wkv_b, &w.wo};
-  for (size_t i = 0; i < tensors.size(); ++i)
-    if (tensors[i]->defined()) f(std::string(names[i]), *tensors[i]);
+  for (const auto& spec : weight_table())
+    if ((w.*spec.member).defined()) f(std::string(spec.name), w.*spec.member);
 }
 }  // namespace
 
@@ -35,21 +67,10 @@ int64_t Weights::bytes() const {
   return b;
 }
 
-std::vector<std::pair<std::string, Shape>> layer_weight_shapes(const MlaConfig& c) {
-  const int64_t D = c.hidden_size, H = c.num_attention_heads, Lq = c.q_lora_rank, Lkv = c.kv_lora_rank;
-  const int64_t Dqk = c.qk_head_dim(), Dr = c.qk_rope_head_dim, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim;
-  std::vector<std::pair<std::string, Shape>> s{{"attn_norm", {D}}};
-  if (Lq > 0) {
-    s.push_back({"wq_a", {Lq, D}});
-    s.push_back({"q_norm", {Lq}});
-    s.push_back({"wq_b", {H * Dqk, Lq}});
-  } else {
-    s.push_back({"wq", {H * Dqk, D}});
-  }
-  s.push_back({"wkv_a", {Lkv + Dr, D}});
-  s.push_back({"kv_norm", {Lkv}});
-  s.push_back({"wkv_b", {H * (Dn + Dv), Lkv}});
-  s.push_back({"wo", {D, H * Dv}});
+std::vector<std::pair<std::string, Shape>> layer_weight_shapes(const ModelDims& c) {
+  std::vector<std::pair<std::string, Shape>> s;
+  for (const auto& spec : weight_table())
+    if (Shape shape = spec.shape(c); !shape.empty()) s.emplace_back(spec.name, std::move(shape));
   return s;
 }
 
@@ -58,16 +79,9 @@ Tensor& LayerWeights::by_name(const std::string& name) {
 }
 
 const Tensor& LayerWeights::by_name(const std::string& name) const {
-  if (name == "attn_norm") return attn_norm;
-  if (name == "wq_a") return wq_a;
-  if (name == "q_norm") return q_norm;
-  if (name == "wq_b") return wq_b;
-  if (name == "wq") return wq;
-  if (name == "wkv_a") return wkv_a;
-  if (name == "kv_norm") return kv_norm;
-  if (name == "wkv_b") return wkv_b;
-  if (name == "wo") return wo;
-  LAGA_ASSERT(false, "no weight named '{}'", name);
+  const WeightSpec* spec = find_weight_spec(name);
+  LAGA_ASSERT(spec, "no weight named '{}'", name);
+  return this->*spec->member;
 }
 
 static Weights make_weights(const MlaConfig& c, DType dtype, const std::string& tag, bool zero) {

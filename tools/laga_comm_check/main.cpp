@@ -10,9 +10,16 @@
 //   --fault F          throw | kill | timeout | config: rank --fault-rank (default 2) throws, raises
 //                      SIGKILL, sleeps past the timeout, or passes a different configuration while
 //                      the others sit in an all_gather
+//   --group P          MPI: run the cases on the world's first P ranks (first_ranks); the other
+//                      ranks only take part in the split (P > world size: a usage error, exit 2)
+//   --pending 1        with --fault: the others sit in waits on two non-blocking collectives in
+//                      flight (an all_gather and an all_reduce, waited in reverse order) instead
 // Output (stdout, rank 0 only): one line per case and rank, "<case> rank=<r> <FNV-1a 64 of the
 // output bytes>", covering all_gather (also in place), reduce_scatter, all_to_all, all_reduce and
-// broadcast in fp32 and bf16 for sizes P does and does not divide, plus each rank's ledger.
+// broadcast in fp32 and bf16 for sizes P does and does not divide; the same collectives again
+// non-blocking, all in flight at once and waited in an order that depends on the rank ("nonblocking
+// ..." cases; each must equal the blocking result on the same inputs, else the driver fails); and
+// each rank's ledger.
 #include <unistd.h>
 
 #include <chrono>
@@ -21,6 +28,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <utility>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -41,6 +50,8 @@ struct Options {
   int64_t piece_bytes = 0;
   std::string fault;
   int fault_rank = 2;
+  bool pending = false;
+  int group = 0;
 };
 
 uint64_t digest(const void* p, int64_t bytes) {
@@ -63,6 +74,63 @@ std::vector<char> values(DType t, int64_t n, uint64_t stream, int rank) {
     }
   }
   return out;
+}
+
+// The collectives of run_cases again, all in flight at once and waited in a rank-dependent order;
+// each output must be bitwise the blocking one on the same inputs (checked here), and is added as
+// "nonblocking <case>" so the script compares it across backends too.
+template <class Add>
+void run_nonblocking_cases(Communicator& c, Add& add, uint64_t& stream) {
+  const int P = c.size(), r = c.rank();
+  for (DType t : {DType::f32, DType::bf16}) {
+    const int64_t es = dtype_size(t);
+    for (int64_t n : {0, 1, 7, 1000, 4099}) {
+      const std::string tag = fmt::format("{} n={}", dtype_name(t), n);
+      const auto ag_in = values(t, n, ++stream, r), rs_in = values(t, P * n, ++stream, r),
+                 a2a_in = values(t, P * n, ++stream, r), ar1_in = values(t, n, ++stream, r),
+                 ar2_in = values(t, n, ++stream, r), bc_in = values(t, n, ++stream, r);
+      struct Outputs {
+        std::vector<char> ag, ag_in_place, rs, a2a, ar1, ar2, bc;
+      };
+      auto fresh = [&] {
+        Outputs o{std::vector<char>(size_t(P * n * es)), std::vector<char>(size_t(P * n * es)),
+                  std::vector<char>(size_t(n * es)), std::vector<char>(size_t(P * n * es)), ar1_in, ar2_in, bc_in};
+        if (n > 0) std::memcpy(o.ag_in_place.data() + r * n * es, ag_in.data(), size_t(n * es));
+        return o;
+      };
+      Outputs blocking = fresh(), nb = fresh();
+      c.all_reduce(blocking.ar1.data(), n, t, "grad_a");
+      c.all_gather(ag_in.data(), blocking.ag.data(), n, t, "latent");
+      c.reduce_scatter(rs_in.data(), blocking.rs.data(), n, t, "dlatent");
+      c.all_gather(blocking.ag_in_place.data() + r * n * es, blocking.ag_in_place.data(), n, t, "latent");
+      c.all_reduce(blocking.ar2.data(), n, t, "grad_b");
+      c.all_to_all(a2a_in.data(), blocking.a2a.data(), n, t, "q");
+      c.broadcast(blocking.bc.data(), n * es, P - 1, "config");
+      std::vector<CollectiveHandle> h;
+      h.push_back(c.all_reduce_start(nb.ar1.data(), n, t, "grad_a"));
+      h.push_back(c.all_gather_start(ag_in.data(), nb.ag.data(), n, t, "latent"));
+      h.push_back(c.reduce_scatter_start(rs_in.data(), nb.rs.data(), n, t, "dlatent"));
+      h.push_back(c.all_gather_start(nb.ag_in_place.data() + r * n * es, nb.ag_in_place.data(), n, t, "latent"));
+      h.push_back(c.all_reduce_start(nb.ar2.data(), n, t, "grad_b"));
+      h.push_back(c.all_to_all_start(a2a_in.data(), nb.a2a.data(), n, t, "q"));
+      h.push_back(c.broadcast_start(nb.bc.data(), n * es, P - 1, "config"));
+      const size_t k = h.size();
+      for (size_t i = 0; i < k; ++i) {
+        const size_t j = r % 2 == 0 ? (i + size_t(r)) % k : (k - 1 - i + size_t(r)) % k;
+        if (i == 0) c.test(h[j]);  // a test first: progress without blocking
+        c.wait(h[j]);
+      }
+      const std::pair<const char*, std::vector<char> Outputs::*> cases[] = {
+          {"all_gather", &Outputs::ag}, {"all_gather_in_place", &Outputs::ag_in_place},
+          {"reduce_scatter", &Outputs::rs}, {"all_to_all", &Outputs::a2a},
+          {"all_reduce", &Outputs::ar1}, {"all_reduce_second", &Outputs::ar2},
+          {"broadcast", &Outputs::bc}};
+      for (const auto& [name, member] : cases) {
+        LAGA_ASSERT(nb.*member == blocking.*member, "rank {}: non-blocking {} {} differs from blocking", r, name, tag);
+        add(fmt::format("nonblocking {} {}", name, tag), nb.*member);
+      }
+    }
+  }
 }
 
 // Runs every case on this rank; returns the case names and this rank's digests, in the same order
@@ -113,6 +181,7 @@ void run_cases(Communicator& c, std::vector<std::string>& names, std::vector<uin
     c.broadcast(buf.data(), bytes, root, "config");
     add(fmt::format("broadcast bytes={} root={}", bytes, root), buf);
   }
+  run_nonblocking_cases(c, add, stream);
   c.barrier();
   check_same_everywhere(c, "driver configuration", "same everywhere");
   std::string ledger;
@@ -134,6 +203,13 @@ void inject_fault(Communicator& c, const Options& o) {
     if (o.fault == "throw") throw Error(ErrorKind::failure, __FILE__, __LINE__, "injected fault");
     if (o.fault == "kill") std::raise(SIGKILL);
     if (o.fault == "timeout") std::this_thread::sleep_for(std::chrono::seconds(120));
+  }
+  if (o.pending) {
+    auto ag = c.all_gather_start(a.data(), b.data(), 64, DType::f32, "latent");
+    auto ar = c.all_reduce_start(a.data(), 64, DType::f32, "grad_sync");
+    c.wait(ar);
+    c.wait(ag);
+    return;
   }
   c.all_gather(a.data(), b.data(), 64, DType::f32, "latent");
 }
@@ -158,7 +234,10 @@ Options parse(int argc, char** argv) {
     else if (a == "--piece-bytes") o.piece_bytes = std::stoll(v);
     else if (a == "--fault") o.fault = v;
     else if (a == "--fault-rank") o.fault_rank = std::stoi(v);
-    else LAGA_FAIL_USAGE("unknown option {}; try --threads, --timeout, --piece-bytes, --fault, --fault-rank", a);
+    else if (a == "--pending") o.pending = v == "1";
+    else if (a == "--group") o.group = std::stoi(v);
+    else LAGA_FAIL_USAGE("unknown option {}; try --threads, --timeout, --piece-bytes, --fault, --fault-rank, --pending, --group",
+                         a);
   }
   LAGA_CHECK(o.fault.empty() || o.fault == "throw" || o.fault == "kill" || o.fault == "timeout" || o.fault == "config",
              "--fault {}: try throw, kill, timeout or config", o.fault);
@@ -195,7 +274,13 @@ int main(int argc, char** argv) {
     LAGA_CHECK(under_mpi(),
                "not started by mpirun; run 'mpirun -np P laga_comm_check' or 'laga_comm_check --threads P'");
     return run_mpi(
-        [&](Communicator& c) {
+        [&](Communicator& world) {
+          std::unique_ptr<Communicator> sub;
+          if (o.group > 0) {
+            sub = first_ranks(world, o.group);
+            if (!sub) return;  // not one of the first ranks
+          }
+          Communicator& c = sub ? *sub : world;
           if (!o.fault.empty()) return inject_fault(c, o);
           std::vector<std::string> names;
           std::vector<uint64_t> mine;

@@ -95,9 +95,12 @@ struct PendingCollective;  // communicator.cpp
 }
 
 // A collective in flight, returned by the *_start calls. Move-only; default-constructed = empty;
-// Communicator::wait empties it. Destroyed while not empty it waits (it never throws: if the wait
-// fails, or the destructor runs during stack unwinding, it aborts the group first and swallows the
-// error, so no peer keeps waiting and no peer still reads a buffer about to be freed).
+// Communicator::wait empties it (also when the wait fails: the collective is abandoned, and the
+// group is down). Destroyed while not empty it waits, and never throws: if the wait fails it aborts
+// the group and swallows the error. Destroyed while an error unwinds the stack it does not wait: it
+// abandons the collective (threads: aborts the group, so no peer keeps waiting and none still reads
+// a buffer about to be freed; MPI: the error goes on to end the job). After an error has escaped
+// with collectives in flight, the communicator is not to be used again.
 class CollectiveHandle {
  public:
   CollectiveHandle();
@@ -192,14 +195,20 @@ class Communicator {
   // flight); true when r is complete on this rank, i.e. its output is written and its input is no
   // longer read by anyone. Throws when the group is aborted or the ranks disagree on r.
   virtual bool test_raw(RawRequest& r) = 0;
-  // Blocks until r is complete (only used with no timeout and nothing else to drive). By default
-  // test_raw and idle in turn.
+  // Blocks until r is complete (only used with no timeout, on the operation that gates this rank's
+  // further progress: see drive in communicator.cpp). By default test_raw and idle in turn.
   virtual void block_raw(RawRequest& r);
   // Waits a little for something to change (polls: calls so far in this wait; at most max_s seconds
   // when max_s > 0).
   virtual void idle(int polls, double max_s) = 0;
   // r waited longer than the timeout: fail naming it, this rank and what is known of the others.
   [[noreturn]] virtual void timed_out(RawRequest& r) = 0;
+  // A collective of this rank is dropped while an error unwinds the stack (its handle's destructor):
+  // make sure no peer waits for it forever and no peer is still reading its buffers on return.
+  // Threads: abort the group and wait out the copies in progress. By default nothing: under MPI the
+  // error reaches run_mpi, which ends the job (MPI_Abort) with the error's own message before any
+  // further MPI call could progress the dropped request.
+  virtual void abandon(const std::string& reason) {}
   // The communicator of this group's first P ranks (see first_ranks); called with 1 ≤ P ≤ size().
   virtual std::unique_ptr<Communicator> first_ranks_of(int P);
   double timeout_s_ = 0;

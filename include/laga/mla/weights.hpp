@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "laga/mla/config.hpp"
@@ -41,8 +42,22 @@ struct Weights {
   int64_t bytes() const;
 };
 
+// The one table of a layer's weights: every place that names, shapes or maps a weight (allocation,
+// for_each, by_name, checkpoint loading, dumps, the Hugging Face mapping, error messages) reads it.
+struct WeightSpec {
+  const char* name;       // ours: DeepSeek-V3's reference names
+  const char* hf_key;     // Hugging Face: model.layers.{l}.<hf_key>.weight
+  const char* paper;      // the DeepSeek-V2/V3 papers' symbols
+  const char* shape_doc;  // "[Lq, D]": the shape in the dimension letters of docs/design.md §1
+  Tensor LayerWeights::*member;
+  // The shape for these dimensions; empty when the weight does not exist (wq_a without q_lora_rank).
+  Shape (*shape)(const ModelDims& d);
+};
+const std::vector<WeightSpec>& weight_table();
+const WeightSpec* find_weight_spec(std::string_view name);  // null for an unknown name
+
 // The names and shapes of one layer's weights for this config, in for_each's order.
-std::vector<std::pair<std::string, Shape>> layer_weight_shapes(const MlaConfig& c);
+std::vector<std::pair<std::string, Shape>> layer_weight_shapes(const ModelDims& c);
 
 // Uninitialised weights of the config's dtype, tagged "weights".
 Weights allocate_weights(const MlaConfig& c, const std::string& tag = "weights");

@@ -17,7 +17,7 @@ namespace laga::forms {
 namespace {
 
 // The output width: V and o padded to Dl with the fused kernel, Lkv with the eager one.
-int64_t out_width(const RankCtx& x) { return x.c.kernel == Kernel::fused ? x.Dl : x.Lkv; }
+int64_t out_width(const RankCtx& ctx) { return ctx.c.kernel == Kernel::fused ? ctx.Dl : ctx.Lkv; }
 
 class AbsorbedExpanded final : public Form {
  public:
@@ -27,56 +27,56 @@ class AbsorbedExpanded final : public Form {
     return "all-to-all of q and o, all-gather of the latent; W_UK in the query, the latent copied per head";
   }
 
-  Tensor forward(const RankCtx& x, const LayerWeights& w, Tensor q_local, Tensor latent,
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<AbsorbedSaved>();
-    const int64_t Dvo = out_width(x);
-    s->q = scatter_heads(x.comm, q_local, "q", "act.q");                          // A1
+    const int64_t Dvo = out_width(ctx);
+    s->q = scatter_heads(ctx.comm, q_local, "q", "act.q");                          // A1
     q_local = Tensor();
-    s->latent_g = all_gather_tokens(x.comm, latent, "latent", "act.latent_g");
+    s->latent_g = all_gather_tokens(ctx.comm, latent, "latent", "act.latent_g");
     latent = Tensor();
-    s->q_abs = absorb_query(x, w, s->q);                                          // A2
-    s->k_exp = Tensor::empty({x.T, x.B, x.Hr, x.Dl}, x.dt, "act.k_exp");         // A3 the per-head copies
-    s->v_exp = Tensor::zeros({x.T, x.B, x.Hr, Dvo}, x.dt, "act.v_exp");
-    for (int64_t h = 0; h < x.Hr; ++h) {
-      copy_rows(x.dt, x.T * x.B, x.Dl, s->latent_g.raw(), x.Dl, at(s->k_exp, h * x.Dl), x.Hr * x.Dl);
-      copy_rows(x.dt, x.T * x.B, x.Lkv, s->latent_g.raw(), x.Dl, at(s->v_exp, h * Dvo), x.Hr * Dvo);
+    s->q_abs = absorb_query(ctx, w, s->q);                                          // A2
+    s->k_exp = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dl}, ctx.dt, "act.k_exp");         // A3 the per-head copies
+    s->v_exp = Tensor::zeros({ctx.T, ctx.B, ctx.Hr, Dvo}, ctx.dt, "act.v_exp");
+    for (int64_t h = 0; h < ctx.Hr; ++h) {
+      copy_rows(ctx.dt, ctx.T * ctx.B, ctx.Dl, s->latent_g.raw(), ctx.Dl, at(s->k_exp, h * ctx.Dl), ctx.Hr * ctx.Dl);
+      copy_rows(ctx.dt, ctx.T * ctx.B, ctx.Lkv, s->latent_g.raw(), ctx.Dl, at(s->v_exp, h * Dvo), ctx.Hr * Dvo);
     }
-    s->o_lat = Tensor::empty({x.T, x.B, x.Hr, Dvo}, x.dt, "act.o_att");
+    s->o_lat = Tensor::empty({ctx.T, ctx.B, ctx.Hr, Dvo}, ctx.dt, "act.o_att");
     s->attn = attention_forward(
-        x.c.kernel, dense_attention(x, s->q_abs, s->k_exp, s->v_exp, s->o_lat, x.Hr, x.Hr, x.Dl, Dvo));
-    Tensor o = project_out(x, w, s->o_lat, Dvo);                                  // A4
+        ctx.c.kernel, dense_attention(ctx, s->q_abs, s->k_exp, s->v_exp, s->o_lat, ctx.Hr, ctx.Hr, ctx.Dl, Dvo));
+    Tensor o = project_out(ctx, w, s->o_lat, Dvo);                                  // A4
     out = std::move(s);
     return o;
   }
 
-  void backward(const RankCtx& x, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
                 LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
     auto& s = static_cast<AbsorbedSaved&>(*saved);
-    const int64_t Dvo = out_width(x);
-    Tensor do_lat = project_out_backward(x, w, dout, s.o_lat, Dvo, g);            // A4
+    const int64_t Dvo = out_width(ctx);
+    Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, Dvo, g);            // A4
     dout = Tensor();
     // A3: dq_abs, and dK, dV per head, summed into dlatent_g
-    Tensor dq_abs = Tensor::empty({x.T, x.B, x.Hr, x.Dl}, x.dt, "grad.q_abs");
+    Tensor dq_abs = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dl}, ctx.dt, "grad.q_abs");
     Tensor dlatent_g;
     {
-      Tensor dk = Tensor::empty({x.T, x.B, x.Hr, x.Dl}, x.dt, "grad.k_exp");
-      Tensor dv = Tensor::empty({x.T, x.B, x.Hr, Dvo}, x.dt, "grad.v_exp");
-      const AttentionFwdParams p = dense_attention(x, s.q_abs, s.k_exp, s.v_exp, s.o_lat, x.Hr, x.Hr, x.Dl, Dvo);
-      attention_backward(x.c.kernel, dense_attention_backward(p, x, do_lat, dq_abs, dk, dv), s.attn);
+      Tensor dk = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dl}, ctx.dt, "grad.k_exp");
+      Tensor dv = Tensor::empty({ctx.T, ctx.B, ctx.Hr, Dvo}, ctx.dt, "grad.v_exp");
+      const AttentionFwdParams p = dense_attention(ctx, s.q_abs, s.k_exp, s.v_exp, s.o_lat, ctx.Hr, ctx.Hr, ctx.Dl, Dvo);
+      attention_backward(ctx.c.kernel, dense_attention_backward(p, ctx, do_lat, dq_abs, dk, dv), s.attn);
       s.k_exp = s.v_exp = Tensor();
-      dlatent_g = Tensor::empty({x.T, x.B, x.Dl}, x.dt, "grad.latent_g");
-      sum_heads(x.dt, x.T * x.B, x.Hr, x.Dl, dk.raw(), x.Hr * x.Dl, x.Dl, dlatent_g.raw(), x.Dl, false);
-      sum_heads(x.dt, x.T * x.B, x.Hr, x.Lkv, dv.raw(), x.Hr * Dvo, Dvo, dlatent_g.raw(), x.Dl, true);
+      dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, ctx.dt, "grad.latent_g");
+      sum_heads(ctx.dt, ctx.T * ctx.B, ctx.Hr, ctx.Dl, dk.raw(), ctx.Hr * ctx.Dl, ctx.Dl, dlatent_g.raw(), ctx.Dl, false);
+      sum_heads(ctx.dt, ctx.T * ctx.B, ctx.Hr, ctx.Lkv, dv.raw(), ctx.Hr * Dvo, Dvo, dlatent_g.raw(), ctx.Dl, true);
     }
     do_lat = Tensor();
     s.attn = {};
     s.o_lat = s.q_abs = s.latent_g = Tensor();
-    Tensor dq = absorb_query_backward(x, w, s.q, dq_abs, g);                      // A2
+    Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, g);                      // A2
     dq_abs = s.q = Tensor();
-    dlatent = reduce_scatter_tokens(x.comm, dlatent_g, "dlatent", "grad.latent");  // A1's adjoints
+    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent");  // A1's adjoints
     dlatent_g = Tensor();
-    dq_local = gather_heads(x.comm, dq, "dq", "grad.q_local");
+    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
   }
 
   std::vector<DeclaredCollective> collectives() const override {

@@ -15,9 +15,9 @@ namespace laga::forms {
 namespace {
 
 // K = the latent, V = its first Lkv columns: one head shared by all Hr query heads.
-AttentionFwdParams shared_attention(const RankCtx& x, const AbsorbedSaved& s) {
-  AttentionFwdParams p = dense_attention(x, s.q_abs, s.latent_g, s.latent_g, s.o_lat, x.Hr, 1, x.Dl, x.Lkv);
-  p.k_stride = p.v_stride = AttentionStrides{x.B * x.Dl, x.Dl, 0};
+AttentionFwdParams shared_attention(const RankCtx& ctx, const AbsorbedSaved& s) {
+  AttentionFwdParams p = dense_attention(ctx, s.q_abs, s.latent_g, s.latent_g, s.o_lat, ctx.Hr, 1, ctx.Dl, ctx.Lkv);
+  p.k_stride = p.v_stride = AttentionStrides{ctx.B * ctx.Dl, ctx.Dl, 0};
   return p;
 }
 
@@ -29,43 +29,43 @@ class AbsorbedShared final : public Form {
     return "all-to-all of q and o, all-gather of the latent; W_UK in the query, MQA over the one latent";
   }
 
-  Tensor forward(const RankCtx& x, const LayerWeights& w, Tensor q_local, Tensor latent,
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<AbsorbedSaved>();
-    s->q = scatter_heads(x.comm, q_local, "q", "act.q");                          // A1
+    s->q = scatter_heads(ctx.comm, q_local, "q", "act.q");                          // A1
     q_local = Tensor();
-    s->latent_g = all_gather_tokens(x.comm, latent, "latent", "act.latent_g");
+    s->latent_g = all_gather_tokens(ctx.comm, latent, "latent", "act.latent_g");
     latent = Tensor();
-    s->q_abs = absorb_query(x, w, s->q);                                          // A2
-    s->o_lat = Tensor::empty({x.T, x.B, x.Hr, x.Lkv}, x.dt, "act.o_att");        // A3
-    s->attn = attention_forward(x.c.kernel, shared_attention(x, *s));
-    Tensor o = project_out(x, w, s->o_lat, x.Lkv);                                // A4
+    s->q_abs = absorb_query(ctx, w, s->q);                                          // A2
+    s->o_lat = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Lkv}, ctx.dt, "act.o_att");        // A3
+    s->attn = attention_forward(ctx.c.kernel, shared_attention(ctx, *s));
+    Tensor o = project_out(ctx, w, s->o_lat, ctx.Lkv);                                // A4
     out = std::move(s);
     return o;
   }
 
-  void backward(const RankCtx& x, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
                 LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
     auto& s = static_cast<AbsorbedSaved&>(*saved);
-    Tensor do_lat = project_out_backward(x, w, dout, s.o_lat, x.Lkv, g);          // A4
+    Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, ctx.Lkv, g);          // A4
     dout = Tensor();
     // A3: dq_abs; dK is dlatent_g itself, dV (one head) is added onto its first Lkv columns
-    Tensor dq_abs = Tensor::empty({x.T, x.B, x.Hr, x.Dl}, x.dt, "grad.q_abs");
-    Tensor dlatent_g = Tensor::empty({x.T, x.B, x.Dl}, x.dt, "grad.latent_g");
+    Tensor dq_abs = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dl}, ctx.dt, "grad.q_abs");
+    Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, ctx.dt, "grad.latent_g");
     {
-      Tensor dv = Tensor::empty({x.T, x.B, 1, x.Lkv}, x.dt, "grad.v_lat");
-      attention_backward(x.c.kernel, dense_attention_backward(shared_attention(x, s), x, do_lat, dq_abs, dlatent_g, dv),
+      Tensor dv = Tensor::empty({ctx.T, ctx.B, 1, ctx.Lkv}, ctx.dt, "grad.v_lat");
+      attention_backward(ctx.c.kernel, dense_attention_backward(shared_attention(ctx, s), ctx, do_lat, dq_abs, dlatent_g, dv),
                          s.attn);
-      sum_heads(x.dt, x.T * x.B, 1, x.Lkv, dv.raw(), x.Lkv, 0, dlatent_g.raw(), x.Dl, /*accumulate=*/true);
+      sum_heads(ctx.dt, ctx.T * ctx.B, 1, ctx.Lkv, dv.raw(), ctx.Lkv, 0, dlatent_g.raw(), ctx.Dl, /*accumulate=*/true);
     }
     do_lat = Tensor();
     s.attn = {};
     s.o_lat = s.q_abs = s.latent_g = Tensor();
-    Tensor dq = absorb_query_backward(x, w, s.q, dq_abs, g);                      // A2
+    Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, g);                      // A2
     dq_abs = s.q = Tensor();
-    dlatent = reduce_scatter_tokens(x.comm, dlatent_g, "dlatent", "grad.latent");  // A1's adjoints
+    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent");  // A1's adjoints
     dlatent_g = Tensor();
-    dq_local = gather_heads(x.comm, dq, "dq", "grad.q_local");
+    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
   }
 
   std::vector<DeclaredCollective> collectives() const override {

@@ -30,49 +30,49 @@ class Explicit final : public Form {
     return "all-to-all of per-head q, k, v and o; K/V up-projected from the local latent";
   }
 
-  Tensor forward(const RankCtx& x, const LayerWeights& w, Tensor q_local, Tensor latent,
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<ExplicitSaved>();
-    Tensor k_local = Tensor::empty({x.N, x.B, x.H, x.Dqk}, x.dt, "act.k_local");   // E1 (local tokens, every head)
-    Tensor v_local = Tensor::empty({x.N, x.B, x.H, x.Dv}, x.dt, "act.v_local");
-    up_project_forward(x, latent, w.wkv_b, 0, x.H, k_local, v_local);
+    Tensor k_local = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "act.k_local");   // E1 (local tokens, every head)
+    Tensor v_local = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, "act.v_local");
+    up_project_forward(ctx, latent, w.wkv_b, 0, ctx.H, k_local, v_local);
     s->latent = std::move(latent);
-    s->q = scatter_heads(x.comm, q_local, "q", "act.q");                          // E2
+    s->q = scatter_heads(ctx.comm, q_local, "q", "act.q");                          // E2
     q_local = Tensor();
-    s->k = scatter_heads(x.comm, k_local, "k", "act.k");
+    s->k = scatter_heads(ctx.comm, k_local, "k", "act.k");
     k_local = Tensor();
-    s->v = scatter_heads(x.comm, v_local, "v", "act.v");
+    s->v = scatter_heads(ctx.comm, v_local, "v", "act.v");
     v_local = Tensor();
-    s->o = Tensor::empty({x.T, x.B, x.Hr, x.Dv}, x.dt, "act.o_att");              // E3
-    s->attn = attention_forward(x.c.kernel, dense_attention(x, s->q, s->k, s->v, s->o, x.Hr, x.Hr, x.Dqk, x.Dv));
+    s->o = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "act.o_att");              // E3
+    s->attn = attention_forward(ctx.c.kernel, dense_attention(ctx, s->q, s->k, s->v, s->o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv));
     Tensor o = s->o;
     out = std::move(s);
     return o;
   }
 
-  void backward(const RankCtx& x, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
                 LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
     auto& s = static_cast<ExplicitSaved&>(*saved);
     // E3 o = attention(q, k, v)
-    Tensor dq = Tensor::empty({x.T, x.B, x.Hr, x.Dqk}, x.dt, "grad.q");
-    Tensor dk = Tensor::empty({x.T, x.B, x.Hr, x.Dqk}, x.dt, "grad.k");
-    Tensor dv = Tensor::empty({x.T, x.B, x.Hr, x.Dv}, x.dt, "grad.v");
+    Tensor dq = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.q");
+    Tensor dk = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.k");
+    Tensor dv = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "grad.v");
     {
-      const AttentionFwdParams p = dense_attention(x, s.q, s.k, s.v, s.o, x.Hr, x.Hr, x.Dqk, x.Dv);
-      attention_backward(x.c.kernel, dense_attention_backward(p, x, dout, dq, dk, dv), s.attn);
+      const AttentionFwdParams p = dense_attention(ctx, s.q, s.k, s.v, s.o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv);
+      attention_backward(ctx.c.kernel, dense_attention_backward(p, ctx, dout, dq, dk, dv), s.attn);
     }
     dout = Tensor();
     s.attn = {};
     s.q = s.k = s.v = s.o = Tensor();
     // E2 scatter_heads q, k, v:  its adjoint brings dq, dk, dv back to the local tokens
-    dq_local = gather_heads(x.comm, dq, "dq", "grad.q_local");
+    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
     dq = Tensor();
-    Tensor dk_local = gather_heads(x.comm, dk, "dk", "grad.k_local");
+    Tensor dk_local = gather_heads(ctx.comm, dk, "dk", "grad.k_local");
     dk = Tensor();
-    Tensor dv_local = gather_heads(x.comm, dv, "dv", "grad.v_local");
+    Tensor dv_local = gather_heads(ctx.comm, dv, "dv", "grad.v_local");
     dv = Tensor();
-    dlatent = Tensor::empty({x.N, x.B, x.Dl}, x.dt, "grad.latent");               // E1 backward
-    up_project_backward(x, s.latent, w.wkv_b, 0, x.H, dk_local, dv_local, dlatent, g.wkv_b);
+    dlatent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "grad.latent");               // E1 backward
+    up_project_backward(ctx, s.latent, w.wkv_b, 0, ctx.H, dk_local, dv_local, dlatent, g.wkv_b);
     s.latent = Tensor();
   }
 

@@ -33,44 +33,44 @@ class Laga final : public Form {
     return "all-to-all of q and o, all-gather of the latent; K/V of this rank's heads rebuilt locally";
   }
 
-  Tensor forward(const RankCtx& x, const LayerWeights& w, Tensor q_local, Tensor latent,
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<LagaSaved>();
-    s->q = scatter_heads(x.comm, q_local, "q", "act.q");                          // G1
+    s->q = scatter_heads(ctx.comm, q_local, "q", "act.q");                          // G1
     q_local = Tensor();
-    s->latent_g = all_gather_tokens(x.comm, latent, "latent", "act.latent_g");
+    s->latent_g = all_gather_tokens(ctx.comm, latent, "latent", "act.latent_g");
     latent = Tensor();  // the gathered copy holds this rank's tokens too
-    s->k = Tensor::empty({x.T, x.B, x.Hr, x.Dqk}, x.dt, "act.k");                  // G2 (this rank's heads)
-    s->v = Tensor::empty({x.T, x.B, x.Hr, x.Dv}, x.dt, "act.v");
-    up_project_forward(x, s->latent_g, w.wkv_b, x.r * x.Hr, x.Hr, s->k, s->v);
-    s->o = Tensor::empty({x.T, x.B, x.Hr, x.Dv}, x.dt, "act.o_att");              // G3
-    s->attn = attention_forward(x.c.kernel, dense_attention(x, s->q, s->k, s->v, s->o, x.Hr, x.Hr, x.Dqk, x.Dv));
+    s->k = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "act.k");                  // G2 (this rank's heads)
+    s->v = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "act.v");
+    up_project_forward(ctx, s->latent_g, w.wkv_b, ctx.r * ctx.Hr, ctx.Hr, s->k, s->v);
+    s->o = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "act.o_att");              // G3
+    s->attn = attention_forward(ctx.c.kernel, dense_attention(ctx, s->q, s->k, s->v, s->o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv));
     Tensor o = s->o;
     out = std::move(s);
     return o;
   }
 
-  void backward(const RankCtx& x, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
                 LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
     auto& s = static_cast<LagaSaved&>(*saved);
     // G3 o = attention(q, k, v)
-    Tensor dq = Tensor::empty({x.T, x.B, x.Hr, x.Dqk}, x.dt, "grad.q");
-    Tensor dk = Tensor::empty({x.T, x.B, x.Hr, x.Dqk}, x.dt, "grad.k");
-    Tensor dv = Tensor::empty({x.T, x.B, x.Hr, x.Dv}, x.dt, "grad.v");
+    Tensor dq = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.q");
+    Tensor dk = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.k");
+    Tensor dv = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "grad.v");
     {
-      const AttentionFwdParams p = dense_attention(x, s.q, s.k, s.v, s.o, x.Hr, x.Hr, x.Dqk, x.Dv);
-      attention_backward(x.c.kernel, dense_attention_backward(p, x, dout, dq, dk, dv), s.attn);
+      const AttentionFwdParams p = dense_attention(ctx, s.q, s.k, s.v, s.o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv);
+      attention_backward(ctx.c.kernel, dense_attention_backward(p, ctx, dout, dq, dk, dv), s.attn);
     }
     dout = Tensor();
     s.attn = {};
     s.q = s.k = s.v = s.o = Tensor();
     // G2 backward (this rank's head shard), over the whole sequence
-    Tensor dlatent_g = Tensor::empty({x.T, x.B, x.Dl}, x.dt, "grad.latent_g");
-    up_project_backward(x, s.latent_g, w.wkv_b, x.r * x.Hr, x.Hr, dk, dv, dlatent_g, g.wkv_b);
+    Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, ctx.dt, "grad.latent_g");
+    up_project_backward(ctx, s.latent_g, w.wkv_b, ctx.r * ctx.Hr, ctx.Hr, dk, dv, dlatent_g, g.wkv_b);
     dk = dv = s.latent_g = Tensor();
-    dlatent = reduce_scatter_tokens(x.comm, dlatent_g, "dlatent", "grad.latent");  // G1 all-gather's adjoint
+    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent");  // G1 all-gather's adjoint
     dlatent_g = Tensor();
-    dq_local = gather_heads(x.comm, dq, "dq", "grad.q_local");                     // G1 scatter_heads' adjoint
+    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");                     // G1 scatter_heads' adjoint
   }
 
   bool exact_at_one_rank() const override { return true; }
