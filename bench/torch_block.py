@@ -1,9 +1,9 @@
 """The MLA block stack in PyTorch eager, as a PyTorch user writes it: the baseline of the block benchmark.
 
-Holds: y = x + MLA(RMSNorm(x)) per layer (DESIGN 1-2, explicit form, one rank), sequence-first
+Holds: y = x + MLA(RMSNorm(x)) per layer (docs/design.md §1–§2, explicit form, one rank), sequence-first
 [T, B, D], in fp32 or bf16, with torch ops and autograd: torch.nn.functional.linear for every
 projection, RMSNorm by hand (Hugging Face's DeepSeek style: the statistics in fp32, the result cast
-back), RoPE with YaRN per DESIGN 1.1 over global positions 0..T-1 (interleaved pairs or rotate-half),
+back), RoPE with YaRN per docs/design.md §1.1 over global positions 0..T-1 (interleaved pairs or rotate-half),
 and causal attention in PyTorch's math style with the scores materialised: scores = q @ k^T * scale,
 masked_fill(-inf), softmax (in fp32, cast back, as Hugging Face does), @ v. It times forward and
 backward, and checks against a laga dump that it computes the same function.
@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 # --------------------------------------------------------------------------------------------
-# Configuration: the presets of src/core/config.cpp, or a laga config.json (DESIGN 1.1 keys).
+# Configuration: the presets of src/mla/config.cpp, or a laga config.json (docs/design.md §1.1 keys).
 
 PRESETS = {
     #                  D     H    Lq    Lkv  Dn   Dr  Dv

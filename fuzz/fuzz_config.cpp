@@ -1,4 +1,4 @@
-// libFuzzer target: the configuration parser (core/config.hpp) on arbitrary text — JSON parsed by
+// libFuzzer target: the configuration parser (mla/config.hpp) on arbitrary text — JSON parsed by
 // nlohmann as `laga run --config FILE` parses it, then MlaConfig::from_json with and without
 // validation — and MlaConfig::preset on the same text as a preset name.
 //

@@ -1,5 +1,5 @@
 // fp64 reference of the MLA block stack: per layer y = x + MLA(RMSNorm(x; attn_norm)), MLA in the
-// explicit form on one rank (DESIGN §2.1–§2.2), forward and backward. The equations and every
+// explicit form on one rank (docs/design.md §2.1–§2.2), forward and backward. The equations and every
 // backward step are derived in docs/block.md; the line labels (N, L1–L6, E1–E4, R) are the same.
 //
 // One rank, so there are no collectives: E2's and E4's all-to-alls are identities and the positions
@@ -11,7 +11,7 @@
 // Precision emulation (`storage` set; empty leaves every line below exact and bitwise as before). A
 // plain implementation in bf16 (or fp32) computes each op in higher precision and rounds the result
 // once, where it stores it. So the lines marked `store(...)` round, in the storage dtype, exactly the
-// tensors src/mla/block.cpp and src/mla/forms.cpp (explicit form) write in it:
+// tensors src/mla/block.cpp and src/mla/forms/explicit.cpp write in it:
 //   forward   xn (N), cq (L1), cqn (L2), q before RoPE (L3, act.q_local) and q after RoPE,
 //             kv (L4), ckv (L5) and kpe (L6) — the latent —, [k_nope | v] (E1, act.kvb), attention's
 //             P (inside attention_ref) and o (E3), o·woᵀ (act.y) and y = x + o·woᵀ (R);
@@ -38,7 +38,7 @@ namespace laga::ref {
 
 namespace {
 
-// DESIGN §1.1: yarn_mscale(f, m) = 0.1 · m · ln(f) + 1, or 1 if f ≤ 1.
+// docs/design.md §1.1: yarn_mscale(f, m) = 0.1 · m · ln(f) + 1, or 1 if f ≤ 1.
 double yarn_mscale(double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; }
 
 // softmax_scale = Dqk^-0.5 · yarn_mscale(f, ma)² with rope_scaling, else Dqk^-0.5.

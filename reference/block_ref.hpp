@@ -1,4 +1,4 @@
-// fp64 reference of the MLA block stack, y = x + MLA(RMSNorm(x)) per layer (DESIGN §2.1–§2.2,
+// fp64 reference of the MLA block stack, y = x + MLA(RMSNorm(x)) per layer (docs/design.md §2.1–§2.2,
 // explicit form, one rank), forward and backward, written from the equations — the specification
 // every form and rank count is checked against.
 //

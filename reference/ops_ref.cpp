@@ -1,5 +1,5 @@
 // fp64 reference ops: linear, RMSNorm and RoPE with YaRN, forward and backward, by their
-// definitions (DESIGN §1.1, §2.1; the backwards are derived in docs/block.md §3). Plain loops.
+// definitions (docs/design.md §1.1, §2.1; the backwards are derived in docs/block.md §3). Plain loops.
 //
 // The RoPE frequencies and the attention factor are recomputed here from the config's raw fields
 // (rope_theta, rope_scaling.*, qk_rope_head_dim, rope_interleaved) on purpose: the reference must not
@@ -18,7 +18,7 @@ namespace {
 // The product of all dims but the last: the number of rows an op over the last dim visits.
 int64_t leading_rows(const Array& a) { return a.shape.empty() ? 1 : a.numel() / a.shape.back(); }
 
-// DESIGN §1.1: yarn_mscale(f, m) = 0.1 · m · ln(f) + 1, or 1 if f ≤ 1.
+// docs/design.md §1.1: yarn_mscale(f, m) = 0.1 · m · ln(f) + 1, or 1 if f ≤ 1.
 double yarn_mscale(double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; }
 
 // The rotation of RoPE/YaRN for one config: frequency of pair i and the factor on cos/sin.

@@ -1,4 +1,4 @@
-// fp64 reference ops: linear, RMSNorm, RoPE with YaRN. Plain loops, by the definitions of DESIGN §1–§2.
+// fp64 reference ops: linear, RMSNorm, RoPE with YaRN. Plain loops, by the definitions of docs/design.md §1–§2.
 // `acc` (default exact) picks how sums are accumulated (Accum, reference/array.hpp).
 #pragma once
 
@@ -22,7 +22,7 @@ struct RmsNormGrads {
 RmsNormGrads rmsnorm_backward(const Array& x, const Array& w, const Array& dy, double eps,
                               Accum acc = Accum::exact);
 
-// RoPE with YaRN (DESIGN §1.1, recomputed here from the config's raw fields) over the last dim Dr of
+// RoPE with YaRN (docs/design.md §1.1, recomputed here from the config's raw fields) over the last dim Dr of
 // x [T, ...middle..., Dr]; token t sits at global position pos0 + t. Layout per c.rope_interleaved.
 Array rope_forward(const Array& x, const MlaConfig& c, int64_t pos0);
 Array rope_backward(const Array& dy, const MlaConfig& c, int64_t pos0);

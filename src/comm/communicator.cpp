@@ -3,7 +3,7 @@
 // that drives every collective in flight, the ordered second phases of all_reduce), the reductions
 // built on raw byte movement (so every backend sums in the same order and gives bitwise the same
 // results), and the configuration check. Not here: moving bytes between ranks (threads.cpp,
-// mpi.cpp, no_peers.cpp). The accounting formulas are in communicator.hpp and DESIGN §4.
+// mpi.cpp, no_peers.cpp). The accounting formulas are in communicator.hpp and docs/design.md §4.
 #include "laga/comm/communicator.hpp"
 
 #include <algorithm>

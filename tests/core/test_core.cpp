@@ -80,7 +80,7 @@ TEST(Config, ReportsEveryProblemAtOnce) {
 }
 
 TEST(Config, SoftmaxScaleOfDeepSeekV3MatchesDesign) {
-  // DESIGN §1: mscale² / sqrt(192) with mscale = 0.1 ln 40 + 1.
+  // docs/design.md §1: mscale² / sqrt(192) with mscale = 0.1 ln 40 + 1.
   EXPECT_NEAR(MlaConfig::preset("deepseek-v3").softmax_scale(), 0.135234, 1e-6);
 }
 

@@ -153,7 +153,7 @@ TEST(Planner, MatchesTheClosedFormsOfTheAccounting) {
 }
 
 TEST(Planner, LagaMovesHalfOfExplicitsTrafficAtDeepSeekV3Heads) {
-  // DESIGN §5: per token, explicit moves q, k, v, o = (192 + 192 + 128 + 128)·H elements, laga
+  // docs/design.md §5: per token, explicit moves q, k, v, o = (192 + 192 + 128 + 128)·H elements, laga
   // q, o and the latent = (192 + 128)·H + 576: 640·128 / (320·128 + 576) = 1.972 at H = 128.
   MlaConfig c = MlaConfig::preset("deepseek-v3");
   c.seq_len = 4096, c.sp = 8;

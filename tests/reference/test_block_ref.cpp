@@ -2,7 +2,7 @@
 // differences of L = ⟨g, y⟩ (g random, never sum(y)) for dx and every weight of every layer, over
 // q_lora_rank > 0 and = 0, both RoPE layouts, B = 1 and 2, YaRN on, off and with an attention factor
 // ≠ 1; and against facts that need no code: wo = 0 makes the block the identity, the block is
-// causal, batch entries do not mix, one token attends only to itself, and one layer equals DESIGN's
+// causal, batch entries do not mix, one token attends only to itself, and one layer equals docs/design.md's
 // equations written out with explicit index loops (which pins the softmax scale and head layouts,
 // things finite differences cannot see). Math: docs/block.md.
 #include <fmt/format.h>
@@ -251,7 +251,7 @@ TEST(BlockRef, SingleTokenAttendsOnlyToItsOwnValue) {
 }
 
 TEST(BlockRef, MatchesTheEquationsWrittenOutByHand) {
-  // One layer of DESIGN §2.1–§2.2 restated with explicit index loops, independent of block_ref's
+  // One layer of docs/design.md §2.1–§2.2 restated with explicit index loops, independent of block_ref's
   // helpers: q's per-head layout [nope | pe], kpe broadcast to every head, wkv_b's per-head
   // [Dn k-rows | Dv v-rows], and the softmax scale. tiny: Dqk = 16 + 8 = 24, YaRN factor 40,
   // mscale_all_dim 1: scale = (0.1 · ln 40 + 1)² / √24 = 1.3688879² / 4.8989795 = 0.3824989.

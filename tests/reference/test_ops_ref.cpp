@@ -2,7 +2,7 @@
 // finite differences of a random-projection loss L = ⟨g, y⟩ (g random: never sum(y)), and facts
 // about RoPE/YaRN that hold independently of any code — norm preservation, the identity at
 // position 0, plain frequencies, DeepSeek-V3's YaRN correction range worked out by hand, relative
-// positions, the two layouts being one permutation apart. The math is in DESIGN §1.1 and docs/block.md.
+// positions, the two layouts being one permutation apart. The math is in docs/design.md §1.1 and docs/block.md.
 //
 // Frequencies are measured through rope_forward itself (the angle a unit pair turns by at position 1),
 // so no test reads MlaConfig::rope_inv_freq(): the reference and the fast code stay independent.
@@ -79,7 +79,7 @@ MlaConfig rope_config(int64_t Dr, bool interleaved, bool yarn) {
   return c;
 }
 
-// The two indices DESIGN §1.1 pairs under each layout.
+// The two indices docs/design.md §1.1 pairs under each layout.
 int64_t first(const MlaConfig& c, int64_t i) { return c.rope_interleaved ? 2 * i : i; }
 int64_t second(const MlaConfig& c, int64_t i) { return c.rope_interleaved ? 2 * i + 1 : i + c.qk_rope_head_dim / 2; }
 

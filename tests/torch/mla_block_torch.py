@@ -1,16 +1,16 @@
 #!/usr/bin/python3
 """An independent PyTorch check of a laga dump (laga run ... --dump DIR).
 
-Written from DESIGN.md sections 1-2 alone, not from laga's C++: the L-block MLA stack
+Written from docs/design.md §1–§2 alone, not from laga's C++: the L-block MLA stack
 y = x + MLA(RMSNorm(x)) per layer, sequence-first [T, B, D], explicit attention with a causal
-softmax spelt out, RoPE with YaRN as in DESIGN 1.1 over global positions 0..T-1. It reads
+softmax spelt out, RoPE with YaRN as in docs/design.md §1.1 over global positions 0..T-1. It reads
 DIR/config.json and DIR/tensors.safetensors (parsed here with json + struct + numpy: Debian has
 no safetensors package), runs forward and autograd backward in float64 from the dumped x, dy and
 weights, and compares y, dx and every weight gradient with laga's.
 
 Tolerance, per tensor, derived rather than picked: the same torch model is run again in the dump's
 precision (float32 for fp32 dumps; for bf16 dumps, fp32 arithmetic with every stored tensor --
-op outputs, activation gradients, weight gradients -- rounded to bf16, DESIGN's dtype model), and laga's max abs error against float64 must be at most FACTOR (4) times that model's
+op outputs, activation gradients, weight gradients -- rounded to bf16, the dtype model of docs/design.md), and laga's max abs error against float64 must be at most FACTOR (4) times that model's
 error plus a floor of one machine epsilon of the precision times the tensor's max abs value.
 
 Usage:
@@ -80,11 +80,11 @@ def read_safetensors(path):
 
 
 # --------------------------------------------------------------------------------------------
-# The model, DESIGN sections 1-2.
+# The model, docs/design.md §1–§2.
 
 
 def layer_shapes(cfg):
-    """Weight names and [out, in] shapes of one layer (DESIGN 1's table)."""
+    """Weight names and [out, in] shapes of one layer (docs/design.md §1's table)."""
     D, H = cfg["hidden_size"], cfg["num_attention_heads"]
     Lq, Lkv = cfg["q_lora_rank"] or 0, cfg["kv_lora_rank"]
     Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
@@ -109,7 +109,7 @@ def softmax_scale(cfg):
 
 
 def rope_tables(cfg, T):
-    """cos, sin [T, Dr/2] in float64 (DESIGN 1.1), attention factor included."""
+    """cos, sin [T, Dr/2] in float64 (docs/design.md §1.1), attention factor included."""
     Dr, theta = cfg["qk_rope_head_dim"], cfg["rope_theta"]
     inv = [theta ** (-2.0 * i / Dr) for i in range(Dr // 2)]
     rs = cfg.get("rope_scaling")
@@ -200,7 +200,7 @@ def run_model(cfg, t, precision):
 
     precision: "float64" (the reference), "float32", or "bf16-storage": fp32 arithmetic with every
     tensor an implementation stores (op outputs, activation gradients, weight gradients) rounded
-    to bf16 -- DESIGN's dtype model, bf16 storage with fp32 accumulation.
+    to bf16 -- the dtype model of docs/design.md, bf16 storage with fp32 accumulation.
     """
     L, T = cfg["num_layers"], cfg["seq_len"]
     dtype = torch.float64 if precision == "float64" else torch.float32

@@ -35,7 +35,7 @@ Sample timed_run(Launcher& launcher, const Config& c, const RunOptions& opt, dou
     Ledger l;
     for (const auto& rec : r.collectives)
       if (!is_grad_sync(rec)) l.add(rec);
-    const nlohmann::json mine = {r.forward_s, r.backward_s, l.seconds()};
+    const nlohmann::json mine = {r.forward_s, r.backward_s, l.wait_seconds()};  // exposed: time spent waiting
     const std::vector<nlohmann::json> all = gather_json(comm, mine);
     if (comm.rank() != 0) return;
     for (const auto& j : all)

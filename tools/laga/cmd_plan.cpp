@@ -1,5 +1,5 @@
 // laga plan: per-rank memory and communication of every form from the configuration alone (the
-// planner, include/laga/driver/plan.hpp), and with --sweep the tables of DESIGN §5: memory ratios over
+// planner, include/laga/driver/plan.hpp), and with --sweep the tables of docs/design.md §5: memory ratios over
 // T × P × kernel, communication ratios over H in both byte conventions, and least-squares fits showing
 // absorbed's excess over explicit growing linearly in T and in H.
 #include <fmt/format.h>

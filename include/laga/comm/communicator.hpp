@@ -3,7 +3,7 @@
 // mpirun, so the same binary runs across machines). Not here: the forward/backward pairs built on
 // these collectives (the model code composes them), and any device (GPU) transport.
 //
-// Every collective is recorded in the rank's Ledger (DESIGN §4): operation, tensor name, dtype,
+// Every collective is recorded in the rank's Ledger (docs/design.md §4): operation, tensor name, dtype,
 // seconds, tensor bytes (the local shard handed to the collective: the paper's convention) and
 // wire bytes this rank sends under the ring/pairwise algorithms' accounting:
 //   all_to_all      tensor = input bytes,  wire = (P−1)/P · input      (= (P−1) · n · dtype bytes)

@@ -1,8 +1,8 @@
 // Weights in and out of .safetensors files: loading a checkpoint in laga's own naming or a
-// Hugging Face DeepSeek-V2/V3 one, writing weights, and the --dump of a run (DESIGN §7) that
+// Hugging Face DeepSeek-V2/V3 one, writing weights, and the --dump of a run (docs/design.md §7) that
 // independent implementations check (tests/torch/mla_block_torch.py).
 //
-// Names (DESIGN §1): laga's are "layers.{l}.<name>" with the names of LayerWeights; Hugging Face's
+// Names (docs/design.md §1): laga's are "layers.{l}.<name>" with the names of LayerWeights; Hugging Face's
 // are "model.layers.{l}.input_layernorm.weight" for attn_norm and
 // "model.layers.{l}.self_attn.<key>.weight" for the rest (q_a_proj, q_a_layernorm, q_b_proj,
 // q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj). Both store [out, in] like a

@@ -1,4 +1,4 @@
-// FLOPs of the block stack, whole sequence, all ranks together (DESIGN §4): projections counted
+// FLOPs of the block stack, whole sequence, all ranks together (docs/design.md §4): projections counted
 // exactly (2 per multiply-add), attention by FlashAttention-3's convention with causal
 // avg_kv = (T+1)/2 and backward = 2.5× forward, for the attention each form executes (Form::
 // attention_forward_flops: the absorbed core scores over Dl and sums values of Lkv, the others Dqk and

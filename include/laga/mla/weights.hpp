@@ -1,4 +1,4 @@
-// The weights of an L-layer MLA stack, by DeepSeek-V3's reference names (DESIGN §1), row-major
+// The weights of an L-layer MLA stack, by DeepSeek-V3's reference names (docs/design.md §1), row-major
 // [out, in] like a PyTorch Linear, and their gradients. Replicated on every rank.
 //
 // Layer l's tensors are named "layers.{l}.<name>" in files; gradients "layers.{l}.<name>.grad".

@@ -1,4 +1,4 @@
-// RoPE with YaRN (DESIGN §1.1), applied in place to Dr-wide vectors inside a sequence-first
+// RoPE with YaRN (docs/design.md §1.1), applied in place to Dr-wide vectors inside a sequence-first
 // buffer: T tokens × `inner` vectors per token (batch × heads), token t at global position pos0 + t.
 // Forward rotates by +θ and scales by YaRN's attention factor m; backward is the transpose,
 // a rotation by −θ scaled by m. Angles are computed per call in double: no table is stored.
