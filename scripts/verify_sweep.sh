@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# The verification sweep: `laga verify` (every registered form at P = 1, 2, 4, 8 against the fp64
+# reference, by the rule of verify/compare.hpp) over presets tiny, small and deepseek-v2-lite ×
+# T from 16 to 512 (powers of two and not) × both kernels × both dtypes × L 1–2 × B 1–2 × seeds.
+# Every case must pass; a failing case is printed with the command that reproduces it.
+#
+#   scripts/verify_sweep.sh                 every case (hours on two cores: deepseek-v2-lite's fp64
+#                                           reference is the cost)
+#   scripts/verify_sweep.sh --sample N      N cases drawn at random (seed printed; LAGA_SWEEP_SEED fixes it)
+#   scripts/verify_sweep.sh --quick ...     the tiny preset only (seconds per case): what the test suite
+#                                           samples every run (tests/cli/verify_sample.sh)
+#   LAGA=path/to/laga                       the binary (default build/laga)
+# Exit status: 0 every case passed, 1 some failed, 2 bad usage.
+set -u
+cd "$(dirname "$0")/.."
+laga=${LAGA:-build/laga}
+[ -x "$laga" ] || { echo "verify_sweep: $laga is not built; run scripts/setup.sh or set LAGA" >&2; exit 2; }
+sample=0
+models="tiny small deepseek-v2-lite"
+while [ $# -gt 0 ]; do
+  case $1 in
+    --quick) models=tiny; shift ;;
+    --sample)
+      [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+$ ]] || { echo "usage: $0 [--quick] [--sample N]" >&2; exit 2; }
+      sample=$2; shift 2 ;;
+    *) echo "usage: $0 [--quick] [--sample N] (unknown argument '$1')" >&2; exit 2 ;;
+  esac
+done
+
+cases=()
+for model in $models; do
+  for T in 16 24 40 64 104 128 200 256 392 512; do
+    # Every P of 1, 2, 4, 8 that divides T and the model's heads (all three presets have H ≥ 8).
+    sps=1; for P in 2 4 8; do [ $((T % P)) -eq 0 ] && sps="$sps,$P"; done
+    for kernel in fused eager; do
+      for dtype in bf16 fp32; do
+        for L in 1 2; do
+          for B in 1 2; do
+            for seed in 1234 7; do
+              cases+=("--model $model --seq $T --sp $sps --kernel $kernel --dtype $dtype --layers $L --batch $B --seed $seed")
+            done
+          done
+        done
+      done
+    done
+  done
+done
+
+if [ "$sample" -gt 0 ]; then
+  seed=${LAGA_SWEEP_SEED:-$RANDOM}
+  echo "verify_sweep: $sample of ${#cases[@]} cases, drawn with LAGA_SWEEP_SEED=$seed"
+  mapfile -t cases < <(printf '%s\n' "${cases[@]}" | /usr/bin/python3 -c "
+import random, sys
+lines = sys.stdin.read().splitlines()
+random.seed($seed)
+print('\n'.join(random.sample(lines, min($sample, len(lines)))))")
+else
+  echo "verify_sweep: all ${#cases[@]} cases"
+fi
+
+failed=0
+for c in "${cases[@]}"; do
+  # shellcheck disable=SC2086
+  if out=$("$laga" verify $c 2>&1); then
+    worst=$(printf '%s\n' "$out" | awk '$1 ~ /^[0-9]+$/ && $7+0 > m { m = $7+0 } END { printf "%.3f", m }')
+    echo "ok   (worst $worst of allowed) laga verify $c"
+  else
+    failed=$((failed + 1))
+    echo "FAIL laga verify $c"
+    printf '%s\n' "$out" | grep -E "FAIL|laga:" | head -8
+  fi
+done
+echo "verify_sweep: ${#cases[@]} cases, $failed failed"
+[ "$failed" -eq 0 ]
