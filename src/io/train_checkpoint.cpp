@@ -276,7 +276,9 @@ void write_train_checkpoint(const std::string& form_dir, TrainState state) {
     std::getline(in, previous);
   }
   const std::string name = train_step_name(state.manifest.step);
-  if (previous == name) return;  // this step is already the newest complete checkpoint
+  // Only a resumed run that was already complete gets here (cmd_train refuses to overwrite another run's
+  // checkpoints): the same step, the same bytes.
+  if (previous == name) return;
   // Leftovers of a writer killed earlier: unfinished temporaries, and a step directory latest never named.
   for (const auto& e : entries(dir)) {
     const std::string n = e.filename().string();

@@ -108,6 +108,8 @@ expect2 "another model" "config.num_layers: expected 2, found 1" "$laga" "${base
 expect2 "another lr" "lr: expected" "$laga" "${base[@]}" --sp 2 --dtype fp32 --lr 2e-2 --resume "$ck"
 expect2 "another form" "no checkpoint in" "$laga" "${base[@]}" --lr 1e-2 --sp 2 --dtype fp32 --forms explicit --resume "$ck"
 expect2 "no checkpoint" "no checkpoint in" "$laga" "${base[@]}" --lr 1e-2 --sp 2 --dtype fp32 --resume "$work/empty"
+expect2 "a fresh run into a used --checkpoint" "already holds a checkpoint" "$laga" "${base[@]}" --lr 1e-2 --sp 2 \
+  --dtype fp32 --checkpoint "$ck"
 step=$(cat "$ck/laga/latest")
 for damage in truncate flip manifest pointer missing; do
   d=$work/damaged.$damage

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "cli.hpp"
 #include "commands.hpp"
@@ -28,6 +29,18 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
   std::vector<Config> configs;
   for (const auto& name : forms)
     configs.push_back(base_cfg.with([&](MlaConfig& m) { m.form = form_label(name, f.absorbed_kv); }));
+  // A --checkpoint directory holding a checkpoint of a form is only continued, never overwritten by
+  // another run: it must be the --resume directory.
+  if (!t.checkpoint_dir.empty()) {
+    std::error_code ec;
+    const bool continues = !t.resume_dir.empty() && std::filesystem::equivalent(t.checkpoint_dir, t.resume_dir, ec);
+    for (const Config& c : configs) {
+      const std::string dir = train_checkpoint_dir(t.checkpoint_dir, c->form);
+      LAGA_CHECK(continues || !has_train_checkpoint(dir), "--checkpoint {}: {} already holds a checkpoint of another "
+                 "run; continue it with --resume {}, or choose an empty directory", t.checkpoint_dir, dir,
+                 t.checkpoint_dir);
+    }
+  }
   // Every process reads (and checks) the checkpoints before any work: the state is replicated.
   std::vector<TrainState> resume(t.resume_dir.empty() ? 0 : configs.size());
   for (size_t i = 0; i < resume.size(); ++i) {
