@@ -14,6 +14,7 @@
 // holds a few configuration files for --config to find.
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -38,8 +39,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::vector<const char*> argv;
   for (const auto& a : args) argv.push_back(a.c_str());
+  // LAGA_FUZZ_CLI_FRESH=1: every parse with a freshly built App, as before the App was reused (to
+  // measure what the reuse gains; the oracle then compares two fresh parses).
+  static const bool always_fresh = [] {
+    const char* e = std::getenv("LAGA_FUZZ_CLI_FRESH");
+    return e && std::string(e) == "1";
+  }();
   std::ostringstream messages;
-  const int status = laga::cli::parse_only(int(argv.size()), argv.data(), &messages);
+  const int status = laga::cli::parse_only(int(argv.size()), argv.data(), &messages, always_fresh);
   FUZZ_CHECK(status == 0 || status == 2, "the command line ended with a status other than 0 or 2");
 #ifdef LAGA_FUZZ_LIBFUZZER
   const bool compare = laga::fnv1a64(data, size) % 16 == 0;
