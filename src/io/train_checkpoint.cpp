@@ -269,6 +269,8 @@ void write_train_checkpoint(const std::string& form_dir, TrainState state) {
   const fs::path dir(form_dir);
   fs::create_directories(dir, ec);
   LAGA_CHECK(!ec, "cannot create checkpoint directory '{}': {}", form_dir, ec.message());
+  // The form's directory entry itself survives a power loss too.
+  fsync_path(dir.has_parent_path() ? dir.parent_path().string() : ".", true);
   // What latest names now: kept until the new one is in place, and kept after as the previous one.
   std::string previous;
   if (fs::exists(dir / kLatestName, ec)) {
