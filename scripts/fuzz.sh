@@ -4,13 +4,24 @@
 # from its committed seeds (fuzz/corpus/<target>/) and past crashes (fuzz/regressions/<target>/). New
 # inputs the fuzzer finds go to build-fuzz/corpus/<target>/, never into the source tree; a crash, a
 # leak, a hang or a failed oracle stops the script with the input saved in build-fuzz/artifacts/.
-# Prints the executions and the findings of each target. Usage: scripts/fuzz.sh [target...]
+# Prints the executions and the findings of each target.
+# Usage: scripts/fuzz.sh [--seconds N] [target...]   (--seconds overrides LAGA_FUZZ_SECONDS, for a long
+# campaign, e.g. --seconds 3600; CI keeps the short default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 seconds=${LAGA_FUZZ_SECONDS:-60}
-targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors config cli)
+all_targets=(safetensors config cli train_manifest)
+targets=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    --seconds) [ $# -ge 2 ] || { echo "fuzz: --seconds needs a number" >&2; exit 2; }; seconds=$2; shift 2 ;;
+    --seconds=*) seconds=${1#--seconds=}; shift ;;
+    *) targets+=("$1"); shift ;;
+  esac
+done
+[[ $seconds =~ ^[1-9][0-9]*$ ]] || { echo "fuzz: --seconds / LAGA_FUZZ_SECONDS '$seconds' is not a positive integer" >&2; exit 2; }
+[ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (Debian: clang libclang-rt-14-dev)" >&2; exit 1; }
 cmake --preset fuzz >/dev/null
@@ -22,7 +33,7 @@ if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi
 summary=()
 for target in "${targets[@]}"; do
   exe=$build/fuzz/fuzz_$target
-  [ -x "$exe" ] || { echo "fuzz: no target '$target' (have: safetensors config cli)" >&2; exit 2; }
+  [ -x "$exe" ] || { echo "fuzz: no target '$target' (have: ${all_targets[*]})" >&2; exit 2; }
   corpus=$build/corpus/$target
   artifacts=$build/artifacts/$target
   mkdir -p "$corpus" "$artifacts"

@@ -8,9 +8,37 @@
 #include "laga/mla/block.hpp"
 #include "laga/driver/run.hpp"
 #include "laga/mla/form.hpp"
+#include "laga/io/checkpoint.hpp"
 #include "laga/mla/weights.hpp"
 
 namespace laga {
+
+uint64_t train_data_seed(uint64_t seed, int64_t step) { return seed + 1000003ull * uint64_t(step + 1); }
+
+nlohmann::json train_identity(const Config& cfg, const TrainOptions& opt) {
+  const MlaConfig& c = *cfg;
+  return {{"task", "teacher-student regression, Adam on fp32 masters (laga train)"},
+          {"config", c.to_json()},
+          {"sp", c.sp},
+          {"form", c.form},
+          {"dtype", std::string(dtype_name(c.dtype))},
+          {"kernel", std::string(kernel_name(c.kernel))},
+          {"lr", opt.lr},
+          {"beta1", opt.beta1},
+          {"beta2", opt.beta2},
+          {"eps", opt.eps},
+          {"seed", opt.seed}};
+}
+
+void train_state_shape(const Config& cfg, std::vector<std::string>& names, std::vector<int64_t>& sizes) {
+  names.clear(), sizes.clear();
+  const auto shapes = layer_weight_shapes(*cfg);
+  for (int64_t l = 0; l < cfg->num_layers; ++l)
+    for (const auto& [name, shape] : shapes) {
+      names.push_back(fmt::format("layers.{}.{}", l, name));
+      sizes.push_back(shape_numel(shape));
+    }
+}
 
 TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator& comm) {
   const MlaConfig& c = *cfg;
@@ -24,16 +52,48 @@ TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator&
   init_weights(student, c, opt.seed);
   // fp32 master weights and Adam moments, in for_each order.
   std::vector<std::vector<float>> master, m1, m2;
-  student.for_each([&](const std::string&, const Tensor& t) {
+  std::vector<std::string> names;
+  student.for_each([&](const std::string& name, const Tensor& t) {
+    names.push_back(name);
     master.push_back(t.to_floats());
     m1.emplace_back(size_t(t.numel()), 0.0f);
     m2.emplace_back(size_t(t.numel()), 0.0f);
   });
-  const double count = double(c.seq_len * c.batch * c.hidden_size);
   TrainResult result;
+  int64_t first = 0;
+  if (opt.resume) {
+    // The checkpoint's masters, moments and history; the student's weights are the masters rounded,
+    // exactly as after the update that wrote them.
+    const TrainState& r = *opt.resume;
+    LAGA_ASSERT(r.names == names, "the checkpoint's weights are not this model's");
+    master = r.master, m1 = r.m1, m2 = r.m2;
+    size_t k = 0;
+    student.for_each([&](const std::string&, Tensor& t) {
+      LAGA_ASSERT(int64_t(master[k].size()) == t.numel(), "checkpoint tensor {} has the wrong size", names[k]);
+      for (int64_t i = 0; i < t.numel(); ++i) t.set(i, master[k][size_t(i)]);
+      ++k;
+    });
+    first = r.manifest.step;
+    result.losses = r.manifest.losses;
+    LAGA_CHECK(first <= opt.steps, "--resume: the checkpoint is at step {}, past --steps {}; give --steps {} or more",
+               first, opt.steps, first);
+    LAGA_ASSERT(r.manifest.next_data_seed == train_data_seed(opt.seed, first), "checkpoint data seed");
+  }
+  result.resumed_from = first;
+  const bool writer = !opt.checkpoint_dir.empty() && comm.rank() == 0;
+  auto checkpoint = [&](int64_t done) {
+    TrainState s;
+    s.manifest.step = done, s.manifest.next_step = done;
+    s.manifest.next_data_seed = train_data_seed(opt.seed, done);
+    s.manifest.losses = result.losses;
+    s.manifest.identity = train_identity(cfg, opt);
+    s.names = names, s.master = master, s.m1 = m1, s.m2 = m2;
+    write_train_checkpoint(opt.checkpoint_dir, std::move(s));
+  };
+  const double count = double(c.seq_len * c.batch * c.hidden_size);
   auto t0 = std::chrono::steady_clock::now();
-  for (int64_t step = 0; step < opt.steps; ++step) {
-    const uint64_t data_seed = opt.seed + 1000003ull * uint64_t(step + 1);
+  for (int64_t step = first; step < opt.steps; ++step) {
+    const uint64_t data_seed = train_data_seed(opt.seed, step);
     Tensor x = make_input_shard(c, comm.rank(), data_seed, "x", "input.x");
     Tensor target;
     {
@@ -75,7 +135,11 @@ TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator&
       }
       ++k;
     });
+    if (writer && step + 1 < opt.steps && opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0)
+      checkpoint(step + 1);
   }
+  if (writer) checkpoint(opt.steps);
+  if (!opt.dump_weights.empty() && comm.rank() == 0) write_weights(opt.dump_weights, c, student);
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return result;
 }

@@ -4,31 +4,65 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "cli.hpp"
 #include "commands.hpp"
 #include "laga/core/error.hpp"
 #include "laga/driver/launch.hpp"
 #include "laga/driver/train.hpp"
+#include "laga/io/checkpoint.hpp"
+#include "laga/io/train_checkpoint.hpp"
 
 namespace laga::cli {
 
-int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr) {
+int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr,
+              const TrainFlags& t) {
   const Config base_cfg = build_config(f);
   const MlaConfig& base = *base_cfg;
   auto json_out = is_root_process() ? open_output(f.json_path, "--json") : nullptr;
+  if (is_root_process() && !t.dump_weights.empty()) open_output(t.dump_weights, "--dump-weights");
+  if (is_root_process() && !t.checkpoint_dir.empty()) check_writable_dir(t.checkpoint_dir);
   TrainOptions opt;
   opt.steps = steps, opt.lr = lr, opt.seed = f.seed;
+  opt.checkpoint_every = t.checkpoint_every, opt.dump_weights = t.dump_weights;
   std::vector<Config> configs;
   for (const auto& name : forms)
     configs.push_back(base_cfg.with([&](MlaConfig& m) { m.form = form_label(name, f.absorbed_kv); }));
+  // A --checkpoint directory holding a checkpoint of a form is only continued, never overwritten by
+  // another run: it must be the --resume directory.
+  if (!t.checkpoint_dir.empty()) {
+    std::error_code ec;
+    const bool continues = !t.resume_dir.empty() && std::filesystem::equivalent(t.checkpoint_dir, t.resume_dir, ec);
+    for (const Config& c : configs) {
+      const std::string dir = train_checkpoint_dir(t.checkpoint_dir, c->form);
+      LAGA_CHECK(continues || !has_train_checkpoint(dir), "--checkpoint {}: {} already holds a checkpoint of another "
+                 "run; continue it with --resume {}, or choose an empty directory", t.checkpoint_dir, dir,
+                 t.checkpoint_dir);
+    }
+  }
+  // Every process reads (and checks) the checkpoints before any work: the state is replicated.
+  std::vector<TrainState> resume(t.resume_dir.empty() ? 0 : configs.size());
+  for (size_t i = 0; i < resume.size(); ++i) {
+    std::vector<std::string> names;
+    std::vector<int64_t> sizes;
+    train_state_shape(configs[i], names, sizes);
+    resume[i] = read_train_checkpoint(train_checkpoint_dir(t.resume_dir, configs[i]->form),
+                                      train_identity(configs[i], opt), names, sizes);
+    LAGA_CHECK(resume[i].manifest.step <= steps, "--resume {}: the checkpoint of {} is at step {}, past --steps {}; "
+               "give --steps {} or more", t.resume_dir, configs[i]->form, resume[i].manifest.step, steps,
+               resume[i].manifest.step);
+  }
   std::vector<TrainResult> results(configs.size());
   std::string backend;
   const bool root = launch(launch_kind(f.comm), [&](Launcher& launcher) {
     backend = launcher.backend();
     for (size_t i = 0; i < configs.size(); ++i)
       launcher.run(int(base.sp), [&](Communicator& comm) {
-        TrainResult r = train_rank(configs[i], opt, comm);
+        TrainOptions o = opt;
+        if (!t.checkpoint_dir.empty()) o.checkpoint_dir = train_checkpoint_dir(t.checkpoint_dir, configs[i]->form);
+        if (!resume.empty()) o.resume = &resume[i];
+        TrainResult r = train_rank(configs[i], o, comm);
         if (comm.rank() == 0) results[i] = std::move(r);
       }, f.timeout_s);
   });
@@ -57,7 +91,7 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
                r.losses[r.losses.size() / 2], r.losses.back(), max_rel, r.seconds,
                decreased ? "" : "  FAIL: loss did not halve", agrees ? "" : "  FAIL: differs from the first form");
     runs.push_back({{"form", find_form(label).family()}, {"variant", label}, {"losses", r.losses}, {"seconds", r.seconds}, {"max_rel_vs_first", max_rel},
-                    {"decreased", decreased}});
+                    {"decreased", decreased}, {"resumed_from", r.resumed_from}});
   }
   fmt::print("train: {} (curves agree within {:g} relative; loss must halve)\n", pass ? "pass" : "FAIL", tol);
   if (json_out) {

@@ -15,6 +15,12 @@ int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string
 int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps);
 int cmd_bench(const CommonFlags& f, const std::vector<int64_t>& seqs, const std::vector<std::string>& forms, int64_t iters);
 int cmd_plan(const CommonFlags& f, bool sweep, const std::string& mem_limit);
-int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr);
+// Checkpoints of train: --checkpoint DIR, --checkpoint-every N, --resume DIR, --dump-weights FILE.
+struct TrainFlags {
+  std::string checkpoint_dir, resume_dir, dump_weights;
+  int64_t checkpoint_every = 0;
+};
+int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr,
+              const TrainFlags& t = {});
 
 }  // namespace laga::cli

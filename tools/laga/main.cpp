@@ -26,7 +26,9 @@ int main(int argc, char** argv) {
     if (inv.command == "plan") return cmd_plan(flags, inv.sweep, inv.mem_limit);
     if (inv.command == "verify") return cmd_verify(flags, inv.sps);
     if (inv.command == "bench") return cmd_bench(flags, inv.seqs, inv.forms, inv.iters);
-    if (inv.command == "train") return cmd_train(flags, inv.forms, inv.steps, inv.lr);
+    if (inv.command == "train")
+      return cmd_train(flags, inv.forms, inv.steps, inv.lr,
+                       {inv.checkpoint_dir, inv.resume_dir, inv.dump_weights, inv.checkpoint_every});
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "laga: %s\n", e.what());

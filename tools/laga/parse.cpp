@@ -22,11 +22,10 @@ struct Pending {
 };
 constexpr Pending kPending[] = {{"report", "the full report", "a later issue"}};
 
-}  // namespace
+constexpr const char* kDescription = "laga: MLA training under sequence parallelism, in the explicit, absorbed and LAGA forms";
 
-std::optional<int> parse_args(int argc, const char* const* argv, Invocation& inv, std::ostream& out,
-                              std::ostream& err) {
-  CLI::App app{"laga: MLA training under sequence parallelism, in the explicit, absorbed and LAGA forms"};
+// Every subcommand and flag of laga, bound to inv's fields.
+void build_app(CLI::App& app, Invocation& inv) {
   app.require_subcommand(1);
   CommonFlags& flags = inv.flags;
 
@@ -69,9 +68,18 @@ std::optional<int> parse_args(int argc, const char* const* argv, Invocation& inv
   train->add_option("--forms", inv.forms, "forms to train, e.g. explicit,absorbed,laga")->delimiter(',')->capture_default_str();
   train->add_option("--steps", inv.steps, "optimizer steps")->capture_default_str();
   train->add_option("--lr", inv.lr, "Adam learning rate")->capture_default_str();
+  train->add_option("--checkpoint", inv.checkpoint_dir,
+                    "write lossless checkpoints to DIR/<form>/ (atomically; the newest two are kept)");
+  train->add_option("--checkpoint-every", inv.checkpoint_every,
+                    "steps between checkpoints (0: only after the last step)")->capture_default_str();
+  train->add_option("--resume", inv.resume_dir, "continue from the newest checkpoint in DIR/<form>/ (exit 2 if none)");
+  train->add_option("--dump-weights", inv.dump_weights, "write the final weights (.safetensors, laga names); one form only");
 
   for (const auto& p : kPending) app.add_subcommand(p.name, p.help)->allow_extras();
+}
 
+// Parses into the fields app is bound to; the status to end with now, or nullopt.
+std::optional<int> parse_with(CLI::App& app, int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -82,6 +90,36 @@ std::optional<int> parse_args(int argc, const char* const* argv, Invocation& inv
     err << "laga: " << e.what() << "\n";
     return 2;
   }
+  return std::nullopt;
+}
+
+// The App, built once per thread (building it costs far more than a parse) and bound to `bound`, which
+// is reset to a default Invocation before each parse: CLI11 writes only the flags given, so every
+// other field keeps its default, as with a freshly built App.
+struct CachedParser {
+  Invocation bound;
+  CLI::App app{kDescription};
+  CachedParser() { build_app(app, bound); }
+};
+
+}  // namespace
+
+std::optional<int> parse_args(int argc, const char* const* argv, Invocation& inv, std::ostream& out,
+                              std::ostream& err) {
+  thread_local CachedParser parser;
+  parser.bound = Invocation{};
+  parser.app.clear();
+  if (auto status = parse_with(parser.app, argc, argv, out, err)) return status;
+  inv = parser.bound;
+  inv.command = parser.app.get_subcommands().at(0)->get_name();
+  return std::nullopt;
+}
+
+std::optional<int> parse_args_fresh(int argc, const char* const* argv, Invocation& inv, std::ostream& out,
+                                    std::ostream& err) {
+  CLI::App app{kDescription};
+  build_app(app, inv);
+  if (auto status = parse_with(app, argc, argv, out, err)) return status;
   inv.command = app.get_subcommands().at(0)->get_name();
   return std::nullopt;
 }
@@ -122,17 +160,22 @@ void check_invocation(const Invocation& inv) {
     for (const auto& name : inv.forms) form_label(name, f.absorbed_kv);
     LAGA_CHECK(inv.steps >= 2, "--steps {} must be at least 2 (a decrease needs two losses)", inv.steps);
     LAGA_CHECK(inv.lr > 0 && std::isfinite(inv.lr), "--lr {} must be a positive number, e.g. 1e-3", inv.lr);
+    LAGA_CHECK(inv.checkpoint_every >= 0, "--checkpoint-every {} must be a number of steps ≥ 0", inv.checkpoint_every);
+    LAGA_CHECK(inv.checkpoint_every == 0 || !inv.checkpoint_dir.empty(),
+               "--checkpoint-every {} needs --checkpoint DIR to write to", inv.checkpoint_every);
+    LAGA_CHECK(inv.dump_weights.empty() || inv.forms.size() == 1,
+               "--dump-weights writes one form's weights, but --forms names {}; give one form", inv.forms.size());
   } else {
     LAGA_ASSERT(false, "laga {} parsed but has no checks", inv.command);
   }
   launch_kind(f.comm);  // an unknown --comm, or --comm mpi without mpirun
 }
 
-int parse_only(int argc, const char* const* argv, std::ostream* err) {
+int parse_only(int argc, const char* const* argv, std::ostream* err, bool fresh_app) {
   std::ostringstream discard;
   std::ostream& messages = err ? *err : discard;
   Invocation inv;
-  if (auto status = parse_args(argc, argv, inv, discard, messages)) return *status;
+  if (auto status = (fresh_app ? parse_args_fresh : parse_args)(argc, argv, inv, discard, messages)) return *status;
   try {
     check_invocation(inv);
   } catch (const Error& e) {
