@@ -12,6 +12,7 @@ const Form& absorbed_expanded_form();
 const Form& absorbed_shared_form();
 const Form& laga_form();
 const Form& explicit_recompute_form();
+const Form& laga_recompute_form();
 }  // namespace forms
 
 const std::vector<const Form*>& registered_forms() {
@@ -21,6 +22,7 @@ const std::vector<const Form*>& registered_forms() {
       &forms::absorbed_shared_form(),
       &forms::laga_form(),
       &forms::explicit_recompute_form(),
+      &forms::laga_recompute_form(),
   };
   return all;
 }
