@@ -14,11 +14,13 @@ BlockFlops block_flops(const MlaConfig& c) {
   double q = Lq > 0 ? D * Lq + Lq * H * Dqk : D * H * Dqk;
   double macs = q + D * (Lkv + Dr) + Lkv * H * (Dn + Dv) + H * Dv * D;
   double projections = 2 * macs * tokens;
-  const double attention = find_form(c.form).attention_forward_flops(c);
+  const Form& form = find_form(c.form);
+  const double attention = form.attention_forward_flops(c);
   BlockFlops f;
   f.attention_forward = attention * double(c.num_layers);
   f.forward = (projections + attention) * double(c.num_layers);
-  f.backward = (2 * projections + 2.5 * attention) * double(c.num_layers);
+  // A form's recomputation (Form::recompute_flops) is executed work of its backward.
+  f.backward = (2 * projections + 2.5 * attention + form.recompute_flops(c)) * double(c.num_layers);
   return f;
 }
 

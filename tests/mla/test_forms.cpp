@@ -95,7 +95,10 @@ TEST(Forms, LedgerHoldsExactlyTheDeclaredCollectives) {
     });
     std::vector<std::pair<CollectiveOp, std::string>> want_fwd{{CollectiveOp::all_to_all, "o"}},
         want_bwd{{CollectiveOp::all_to_all, "do"}}, fwd, bwd;
-    for (const auto& d : f->collectives()) want_fwd.push_back({d.forward_op, d.forward}), want_bwd.push_back({d.backward_op, d.backward});
+    for (const auto& d : f->collectives()) {
+      want_fwd.push_back({d.forward_op, d.forward}), want_bwd.push_back({d.backward_op, d.backward});
+      if (d.forward_again_in_backward) want_bwd.push_back({d.forward_op, d.forward});  // recomputed (explicit-recompute)
+    }
     const PlannedComm plan = plan_comm(c);
     bool backward = false;
     for (const auto& r : plan.attention) {

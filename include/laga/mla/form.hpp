@@ -44,12 +44,14 @@ struct CoreSaved {
 };
 
 // A forward/backward pair of collectives a form issues per layer, by the ledger's tensor names
-// ("q" forward, its adjoint "dq" in backward).
+// ("q" forward, its adjoint "dq" in backward). A form that recomputes in backward what forward sent
+// (explicit-recompute's k and v) issues the forward collective once more in backward, before the adjoint.
 struct DeclaredCollective {
   CollectiveOp forward_op;
   std::string forward;
   CollectiveOp backward_op;
   std::string backward;
+  bool forward_again_in_backward = false;
 };
 
 class Form {
@@ -74,6 +76,9 @@ class Form {
   // Executed FLOPs of the core's attention forward over the whole sequence, all ranks
   // (FlashAttention-3's convention, attention_forward_flops); the backward is 2.5× this.
   virtual double attention_forward_flops(const MlaConfig& c) const = 0;
+  // FLOPs the backward re-executes from forward, whole sequence, all ranks (a recomputed
+  // up-projection); block_flops counts them into backward. 0 for forms that recompute nothing.
+  virtual double recompute_flops(const MlaConfig& c) const { return 0; }
   // True when at P = 1 the form runs explicit's operations exactly (its collectives are identities):
   // its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }
@@ -87,7 +92,7 @@ const std::vector<const Form*>& registered_forms();
 inline constexpr std::string_view kBaselineForm = "explicit";
 const Form* find_form_or_null(std::string_view name);
 const Form& find_form(std::string_view name);  // usage error naming the valid labels
-std::string form_names();                      // "explicit, absorbed-expanded, absorbed-shared, laga"
+std::string form_names();                      // "explicit, absorbed-expanded, absorbed-shared, laga, ..."
 // The label a user's spelling names: a registered label as is; a family with variants ("absorbed")
 // with its regime appended ("absorbed-shared"). Usage error naming the valid spellings otherwise.
 std::string resolve_form_label(std::string_view form, std::string_view regime);

@@ -11,6 +11,8 @@ const Form& explicit_form();
 const Form& absorbed_expanded_form();
 const Form& absorbed_shared_form();
 const Form& laga_form();
+const Form& explicit_recompute_form();
+const Form& laga_recompute_form();
 }  // namespace forms
 
 const std::vector<const Form*>& registered_forms() {
@@ -19,6 +21,8 @@ const std::vector<const Form*>& registered_forms() {
       &forms::absorbed_expanded_form(),
       &forms::absorbed_shared_form(),
       &forms::laga_form(),
+      &forms::explicit_recompute_form(),
+      &forms::laga_recompute_form(),
   };
   return all;
 }

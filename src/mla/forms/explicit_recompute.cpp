@@ -1,0 +1,123 @@
+// The explicit-recompute form (docs/design.md §6, docs/accounting.md §6): explicit, saving its local
+// latent instead of the head-sharded k and v, as Megatron-Core's recompute_modules=["mla_up_proj"] does
+// under this sequence parallelism — the fair baseline for laga-recompute.
+//   E1  [k_nope | v] = ckv·wkv_bᵀ (every head, local tokens);  k = [k_nope | kpe broadcast]
+//   E2  scatter_heads q, k, v:  [N, B, H, ·] -> [T, B, Hr, ·]
+//   E3  o = attention(q, k, v);  k and v released, q, o and the local latent kept
+// Backward first replays E1 and E2 for k and v (the same up-projection, the same all-to-alls "k" and
+// "v" again: one extra up-projection and two extra all-to-alls per layer), then is explicit's backward:
+// attention backward, gather_heads of dq, dk, dv, E1's backward with dwkv_b partial over this rank's
+// tokens. Every operation is explicit's, on the same operands: bit-identical to explicit at every P.
+#include "common.hpp"
+#include "laga/comm/pairs.hpp"
+
+namespace laga::forms {
+
+namespace {
+
+struct ExplicitRecomputeSaved final : CoreSaved {
+  Tensor latent;  // [N, B, Dl]       this rank's [ckv | kpe], for E1 (replayed) and its backward
+  Tensor q;       // [T, B, Hr, Dqk]
+  Tensor o;       // [T, B, Hr, Dv]   the attention output
+  AttentionSaved attn;
+  void for_each(const std::function<void(const char*, const Tensor&)>& f) const override {
+    f("latent", latent), f("q", q), f("o_att", o);
+  }
+};
+
+class ExplicitRecompute final : public Form {
+ public:
+  std::string_view name() const override { return "explicit-recompute"; }
+  std::string_view family() const override { return "explicit-recompute"; }
+  std::string_view summary() const override {
+    return "explicit saving its local latent, not k and v; backward re-up-projects and re-sends k and v";
+  }
+
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
+                 std::unique_ptr<CoreSaved>& out) const override {
+    auto s = std::make_unique<ExplicitRecomputeSaved>();
+    Tensor k, v;
+    up_project_and_scatter(ctx, w, latent, "act", k, v, &q_local, &s->q);           // E1, E2
+    s->latent = std::move(latent);
+    s->o = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "act.o_att");              // E3
+    s->attn = attention_forward(ctx.c.kernel, dense_attention(ctx, s->q, k, v, s->o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv));
+    Tensor o = s->o;
+    out = std::move(s);
+    return o;  // k and v are released here
+  }
+
+  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
+    auto& s = static_cast<ExplicitRecomputeSaved&>(*saved);
+    // E1, E2 replayed: k and v of this rank's heads again
+    Tensor k, v;
+    up_project_and_scatter(ctx, w, s.latent, "recompute", k, v, nullptr, nullptr);
+    // E3 o = attention(q, k, v)
+    Tensor dq = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.q");
+    Tensor dk = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.k");
+    Tensor dv = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "grad.v");
+    {
+      const AttentionFwdParams p = dense_attention(ctx, s.q, k, v, s.o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv);
+      attention_backward(ctx.c.kernel, dense_attention_backward(p, ctx, dout, dq, dk, dv), s.attn);
+    }
+    dout = Tensor();
+    s.attn = {};
+    s.q = s.o = k = v = Tensor();
+    // E2 scatter_heads q, k, v:  its adjoint brings dq, dk, dv back to the local tokens
+    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
+    dq = Tensor();
+    Tensor dk_local = gather_heads(ctx.comm, dk, "dk", "grad.k_local");
+    dk = Tensor();
+    Tensor dv_local = gather_heads(ctx.comm, dv, "dv", "grad.v_local");
+    dv = Tensor();
+    dlatent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "grad.latent");               // E1 backward
+    up_project_backward(ctx, s.latent, w.wkv_b, 0, ctx.H, dk_local, dv_local, dlatent, g.wkv_b);
+    s.latent = Tensor();
+  }
+
+  bool exact_at_one_rank() const override { return true; }
+
+  std::vector<DeclaredCollective> collectives() const override {
+    using Op = CollectiveOp;
+    return {{Op::all_to_all, "q", Op::all_to_all, "dq"},
+            {Op::all_to_all, "k", Op::all_to_all, "dk", /*forward_again_in_backward=*/true},
+            {Op::all_to_all, "v", Op::all_to_all, "dv", /*forward_again_in_backward=*/true}};
+  }
+
+  // The attention is explicit's. The replayed up-projection (2·T·B·Lkv·H·(Dn+Dv) over all ranks) is
+  // counted by recompute_flops, into backward.
+  double attention_forward_flops(const MlaConfig& c) const override {
+    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(), c.v_head_dim, true);
+  }
+  double recompute_flops(const MlaConfig& c) const override {
+    return 2.0 * double(c.seq_len * c.batch) * double(c.kv_lora_rank) * double(c.num_attention_heads) *
+           double(c.qk_nope_head_dim + c.v_head_dim);
+  }
+
+ private:
+  // E1 then E2 for k and v, in explicit's order: up-project every head of the local tokens, then the
+  // all-to-alls of q (forward only), k and v, each local tensor released once sent. Tags "<prefix>.k".
+  static void up_project_and_scatter(const RankCtx& ctx, const LayerWeights& w, const Tensor& latent,
+                                     const std::string& prefix, Tensor& k, Tensor& v, Tensor* q_local, Tensor* q) {
+    Tensor k_local = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, prefix + ".k_local");
+    Tensor v_local = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, prefix + ".v_local");
+    up_project_forward(ctx, latent, w.wkv_b, 0, ctx.H, k_local, v_local);
+    if (q_local) {
+      *q = scatter_heads(ctx.comm, *q_local, "q", "act.q");
+      *q_local = Tensor();
+    }
+    k = scatter_heads(ctx.comm, k_local, "k", prefix + ".k");
+    k_local = Tensor();
+    v = scatter_heads(ctx.comm, v_local, "v", prefix + ".v");
+    v_local = Tensor();
+  }
+};
+
+}  // namespace
+
+const Form& explicit_recompute_form() {
+  static const ExplicitRecompute form;
+  return form;
+}
+
+}  // namespace laga::forms
