@@ -68,8 +68,9 @@ std::vector<std::string> MlaConfig::problems() const {
   positive("sp (--sp)", sp);
   if (q_lora_rank < 0) p.push_back(fmt::format("q_lora_rank = {} must be 0 (no q compression) or positive", q_lora_rank));
   if (qk_rope_head_dim > 0 && qk_rope_head_dim % 2)
+    // The suggestion stays in range: an odd dimension at or past the limit gets the (even) limit.
     p.push_back(fmt::format("qk_rope_head_dim = {} must be even (RoPE rotates pairs); try {}", qk_rope_head_dim,
-                            qk_rope_head_dim + 1));
+                            qk_rope_head_dim < kMaxModelDim ? qk_rope_head_dim + 1 : kMaxModelDim));
   if (!(rms_norm_eps > 0)) p.push_back(fmt::format("rms_norm_eps = {} must be positive", rms_norm_eps));
   if (!(rope_theta > 1)) p.push_back(fmt::format("rope_theta = {} must be greater than 1", rope_theta));
   if (rope_scaling.enabled) {

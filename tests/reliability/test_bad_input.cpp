@@ -129,6 +129,18 @@ TEST(Config, RejectsSizesThatCannotBeAddressed) {
   EXPECT_NE(usage_error([&] { (void)Config(c); }).find("over all layers"), std::string::npos);
 }
 
+// Found by fuzz_config (fuzz/regressions/config/odd_rope_dim_at_int64_max_overflows_the_suggestion.json):
+// an odd qk_rope_head_dim of INT64_MAX made the "try" suggestion overflow (dim + 1).
+TEST(Config, OddRopeDimAtTheInt64LimitSuggestsAnEvenDimensionInRange) {
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.qk_rope_head_dim = INT64_MAX;
+  const std::string m = usage_error([&] { (void)Config(c); });
+  EXPECT_NE(m.find("qk_rope_head_dim = 9223372036854775807 must be even (RoPE rotates pairs); try 1048576"),
+            std::string::npos) << m;
+  c.qk_rope_head_dim = 63;
+  EXPECT_NE(usage_error([&] { (void)Config(c); }).find("try 64"), std::string::npos);
+}
+
 // The new limits leave every real configuration alone: each preset at long sequences, every P that
 // divides its heads, and many layers.
 TEST(Config, PresetsStillValidateAtLongSequencesAndManyLayers) {
