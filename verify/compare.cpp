@@ -117,6 +117,20 @@ Verdict form_vs_explicit(const std::map<std::string, TensorError>& form,
   return v;
 }
 
+Verdict form_vs_baseline(const std::map<std::string, TensorError>& form,
+                         const std::map<std::string, TensorError>& explicit_,
+                         const std::map<std::string, TensorError>& plain, DType dtype) {
+  std::map<std::string, TensorError> base = explicit_;
+  for (auto& [name, e] : base) {
+    const auto it = plain.find(name);
+    LAGA_ASSERT(it != plain.end(), "no plain error for '{}'", name);
+    e.max_abs = std::max(e.max_abs, it->second.max_abs);
+  }
+  Verdict v = within_baseline(form, base, dtype, kFormFactor);
+  v.rule = "vs max(explicit, plain " + std::string(dtype_name(dtype)) + "): " + v.rule;
+  return v;
+}
+
 Verdict explicit_vs_plain(const std::map<std::string, TensorError>& explicit_,
                           const std::map<std::string, TensorError>& plain, DType dtype) {
   Verdict v = within_baseline(explicit_, plain, dtype, kExplicitFactor);

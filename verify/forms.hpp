@@ -1,7 +1,8 @@
 // The verification of the forms, shared by `laga verify`, the tests (tests/mla/test_forms.cpp) and the
 // benchmarks' validation: every registered form run at every P on the same weights and inputs, each
-// judged by the one rule of verify/compare.hpp against the exact fp64 reference, with explicit judged
-// against a plain implementation in the same precision. Runs through a Launcher, so under threads or
+// judged by the one rule of verify/compare.hpp against the exact fp64 reference: explicit against a
+// plain implementation in the same precision, every other form against the larger of explicit's and
+// the plain implementation's errors (form_vs_baseline). Runs through a Launcher, so under threads or
 // under mpirun alike; the report is complete on the root process only.
 #pragma once
 

@@ -1,7 +1,7 @@
 // Every registered form under sequence parallelism, judged by the one verification rule
 // (verify/forms.hpp, verify/compare.hpp — what `laga verify` runs): explicit within kExplicitFactor of
 // a plain same-precision implementation's error against the fp64 reference, every other form within
-// kFormFactor of explicit's at the same P and dtype, per tensor, and the exact forms (laga)
+// kFormFactor of the larger of explicit's (same P and dtype) and the plain one's, per tensor, and the exact forms (laga)
 // bit-identical to explicit at P = 1. Over tiny and small (DeepSeek's head dims), fp32 and bf16, both
 // kernels, T not a power of two, L 1–2, B 1–2, P 1, 2, 4 (8 for the formerly failing case). Also: each
 // form's ledger holds exactly the collectives it declares, and bad form names are refused.

@@ -2,8 +2,9 @@
 // one rule of verify/compare.hpp (FlashAttention's convention):
 //   explicit   its error against the exact fp64 reference at most kExplicitFactor × the error of a
 //              plain implementation in the same precision (the reference with stored tensors rounded);
-//   the others their error against the exact reference at most kFormFactor × explicit's at the same P
-//              and dtype, per tensor, plus a floor of a few ulps of the dtype;
+//   the others their error against the exact reference at most kFormFactor × the larger of explicit's
+//              (same P and dtype) and the plain implementation's, per tensor, plus a floor of a few
+//              ulps of the dtype;
 //   exact forms (Form::exact_at_one_rank, e.g. laga): bit-identical to explicit at P = 1.
 // Runs its ranks as threads, or as the MPI processes of the job under mpirun (each P on the first P
 // ranks of the world; the report from world rank 0).
