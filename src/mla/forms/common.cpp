@@ -64,4 +64,15 @@ AttentionBwdParams dense_attention_backward(const AttentionFwdParams& fwd, const
   return p;
 }
 
+HeadGrads dense_attention_grads(const RankCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                const AttentionSaved& saved, const Tensor& dout) {
+  HeadGrads g;
+  g.dq = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.q");
+  g.dk = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.k");
+  g.dv = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "grad.v");
+  const AttentionFwdParams p = dense_attention(ctx, q, k, v, o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv);
+  attention_backward(ctx.c.kernel, dense_attention_backward(p, ctx, dout, g.dq, g.dk, g.dv), saved);
+  return g;
+}
+
 }  // namespace laga::forms

@@ -31,4 +31,13 @@ AttentionFwdParams dense_attention(const RankCtx& ctx, const Tensor& q, const Te
 AttentionBwdParams dense_attention_backward(const AttentionFwdParams& fwd, const RankCtx& ctx, const Tensor& dout,
                                             const Tensor& dq, const Tensor& dk, const Tensor& dv);
 
+// The backward of o = attention(q, k, v) over this rank's Hr heads, all dense [T, B, Hr, ·]: dq, dk
+// [T, B, Hr, Dqk] and dv [T, B, Hr, Dv] (tags grad.q, grad.k, grad.v, allocated in that order) from
+// dout. E3's and G3's backward; the caller releases what it no longer needs.
+struct HeadGrads {
+  Tensor dq, dk, dv;
+};
+HeadGrads dense_attention_grads(const RankCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                                const AttentionSaved& saved, const Tensor& dout);
+
 }  // namespace laga::forms

@@ -53,13 +53,7 @@ class ExplicitRecompute final : public Form {
     Tensor k, v;
     up_project_and_scatter(ctx, w, s.latent, "recompute", k, v, nullptr, nullptr);
     // E3 o = attention(q, k, v)
-    Tensor dq = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.q");
-    Tensor dk = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.k");
-    Tensor dv = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "grad.v");
-    {
-      const AttentionFwdParams p = dense_attention(ctx, s.q, k, v, s.o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv);
-      attention_backward(ctx.c.kernel, dense_attention_backward(p, ctx, dout, dq, dk, dv), s.attn);
-    }
+    auto [dq, dk, dv] = dense_attention_grads(ctx, s.q, k, v, s.o, s.attn, dout);
     dout = Tensor();
     s.attn = {};
     s.q = s.o = k = v = Tensor();

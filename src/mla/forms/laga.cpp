@@ -54,13 +54,7 @@ class Laga final : public Form {
                 LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
     auto& s = static_cast<LagaSaved&>(*saved);
     // G3 o = attention(q, k, v)
-    Tensor dq = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.q");
-    Tensor dk = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.k");
-    Tensor dv = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "grad.v");
-    {
-      const AttentionFwdParams p = dense_attention(ctx, s.q, s.k, s.v, s.o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv);
-      attention_backward(ctx.c.kernel, dense_attention_backward(p, ctx, dout, dq, dk, dv), s.attn);
-    }
+    auto [dq, dk, dv] = dense_attention_grads(ctx, s.q, s.k, s.v, s.o, s.attn, dout);
     dout = Tensor();
     s.attn = {};
     s.q = s.k = s.v = s.o = Tensor();
