@@ -2,6 +2,7 @@
 #include "laga/driver/launch.hpp"
 
 #include <cstdlib>
+#include <map>
 #include <memory>
 
 #include "laga/comm/meta.hpp"
@@ -49,9 +50,12 @@ class MpiLauncher final : public Launcher {
   LaunchKind kind() const override { return LaunchKind::mpi; }
   std::string backend() const override { return "mpi"; }
   bool is_root() const override { return world_.rank() == 0; }
+  // The group of the first P ranks is made once (a collective MPI_Comm_split) and reused by every
+  // later run of the same size: bench and train run many groups of one P.
   void run(int P, const std::function<void(Communicator&)>& fn, double timeout_s) override {
-    std::unique_ptr<Communicator> group = first_ranks(world_, P);
-    if (group) {
+    auto it = groups_.find(P);
+    if (it == groups_.end()) it = groups_.emplace(P, first_ranks(world_, P)).first;
+    if (Communicator* group = it->second.get()) {
       group->set_timeout(timeout_s);
       fn(*group);
     }
@@ -59,6 +63,7 @@ class MpiLauncher final : public Launcher {
 
  private:
   Communicator& world_;
+  std::map<int, std::unique_ptr<Communicator>> groups_;  // null on the ranks outside a group
 };
 
 }  // namespace
