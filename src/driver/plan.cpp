@@ -11,13 +11,7 @@ Plan plan_run(const Config& c, int rank) {
   RunOptions opt;  // meta: no values, so no seed, weights file or gathering matters
   const RankResult r = run_rank(c, opt, comm);
   Plan p;
-  p.memory.baseline_bytes = r.memory.baseline_bytes;
-  p.memory.activation_peak_bytes = r.memory.activation_peak_bytes;
-  p.memory.saved_bytes = r.memory.saved_bytes;
-  p.memory.forward_peak_bytes = r.memory.forward_peak_bytes;
-  p.memory.backward_peak_bytes = r.memory.backward_peak_bytes;
-  p.memory.peak_breakdown = r.memory.peak_breakdown;
-  p.memory.saved_breakdown = r.memory.saved_breakdown;
+  p.memory = r.memory;
   for (const auto& rec : r.collectives) (is_grad_sync(rec) ? p.comm.grad_sync : p.comm.attention).push_back(rec);
   return p;
 }

@@ -11,19 +11,13 @@
 #include <vector>
 
 #include "laga/comm/communicator.hpp"
+#include "laga/driver/run.hpp"
 #include "laga/mla/config.hpp"
 
 namespace laga {
 
-struct PlannedMemory {
-  int64_t baseline_bytes = 0;         // weights + fp32 weight grads + x + dy shards
-  int64_t activation_peak_bytes = 0;  // max over forward+backward of live − baseline
-  int64_t saved_bytes = 0;            // live − baseline at the end of forward
-  int64_t forward_peak_bytes = 0;
-  int64_t backward_peak_bytes = 0;
-  std::map<std::string, int64_t> peak_breakdown;  // live bytes by tag at the peak (baseline tags included)
-  std::map<std::string, int64_t> saved_breakdown; // live bytes by tag at the end of forward, baseline excluded
-};
+// A plan's memory is the meta run's measurement: the same report, the same fields.
+using PlannedMemory = MemoryReport;
 
 struct PlannedComm {
   std::vector<CollectiveRecord> attention;  // in issue order, forward then backward, every layer
