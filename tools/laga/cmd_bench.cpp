@@ -9,6 +9,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "laga/core/error.hpp"
+#include "laga/core/machine.hpp"
 #include "laga/driver/launch.hpp"
 #include "laga/mla/flops.hpp"
 
@@ -75,8 +76,10 @@ int cmd_bench(const CommonFlags& f, const std::vector<int64_t>& seqs, const std:
         }
   });
   if (!root) return 0;
+  const MachineInfo machine = machine_info();
   fmt::print("laga bench: model {} P {} ({}) B {} L {} kernel {} dtype {}, {} repeats after 1 warm-up, medians\n",
              f.model, f.sp, backend, f.batch, f.layers, f.kernel, f.dtype, iters);
+  fmt::print("# machine: {}\n", machine.line());
   fmt::print("# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>10}\n", "seq", "form", "fwd", "bwd", "total",
              "comm", "tokens/s", "TFLOP/s", "vs expl.");
   fmt::print("# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>10}\n", "", "", "s", "s", "s", "s", "", "", "×");
@@ -105,7 +108,7 @@ int cmd_bench(const CommonFlags& f, const std::vector<int64_t>& seqs, const std:
     }
   }
   if (json_out) {
-    nlohmann::json j = {{"command", "bench"}, {"backend", backend}, {"config", configs[0]->to_json()}, {"iters", iters}, {"rows", rows}};
+    nlohmann::json j = {{"command", "bench"}, {"machine", machine.to_json()}, {"backend", backend}, {"config", configs[0]->to_json()}, {"iters", iters}, {"rows", rows}};
     *json_out << j.dump(2) << "\n";
   }
   return 0;

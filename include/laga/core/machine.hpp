@@ -1,0 +1,26 @@
+// What a measurement ran on and was built from, for the headers of benchmarks and reports: the host,
+// the CPU model as the kernel names it, the cores this process may use, the instruction-set features
+// that decide the matmul rate (avx512_bf16, amx_bf16), and the commit of the build.
+#pragma once
+
+#include <nlohmann/json_fwd.hpp>
+
+#include <string>
+
+namespace laga {
+
+struct MachineInfo {
+  std::string host;       // gethostname
+  std::string cpu_model;  // /proc/cpuinfo "model name" (e.g. "AMD EPYC 9R14 96-Core Processor"); "unknown" elsewhere
+  int cores = 0;          // CPUs this process may run on (sched_getaffinity)
+  std::string features;   // the ones present of: avx512f avx512_bf16 amx_bf16 amx_tile ("" when none)
+  std::string commit;     // build_commit()
+  std::string line() const;  // "HOST, CPU (N cores; features), commit C"
+  nlohmann::json to_json() const;
+};
+
+MachineInfo machine_info();
+// `git describe --always --dirty` of the source tree when this binary was built; "unknown" outside git.
+const char* build_commit();
+
+}  // namespace laga
