@@ -47,4 +47,13 @@ Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::str
   return out;
 }
 
+Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag,
+                             DType out) {
+  if (out == x.dtype()) return reduce_scatter_tokens(comm, x, name, tag);
+  LAGA_CHECK(x.dtype() == DType::f32, "reduce_scatter_tokens of '{}' from {} to {}: rounding after the sum needs "
+             "fp32 partials", name, dtype_name(x.dtype()), dtype_name(out));
+  const Tensor sum = reduce_scatter_tokens(comm, x, name, tag + "_sum");
+  return sum.to(out, tag);
+}
+
 }  // namespace laga

@@ -13,6 +13,13 @@
 
 namespace laga {
 
+std::string_view dlatent_sum_name(DlatentSum s) { return s == DlatentSum::fp32 ? "fp32" : "storage"; }
+DlatentSum parse_dlatent_sum(std::string_view name) {
+  if (name == "fp32") return DlatentSum::fp32;
+  if (name == "storage") return DlatentSum::storage;
+  LAGA_FAIL_USAGE("unknown dlatent sum '{}' (--dlatent-sum, JSON dlatent_sum); valid: fp32, storage", name);
+}
+
 std::vector<std::string> MlaConfig::preset_names() { return {"deepseek-v3", "deepseek-v2-lite", "small", "tiny"}; }
 
 MlaConfig MlaConfig::preset(std::string_view name) {
@@ -186,6 +193,7 @@ nlohmann::json MlaConfig::to_json() const {
   j["form"] = form;
   j["kernel"] = kernel_name(kernel);
   j["dtype"] = dtype_name(dtype);
+  j["dlatent_sum"] = dlatent_sum_name(dlatent_sum);
   j["softmax_scale"] = softmax_scale();
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
@@ -241,6 +249,7 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
       c.form = resolve_form_label(j["form"].get<std::string>(), j.value("absorbed_kv", std::string("expanded")));
     if (j.contains("kernel")) c.kernel = parse_kernel(j["kernel"].get<std::string>());
     if (j.contains("dtype")) c.dtype = parse_dtype(j["dtype"].get<std::string>());
+    if (j.contains("dlatent_sum")) c.dlatent_sum = parse_dlatent_sum(j["dlatent_sum"].get<std::string>());
     c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
     c.rope_theta = j.value("rope_theta", 10000.0);
     c.rope_interleaved = j.value("rope_interleaved", true);

@@ -30,20 +30,25 @@ void add_into(Tensor& y, const Tensor& x) {
   });
 }
 
-void sum_heads(DType t, int64_t rows, int64_t Hs, int64_t cols, const void* src, int64_t src_row, int64_t src_head,
-               void* dst, int64_t dst_row, bool accumulate) {
+void sum_heads(DType src_t, int64_t rows, int64_t Hs, int64_t cols, const void* src, int64_t src_row, int64_t src_head,
+               DType dst_t, void* dst, int64_t dst_row, bool accumulate) {
   if (meta_mode()) return;
-  dispatch_dtype(t, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    const T* s = static_cast<const T*>(src);
-    T* d = static_cast<T*>(dst);
+  LAGA_ASSERT(dst_t == src_t || dst_t == DType::f32, "sum_heads from {} into {}: the destination is the source's "
+              "dtype or fp32", dtype_name(src_t), dtype_name(dst_t));
+  dispatch_dtype(src_t, [&](auto* stag) {
+    using S = std::remove_pointer_t<decltype(stag)>;
+    dispatch_dtype(dst_t, [&](auto* dtag) {
+      using D = std::remove_pointer_t<decltype(dtag)>;
+      const S* s = static_cast<const S*>(src);
+      D* d = static_cast<D*>(dst);
 #pragma omp parallel for schedule(static) if (rows * Hs * cols >= kParallelMin)
-    for (int64_t m = 0; m < rows; ++m)
-      for (int64_t i = 0; i < cols; ++i) {
-        float acc = accumulate ? to_float(d[m * dst_row + i]) : 0.0f;
-        for (int64_t h = 0; h < Hs; ++h) acc += to_float(s[m * src_row + h * src_head + i]);
-        d[m * dst_row + i] = from_float<T>(acc);
-      }
+      for (int64_t m = 0; m < rows; ++m)
+        for (int64_t i = 0; i < cols; ++i) {
+          float acc = accumulate ? to_float(d[m * dst_row + i]) : 0.0f;
+          for (int64_t h = 0; h < Hs; ++h) acc += to_float(s[m * src_row + h * src_head + i]);
+          d[m * dst_row + i] = from_float<D>(acc);
+        }
+    });
   });
 }
 

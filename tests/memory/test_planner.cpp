@@ -19,16 +19,17 @@ struct Case {
   Kernel kernel;
   DType dt;
   int64_t T, P, H, L, Lq, B;
+  DlatentSum dlatent_sum = DlatentSum::storage;
 };
 
 std::string name(const Case& k) {
-  return fmt::format("{} {} {} T{} P{} H{} L{} Lq{} B{}", k.form, kernel_name(k.kernel),
-                     dtype_name(k.dt), k.T, k.P, k.H, k.L, k.Lq, k.B);
+  return fmt::format("{} {} {} T{} P{} H{} L{} Lq{} B{} dlatent sum {}", k.form, kernel_name(k.kernel),
+                     dtype_name(k.dt), k.T, k.P, k.H, k.L, k.Lq, k.B, dlatent_sum_name(k.dlatent_sum));
 }
 
 MlaConfig config(const Case& k) {
   MlaConfig c = MlaConfig::preset("tiny");
-  c.form = k.form, c.kernel = k.kernel, c.dtype = k.dt;
+  c.form = k.form, c.kernel = k.kernel, c.dtype = k.dt, c.dlatent_sum = k.dlatent_sum;
   c.seq_len = k.T, c.sp = k.P, c.num_attention_heads = k.H, c.num_layers = k.L, c.q_lora_rank = k.Lq, c.batch = k.B;
   return c;
 }
@@ -42,7 +43,8 @@ std::vector<Case> sweep() {
         // Vary the shape with the case so the sweep covers T, P, H, L, Lq and B without a full product.
         const int64_t Ts[] = {16, 40, 64, 24}, Ps[] = {1, 2, 4, 8}, Hs[] = {8, 8, 16, 8};
         const int64_t T = Ts[i % 4], P = Ps[(i / 2) % 4], H = Hs[i % 4];
-        cases.push_back({std::string(form->name()), kernel, dt, T, P, H, 1 + i % 2, (i % 3 == 2) ? 0 : 48, 1 + (i % 5 == 4)});
+        cases.push_back({std::string(form->name()), kernel, dt, T, P, H, 1 + i % 2, (i % 3 == 2) ? 0 : 48, 1 + (i % 5 == 4),
+                         i % 3 == 1 ? DlatentSum::storage : DlatentSum::fp32});
         ++i;
       }
   return cases;
@@ -117,10 +119,12 @@ ClosedForm closed_form(const MlaConfig& c) {
     ADD_FAILURE() << "no closed form for " << c.form << ": write it in docs/accounting.md and here";
   }
   const int64_t a2a = E * H * a2a_width * s, again = E * H * again_width * s;  // one direction, one layer
+  // The latent all-gathered in the storage dtype; its adjoint's partial sums in c.dlatent_sum_dtype().
+  const int64_t gathered = shard * s, reduced = shard * dtype_size(c.dlatent_sum_dtype());
   ClosedForm f;
   f.saved = c.num_layers * saved;
-  f.tensor = c.num_layers * (2 * (a2a + shard * s) + again);
-  f.wire = c.num_layers * (2 * (a2a / P * (P - 1) + shard * s * (P - 1)) + again / P * (P - 1));
+  f.tensor = c.num_layers * (2 * a2a + gathered + reduced + again);
+  f.wire = c.num_layers * (2 * (a2a / P * (P - 1)) + (gathered + reduced) * (P - 1) + again / P * (P - 1));
   return f;
 }
 
@@ -130,18 +134,22 @@ TEST(Planner, MatchesTheClosedFormsOfTheAccounting) {
     int64_t T, P, B, L;
     DType dt;
     Kernel kernel;
+    DlatentSum dlatent_sum = DlatentSum::storage;
   };
   const Point points[] = {{"tiny", 64, 4, 2, 2, DType::bf16, Kernel::fused},  {"tiny", 48, 8, 1, 1, DType::f32, Kernel::eager},
                           {"small", 4096, 2, 1, 3, DType::bf16, Kernel::eager}, {"deepseek-v2-lite", 8192, 4, 2, 1, DType::f32, Kernel::fused},
                           {"deepseek-v3", 16384, 8, 1, 4, DType::bf16, Kernel::fused},
-                          {"deepseek-v3", 4096, 16, 1, 1, DType::bf16, Kernel::eager}};
+                          {"deepseek-v3", 4096, 16, 1, 1, DType::bf16, Kernel::eager},
+                          {"deepseek-v3", 16384, 8, 1, 2, DType::bf16, Kernel::fused, DlatentSum::fp32},
+                          {"small", 2048, 4, 2, 1, DType::bf16, Kernel::eager, DlatentSum::fp32}};
   for (const Point& pt : points)
     for (const Form* form : registered_forms()) {
       MlaConfig c = MlaConfig::preset(pt.model);
       c.seq_len = pt.T, c.sp = pt.P, c.batch = pt.B, c.num_layers = pt.L, c.dtype = pt.dt, c.kernel = pt.kernel;
+      c.dlatent_sum = pt.dlatent_sum;
       c.form = std::string(form->name());
-      SCOPED_TRACE(fmt::format("{} {} T{} P{} B{} L{} {} {}", pt.model, c.form, pt.T, pt.P, pt.B, pt.L,
-                               dtype_name(pt.dt), kernel_name(pt.kernel)));
+      SCOPED_TRACE(fmt::format("{} {} T{} P{} B{} L{} {} {} dlatent sum {}", pt.model, c.form, pt.T, pt.P, pt.B, pt.L,
+                               dtype_name(pt.dt), kernel_name(pt.kernel), dlatent_sum_name(pt.dlatent_sum)));
       const Plan plan = plan_run(c);
       const ClosedForm f = closed_form(c);
       EXPECT_EQ(plan.memory.saved_bytes, f.saved);
@@ -165,8 +173,11 @@ TEST(Planner, MatchesTheClosedFormsOfTheAccounting) {
 TEST(Planner, LagaMovesHalfOfExplicitsTrafficAtDeepSeekV3Heads) {
   // docs/design.md §5: per token, explicit moves q, k, v, o = (192 + 192 + 128 + 128)·H elements, laga
   // q, o and the latent = (192 + 128)·H + 576: 640·128 / (320·128 + 576) = 1.972 at H = 128.
+  // The paper sends dlatent's partial sums in bf16 (dlatent_sum storage, the default); in fp32 laga's backward
+  // moves 576 more bytes per token: 640·128 / (320·128 + 576·3/2) = 1.959.
   MlaConfig c = MlaConfig::preset("deepseek-v3");
   c.seq_len = 4096, c.sp = 8;
+  c.dlatent_sum = DlatentSum::storage;
   c.form = "explicit";
   const double e = double(plan_comm(c).tensor_bytes());
   c.form = "laga";
@@ -176,4 +187,6 @@ TEST(Planner, LagaMovesHalfOfExplicitsTrafficAtDeepSeekV3Heads) {
     c.form = absorbed;
     EXPECT_EQ(plan_comm(c).tensor_bytes(), int64_t(l));
   }
+  c.form = "laga", c.dlatent_sum = DlatentSum::fp32;
+  EXPECT_NEAR(e / double(plan_comm(c).tensor_bytes()), 640.0 * 128 / (320.0 * 128 + 576 * 1.5), 1e-9);
 }

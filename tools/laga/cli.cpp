@@ -19,6 +19,8 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   app->add_option("--kernel", f.kernel, "attention kernel: eager, fused")->capture_default_str();
   app->add_option("--absorbed-kv", f.absorbed_kv, "absorbed core regime: expanded, shared")->capture_default_str();
   app->add_option("--dtype", f.dtype, "storage dtype: bf16, fp32")->capture_default_str();
+  app->add_option("--dlatent-sum", f.dlatent_sum, "dtype of the dlatent reduce-scatter's partial sums (forms that "
+                  "gather the latent): fp32 (one rounding, after the sum over ranks), storage")->capture_default_str();
   app->add_option("--rope-layout", f.rope_layout, "RoPE pairs: interleaved (DeepSeek), rotate-half")->capture_default_str();
   app->add_option("--json", f.json_path, "write results as JSON to this file");
   app->add_option("--seed", f.seed, "seed of weights and inputs")->capture_default_str();
@@ -42,6 +44,7 @@ Config build_config(const CommonFlags& f) {
   c.form = form_label(f.form, f.absorbed_kv);
   c.kernel = parse_kernel(f.kernel);
   c.dtype = parse_dtype(f.dtype);
+  c.dlatent_sum = parse_dlatent_sum(f.dlatent_sum);
   if (f.rope_layout == "interleaved") c.rope_interleaved = true;
   else if (f.rope_layout == "rotate-half") c.rope_interleaved = false;
   else LAGA_FAIL_USAGE("unknown --rope-layout '{}'; valid: interleaved, rotate-half", f.rope_layout);

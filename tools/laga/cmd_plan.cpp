@@ -138,8 +138,9 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
   const MlaConfig& base = *base_cfg;
   auto json_out = open_output(f.json_path, "--json");
   if (do_sweep) return sweep(base_cfg, json_out.get());
-  fmt::print("laga plan: model {} T {} B {} P {} L {} kernel {} dtype {} — per rank\n", base.model, base.seq_len,
-             base.batch, base.sp, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype));
+  fmt::print("laga plan: model {} T {} B {} P {} L {} kernel {} dtype {} dlatent sum {} — per rank\n", base.model,
+             base.seq_len, base.batch, base.sp, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype),
+             dlatent_sum_name(base.dlatent_sum));
   fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "form", "activation peak", "saved", "fwd peak",
              "bwd peak", "comm tensor", "comm wire");
   fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "", "bytes", "bytes", "bytes", "bytes", "bytes",
@@ -168,8 +169,19 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
   fmt::print("  communication explicit / laga: {:.4f} (tensor bytes), {:.4f} (wire bytes)\n",
              ex["comm"]["tensor_bytes"].get<double>() / forms["laga"]["comm"]["tensor_bytes"].get<double>(),
              ex["comm"]["wire_bytes"].get<double>() / forms["laga"]["comm"]["wire_bytes"].get<double>());
+  // What the other dtype of the dlatent partial sums would cost laga (the forms that gather the latent alike).
+  const DlatentSum other = base.dlatent_sum == DlatentSum::fp32 ? DlatentSum::storage : DlatentSum::fp32;
+  const nlohmann::json alt = plan_json(base_cfg.with([&](MlaConfig& m) { m.form = "laga", m.dlatent_sum = other; }));
+  const nlohmann::json& lg = forms["laga"];
+  fmt::print("  dlatent partial sums in {} ({} with --dlatent-sum {}): laga comm {:+} tensor bytes, {:+} wire bytes, "
+             "activation peak {:+} bytes\n", dlatent_sum_name(base.dlatent_sum) == "fp32" ? "fp32" : dtype_name(base.dtype),
+             dlatent_sum_name(other) == "fp32" ? "fp32" : dtype_name(base.dtype), dlatent_sum_name(other),
+             alt["comm"]["tensor_bytes"].get<int64_t>() - lg["comm"]["tensor_bytes"].get<int64_t>(),
+             alt["comm"]["wire_bytes"].get<int64_t>() - lg["comm"]["wire_bytes"].get<int64_t>(),
+             alt["activation_peak_bytes"].get<int64_t>() - lg["activation_peak_bytes"].get<int64_t>());
   if (json_out) {
-    nlohmann::json j = {{"command", "plan"}, {"config", base.to_json()}, {"forms", forms}};
+    nlohmann::json j = {{"command", "plan"}, {"config", base.to_json()}, {"forms", forms},
+                        {"laga_with_dlatent_sum_" + std::string(dlatent_sum_name(other)), alt}};
     *json_out << j.dump(2) << "\n";
   }
   if (!mem_limit.empty())

@@ -55,12 +55,25 @@ struct RunShape {
   int64_t sp = 1;          // P
 };
 
+// The dtype in which the forms that all-gather the latent (laga, laga-recompute, both absorbed) send
+// their dlatent partial sums through the reduce-scatter, the all-gather's adjoint: `storage` rounds each
+// rank's partial (its heads' sum) to the storage dtype before the sum over ranks; `fp32` keeps it in
+// fp32 and rounds once, after the sum over ranks — as explicit rounds its dlatent once, after its sum
+// over all heads. Identical under fp32 storage; under bf16, fp32 doubles the reduce-scatter's bytes.
+// Chosen default and its numbers: docs/numerics.md.
+enum class DlatentSum { storage, fp32 };
+std::string_view dlatent_sum_name(DlatentSum s);
+DlatentSum parse_dlatent_sum(std::string_view name);  // usage error naming the valid values
+
 // How it is done: the form (a registered variant label, mla/form.hpp), the attention kernel, the
-// storage dtype.
+// storage dtype, the dtype of the dlatent reduce-scatter's partial sums.
 struct RunChoices {
   std::string form = "explicit";
   Kernel kernel = Kernel::fused;
   DType dtype = DType::bf16;
+  DlatentSum dlatent_sum = DlatentSum::storage;
+  // The dtype the dlatent partial sums travel in (fp32, or the storage dtype).
+  DType dlatent_sum_dtype() const { return dlatent_sum == DlatentSum::fp32 ? DType::f32 : dtype; }
 };
 
 struct MlaConfig : ModelDims, RunShape, RunChoices {

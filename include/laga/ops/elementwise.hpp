@@ -20,8 +20,9 @@ void copy_rows(DType t, int64_t rows, int64_t cols, const void* src, int64_t src
 void add_into(Tensor& y, const Tensor& x);
 
 // dst[m, i] (= or +=) Σ_{h < Hs} src[m, h, i] over `rows` rows of `cols` elements, in fp32, rounded
-// once. Strides in elements: src rows src_row apart and heads src_head apart; dst rows dst_row apart.
-void sum_heads(DType t, int64_t rows, int64_t Hs, int64_t cols, const void* src, int64_t src_row, int64_t src_head,
-               void* dst, int64_t dst_row, bool accumulate);
+// once to dst's dtype (src's, or fp32). Strides in elements: src rows src_row apart and heads src_head
+// apart; dst rows dst_row apart.
+void sum_heads(DType src_t, int64_t rows, int64_t Hs, int64_t cols, const void* src, int64_t src_row, int64_t src_head,
+               DType dst_t, void* dst, int64_t dst_row, bool accumulate);
 
 }  // namespace laga

@@ -65,16 +65,18 @@ class AbsorbedExpanded final : public Form {
       const AttentionFwdParams p = dense_attention(ctx, s.q_abs, s.k_exp, s.v_exp, s.o_lat, ctx.Hr, ctx.Hr, ctx.Dl, Dvo);
       attention_backward(ctx.c.kernel, dense_attention_backward(p, ctx, do_lat, dq_abs, dk, dv), s.attn);
       s.k_exp = s.v_exp = Tensor();
-      dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, ctx.dt, "grad.latent_g");
-      sum_heads(ctx.dt, ctx.T * ctx.B, ctx.Hr, ctx.Dl, dk.raw(), ctx.Hr * ctx.Dl, ctx.Dl, dlatent_g.raw(), ctx.Dl, false);
-      sum_heads(ctx.dt, ctx.T * ctx.B, ctx.Hr, ctx.Lkv, dv.raw(), ctx.Hr * Dvo, Dvo, dlatent_g.raw(), ctx.Dl, true);
+      const DType sum_dt = ctx.c.dlatent_sum_dtype();
+      dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, sum_dt, "grad.latent_g");
+      sum_heads(ctx.dt, ctx.T * ctx.B, ctx.Hr, ctx.Dl, dk.raw(), ctx.Hr * ctx.Dl, ctx.Dl, sum_dt, dlatent_g.raw(), ctx.Dl,
+                false);
+      sum_heads(ctx.dt, ctx.T * ctx.B, ctx.Hr, ctx.Lkv, dv.raw(), ctx.Hr * Dvo, Dvo, sum_dt, dlatent_g.raw(), ctx.Dl, true);
     }
     do_lat = Tensor();
     s.attn = {};
     s.o_lat = s.q_abs = s.latent_g = Tensor();
     Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, g);                      // A2
     dq_abs = s.q = Tensor();
-    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent");  // A1's adjoints
+    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent", ctx.dt);  // A1's adjoints
     dlatent_g = Tensor();
     dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
   }

@@ -49,21 +49,26 @@ class AbsorbedShared final : public Form {
     auto& s = static_cast<AbsorbedSaved&>(*saved);
     Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, ctx.Lkv, g);          // A4
     dout = Tensor();
-    // A3: dq_abs; dK is dlatent_g itself, dV (one head) is added onto its first Lkv columns
+    // A3: dq_abs; dK is dlatent_g itself (when the partial sums keep the storage dtype; in fp32 they are
+    // dK of the kernel, in the storage dtype, widened), dV (one head) is added onto its first Lkv columns
     Tensor dq_abs = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dl}, ctx.dt, "grad.q_abs");
-    Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, ctx.dt, "grad.latent_g");
+    const DType sum_dt = ctx.c.dlatent_sum_dtype();
+    Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, sum_dt, "grad.latent_g");
     {
+      Tensor dk = sum_dt == ctx.dt ? dlatent_g : Tensor::empty({ctx.T, ctx.B, 1, ctx.Dl}, ctx.dt, "grad.k_lat");
       Tensor dv = Tensor::empty({ctx.T, ctx.B, 1, ctx.Lkv}, ctx.dt, "grad.v_lat");
-      attention_backward(ctx.c.kernel, dense_attention_backward(shared_attention(ctx, s), ctx, do_lat, dq_abs, dlatent_g, dv),
+      attention_backward(ctx.c.kernel, dense_attention_backward(shared_attention(ctx, s), ctx, do_lat, dq_abs, dk, dv),
                          s.attn);
-      sum_heads(ctx.dt, ctx.T * ctx.B, 1, ctx.Lkv, dv.raw(), ctx.Lkv, 0, dlatent_g.raw(), ctx.Dl, /*accumulate=*/true);
+      if (sum_dt != ctx.dt)
+        sum_heads(ctx.dt, ctx.T * ctx.B, 1, ctx.Dl, dk.raw(), ctx.Dl, 0, sum_dt, dlatent_g.raw(), ctx.Dl, false);
+      sum_heads(ctx.dt, ctx.T * ctx.B, 1, ctx.Lkv, dv.raw(), ctx.Lkv, 0, sum_dt, dlatent_g.raw(), ctx.Dl, /*accumulate=*/true);
     }
     do_lat = Tensor();
     s.attn = {};
     s.o_lat = s.q_abs = s.latent_g = Tensor();
     Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, g);                      // A2
     dq_abs = s.q = Tensor();
-    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent");  // A1's adjoints
+    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent", ctx.dt);  // A1's adjoints
     dlatent_g = Tensor();
     dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
   }

@@ -34,7 +34,8 @@ void up_project_backward(const RankCtx& ctx, const Tensor& latent, const Tensor&
   Tensor dkvb = Tensor::empty({latent.dim(0), ctx.B, Hs, W}, ctx.dt, "grad.kvb");
   copy_rows(ctx.dt, M * Hs, ctx.Dn, dk.raw(), ctx.Dqk, dkvb.raw(), W);
   copy_rows(ctx.dt, M * Hs, ctx.Dv, dv.raw(), ctx.Dv, at(dkvb, ctx.Dn), W);
-  sum_heads(ctx.dt, M, Hs, ctx.Dr, at(dk, ctx.Dn), Hs * ctx.Dqk, ctx.Dqk, at(dlatent, ctx.Lkv), ctx.Dl, false);
+  sum_heads(ctx.dt, M, Hs, ctx.Dr, at(dk, ctx.Dn), Hs * ctx.Dqk, ctx.Dqk, dlatent.dtype(), at(dlatent, ctx.Lkv), ctx.Dl,
+            false);
   // [k_nope | v] = ckv·W_kv_bᵀ:  dckv = dkvb·W,  dW += dkvbᵀ·ckv
   const MatView dkvb2{dkvb.raw(), M, Hs * W, Hs * W, ctx.dt};
   matmul_2d(dkvb2, rows, mat(dlatent).col_slice(0, ctx.Lkv));

@@ -20,7 +20,8 @@ MatView head(const RankCtx& ctx, const Tensor& t, int64_t h, int64_t width, int6
 // k [M, B, Hs, Dqk] = [ckv·W_UKᵀ | kpe broadcast] and v [M, B, Hs, Dv] = ckv·W_UVᵀ (=).
 void up_project_forward(const RankCtx& ctx, const Tensor& latent, const Tensor& wkv_b, int64_t h0, int64_t Hs,
                         Tensor& k, Tensor& v);
-// Its backward: dlatent [M, B, Dl] (=) and the dwkv_b rows of heads [h0, h0 + Hs) (+=).
+// Its backward: dlatent [M, B, Dl] (=; the storage dtype or fp32, rounded once from the fp32 sums over
+// the heads) and the dwkv_b rows of heads [h0, h0 + Hs) (+=).
 void up_project_backward(const RankCtx& ctx, const Tensor& latent, const Tensor& wkv_b, int64_t h0, int64_t Hs,
                          const Tensor& dk, const Tensor& dv, Tensor& dlatent, Tensor& dwkv_b);
 

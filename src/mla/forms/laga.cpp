@@ -59,10 +59,10 @@ class Laga final : public Form {
     s.attn = {};
     s.q = s.k = s.v = s.o = Tensor();
     // G2 backward (this rank's head shard), over the whole sequence
-    Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, ctx.dt, "grad.latent_g");
+    Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, ctx.c.dlatent_sum_dtype(), "grad.latent_g");
     up_project_backward(ctx, s.latent_g, w.wkv_b, ctx.r * ctx.Hr, ctx.Hr, dk, dv, dlatent_g, g.wkv_b);
     dk = dv = s.latent_g = Tensor();
-    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent");  // G1 all-gather's adjoint
+    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent", ctx.dt);  // G1 all-gather's adjoint
     dlatent_g = Tensor();
     dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");                     // G1 scatter_heads' adjoint
   }
