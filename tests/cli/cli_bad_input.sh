@@ -58,7 +58,8 @@ expect 2 "\-\-json /nonexistent-dir/out.json" -- "$laga" run --model tiny --seq 
 expect 2 "/proc/laga-dump" -- "$laga" run --model tiny --seq 16 --dump /proc/laga-dump
 expect 2 "\-\-comm mpi needs the ranks started by mpirun" -- "$laga" run --model tiny --seq 16 --comm mpi
 expect 2 "inject-fault 'x' is not RANK:PLACE" -- "$laga" run --model tiny --seq 16 --inject-fault x
-expect 2 "not implemented" -- "$laga" report --out "$tmp/report"
+expect 2 "\-\-out is required" -- "$laga" report
+expect 2 "The following argument was not expected: \-\-fast" -- "$laga" report --out "$tmp/report" --fast
 expect 2 "laga plan needs --seq T" -- "$laga" plan --model tiny
 expect 2 "size '12 parsecs' is not a byte count" -- "$laga" run --model tiny --seq 16 --mem-limit "12 parsecs"
 # A run or plan over the memory limit is refused before anything is allocated, naming the planned peak.

@@ -20,6 +20,8 @@ struct TrainFlags {
   std::string checkpoint_dir, resume_dir, dump_weights;
   int64_t checkpoint_every = 0;
 };
+// laga report --out DIR [--quick] (cmd_report.cpp).
+int cmd_report(const std::string& out_dir, bool quick);
 int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr,
               const TrainFlags& t = {});
 

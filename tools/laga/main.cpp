@@ -26,6 +26,7 @@ int main(int argc, char** argv) {
     if (inv.command == "plan") return cmd_plan(flags, inv.sweep, inv.mem_limit);
     if (inv.command == "verify") return cmd_verify(flags, inv.sps);
     if (inv.command == "bench") return cmd_bench(flags, inv.seqs, inv.forms, inv.iters);
+    if (inv.command == "report") return cmd_report(inv.out_dir, inv.quick);
     if (inv.command == "train")
       return cmd_train(flags, inv.forms, inv.steps, inv.lr,
                        {inv.checkpoint_dir, inv.resume_dir, inv.dump_weights, inv.checkpoint_every});

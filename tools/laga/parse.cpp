@@ -15,13 +15,6 @@ namespace laga::cli {
 
 namespace {
 
-struct Pending {
-  const char* name;
-  const char* help;
-  const char* issue;
-};
-constexpr Pending kPending[] = {{"report", "the full report", "a later issue"}};
-
 constexpr const char* kDescription = "laga: MLA training under sequence parallelism, in the explicit, absorbed and LAGA forms";
 
 // Every subcommand and flag of laga, bound to inv's fields.
@@ -75,7 +68,9 @@ void build_app(CLI::App& app, Invocation& inv) {
   train->add_option("--resume", inv.resume_dir, "continue from the newest checkpoint in DIR/<form>/ (exit 2 if none)");
   train->add_option("--dump-weights", inv.dump_weights, "write the final weights (.safetensors, laga names); one form only");
 
-  for (const auto& p : kPending) app.add_subcommand(p.name, p.help)->allow_extras();
+  auto* report = app.add_subcommand("report", "every measurement in one run: DIR/report.md with tables and plots");
+  report->add_option("--out", inv.out_dir, "the directory for report.md, its plots, JSON and logs")->required();
+  report->add_flag("--quick", inv.quick, "fewer and shorter measurements (under 10 minutes on two cores)");
 }
 
 // Parses into the fields app is bound to; the status to end with now, or nullopt.
@@ -126,8 +121,6 @@ std::optional<int> parse_args_fresh(int argc, const char* const* argv, Invocatio
 
 void check_invocation(const Invocation& inv) {
   const CommonFlags& f = inv.flags;
-  for (const auto& p : kPending)
-    if (inv.command == p.name) LAGA_NOT_IMPLEMENTED("laga {} is not built yet ({})", p.name, p.issue);
   if (!inv.mem_limit.empty()) parse_bytes(inv.mem_limit);
   if (inv.command == "run") {
     if (!inv.fault.empty()) set_injected_fault(inv.fault);
@@ -165,6 +158,8 @@ void check_invocation(const Invocation& inv) {
                "--checkpoint-every {} needs --checkpoint DIR to write to", inv.checkpoint_every);
     LAGA_CHECK(inv.dump_weights.empty() || inv.forms.size() == 1,
                "--dump-weights writes one form's weights, but --forms names {}; give one form", inv.forms.size());
+  } else if (inv.command == "report") {
+    LAGA_CHECK(!inv.out_dir.empty(), "laga report needs --out DIR, e.g. --out report");
   } else {
     LAGA_ASSERT(false, "laga {} parsed but has no checks", inv.command);
   }

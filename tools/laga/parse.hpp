@@ -18,7 +18,7 @@ namespace laga::cli {
 
 // What the command line asked for: the subcommand and every flag of it, parsed but not yet checked.
 struct Invocation {
-  std::string command;  // "run", "plan", "verify", "bench", "train", or a pending one ("report")
+  std::string command;  // "run", "plan", "verify", "bench", "train", "report"
   CommonFlags flags;
   std::string dump_dir, weights, fault;                             // run
   std::vector<int64_t> sps{1, 2, 4, 8};                             // verify
@@ -31,6 +31,8 @@ struct Invocation {
   bool sweep = false;                                               // plan
   int64_t stand_in = -1;                                            // run: play this rank alone
   std::string mem_limit;                                            // run, plan: "" = available memory (run) / none (plan)
+  std::string out_dir;                                              // report
+  bool quick = false;                                               // report
 };
 
 // Parses argv into inv. Returns nullopt when a command was parsed; otherwise the exit status to end

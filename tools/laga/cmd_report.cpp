@@ -1,0 +1,175 @@
+// laga report --out DIR [--quick]: every measurement of the project in one run, written beside the
+// paper's figures. Each step is this binary (or mpirun, or scripts/link.sh) run as a subprocess with its
+// JSON and its log in DIR; steps.json records what ran, how long, and how it ended. Then
+// scripts/report.py (matplotlib, under /usr/bin/python3) writes DIR/report.md and its plots from those
+// JSON files alone. A step that fails is recorded and the report goes on; the exit status is 1 if any
+// step failed. The link steps run only as root with network namespaces; otherwise they are recorded as
+// skipped with link.sh's reason. What each step measures: docs/report.md.
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "commands.hpp"
+#include "laga/core/error.hpp"
+
+extern char** environ;
+
+namespace laga::cli {
+
+namespace {
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  LAGA_CHECK(n > 0, "laga report: cannot find its own binary (/proc/self/exe: {})", std::strerror(errno));
+  return std::string(buf, size_t(n));
+}
+
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+// Runs argv with stdout and stderr into log; the exit status (128 + signal when killed).
+int run_logged(const std::vector<std::string>& argv, const std::string& log, const std::string& cwd) {
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  // The step runs in the source tree (scripts and docs/hw are found relative to it).
+  const std::string here = std::filesystem::current_path();
+  std::filesystem::current_path(cwd);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+  std::filesystem::current_path(here);
+  posix_spawn_file_actions_destroy(&fa);
+  LAGA_CHECK(rc == 0, "laga report: cannot start {} ({})", argv[0], std::strerror(rc));
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+std::string last_line(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  return last;
+}
+
+struct Step {
+  std::string name, title;
+  // The command, built when the step starts (a later step may read an earlier one's JSON).
+  std::function<std::vector<std::string>()> argv;
+  bool link = false;  // an emulated-link step: exit 2 from link.sh means "not available here" (skipped)
+};
+
+}  // namespace
+
+int cmd_report(const std::string& out_dir, bool quick) {
+  LAGA_CHECK(!out_dir.empty(), "laga report needs --out DIR");
+  std::filesystem::create_directories(out_dir);
+  const std::string out = std::filesystem::absolute(out_dir).string();
+  const std::string src = LAGA_SOURCE_DIR;
+  LAGA_CHECK(exists(src + "/scripts/report.py"), "laga report: the source tree {} (with scripts/report.py) is not "
+             "here; run the laga built from a checkout", src);
+  const std::string laga = self_exe();
+  auto J = [&](const std::string& name) { return out + "/" + name; };
+  const std::vector<std::string> mpirun = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
+                                           "self,vader", "-np", "2"};
+  auto cat = [](std::vector<std::string> a, const std::vector<std::string>& b) {
+    a.insert(a.end(), b.begin(), b.end());
+    return a;
+  };
+
+  // One machine: P 2, one core per rank; the small preset (DeepSeek's head dims, H 16).
+  const std::string seqs = quick ? "2048,4096" : "2048,4096,8192";
+  const std::string forms = quick ? "explicit,absorbed-shared,laga,laga-recompute"
+                                  : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute";
+  const std::string iters = quick ? "2" : "5";
+  auto bench = [&](const std::string& kernel, const std::string& json) {
+    return std::vector<std::string>{laga, "bench", "--model", "small", "--seq", seqs, "--sp", "2", "--forms", forms,
+                                    "--kernel", kernel, "--iters", iters, "--json", json};
+  };
+
+  std::vector<Step> steps;
+  steps.push_back({"verify", "the forms against the fp64 reference (small, bf16, P 1, 2, 4, 8)", [&] {
+    return std::vector<std::string>{laga, "verify", "--model", "small", "--seq", quick ? "64" : "128", "--sp",
+                                    "1,2,4,8", "--json", J("verify.json")};
+  }});
+  for (const char* kernel : {"fused", "eager"})
+    steps.push_back({fmt::format("plan.{}", kernel), fmt::format("memory and traffic at DeepSeek-V3, T 16384, P 8, {}", kernel), [&, kernel] {
+      return std::vector<std::string>{laga, "plan", "--model", "deepseek-v3", "--seq", "16384", "--sp", "8", "--kernel",
+                                      kernel, "--json", J(fmt::format("plan.{}.json", kernel))};
+    }});
+  steps.push_back({"plan.sweep", "memory over T × P × kernel and traffic over H (DeepSeek-V3 dims)", [&] {
+    return std::vector<std::string>{laga, "plan", "--sweep", "--model", "deepseek-v3", "--json", J("plan_sweep.json")};
+  }});
+  steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused", [&] {
+    return bench("fused", J("bench.threads.fused.json"));
+  }});
+  steps.push_back({"bench.threads.eager", "throughput in one machine, threads, eager", [&] {
+    return bench("eager", J("bench.threads.eager.json"));
+  }});
+  if (!quick)
+    steps.push_back({"bench.mpi.fused", "throughput in one machine, MPI over shared memory, fused", [&] {
+      return cat(mpirun, bench("fused", J("bench.mpi.fused.json")));
+    }});
+  steps.push_back({"train", "training curves (tiny, fp32, P 4)", [&] {
+    return std::vector<std::string>{laga, "train", "--model", "tiny", "--seq", "64", "--sp", "4", "--dtype", "fp32",
+                                    "--steps", quick ? "100" : "200", "--forms", "explicit,absorbed,laga,laga-recompute",
+                                    "--json", J("train.json")};
+  }});
+
+  fmt::print("laga report: {} steps into {}{}\n", steps.size(), out, quick ? " (--quick)" : "");
+  std::fflush(stdout);
+  nlohmann::json record = nlohmann::json::array();
+  int failed = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    const std::vector<std::string> argv = s.argv();
+    const std::string log = J("logs/" + s.name + ".log");
+    std::filesystem::create_directories(out + "/logs");
+    fmt::print("  [{}/{}] {}: {} ... ", i + 1, steps.size(), s.name, s.title);
+    std::fflush(stdout);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = run_logged(argv, log, src);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::string status = rc == 0 ? "ok" : "failed", reason;
+    if (rc != 0 && s.link && rc == 2) status = "skipped", reason = last_line(log);
+    else if (rc != 0) reason = fmt::format("exit {}: {}", rc, last_line(log)), ++failed;
+    fmt::print("{} ({:.1f} s){}\n", status, secs, reason.empty() ? "" : " — " + reason);
+    std::fflush(stdout);
+    std::string command;
+    for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
+    record.push_back({{"name", s.name}, {"title", s.title}, {"command", command}, {"status", status},
+                      {"exit", rc}, {"seconds", secs}, {"log", "logs/" + s.name + ".log"}, {"reason", reason}});
+    std::ofstream(J("steps.json")) << nlohmann::json{{"quick", quick}, {"steps", record}}.dump(2) << "\n";
+  }
+  fmt::print("  writing {}/report.md ... ", out);
+  std::fflush(stdout);
+  const int rc = run_logged({"/usr/bin/python3", src + "/scripts/report.py", out}, J("logs/report.py.log"), src);
+  LAGA_CHECK(rc == 0, "laga report: scripts/report.py failed (exit {}): {}; see {}", rc, last_line(J("logs/report.py.log")),
+             J("logs/report.py.log"));
+  fmt::print("done\nlaga report: {}/report.md{}\n", out,
+             failed ? fmt::format(" — {} step(s) failed (see steps.json and logs/)", failed) : "");
+  return failed ? 1 : 0;
+}
+
+}  // namespace laga::cli
