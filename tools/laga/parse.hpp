@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "commands.hpp"
 
 namespace laga::cli {
 
@@ -31,6 +32,7 @@ struct Invocation {
   bool sweep = false;                                               // plan
   int64_t stand_in = -1;                                            // run: play this rank alone
   std::string mem_limit;                                            // run, plan: "" = available memory (run) / none (plan)
+  BenchCommFlags bench_comm;                                        // bench-comm
 };
 
 // Parses argv into inv. Returns nullopt when a command was parsed; otherwise the exit status to end
