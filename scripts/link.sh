@@ -8,7 +8,8 @@
 #
 #   scripts/link.sh [--ranks N] [--rate R] [--burst B] [--latency L] [--delay D] -- PROGRAM ARGS...
 #     --ranks N    namespaces = MPI ranks (default 2)
-#     --rate R     tbf rate per rank, tc's units (default 200mbit; docs/throughput.md chooses it)
+#     --rate R     tbf rate per rank, tc's units (default 28mbit: the rate docs/throughput.md §3 matches
+#                  to the paper's two-node setting on this machine)
 #     --burst B    tbf bucket, tc's units (default 64kb)
 #     --latency L  tbf queueing limit (default 50ms)
 #     --delay D    netem delay before the bucket, e.g. 100us (needs sch_netem in the kernel)
@@ -25,7 +26,7 @@ set -u
 
 die() { echo "link.sh: $*" >&2; exit 2; }
 
-ranks=2 rate=200mbit burst=64kb latency=50ms delay=""
+ranks=2 rate=28mbit burst=64kb latency=50ms delay=""
 while [ $# -gt 0 ]; do
   case $1 in
     --ranks) ranks=${2-}; shift 2 || die "--ranks needs a value" ;;
