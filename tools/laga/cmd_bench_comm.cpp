@@ -173,7 +173,7 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
             if (!prints) continue;
             const double t = median(row.times);
             const double algbw = double(row.shape.bytes) / t / 1e9;
-            fmt::print("  {:<15} {:<5} {:>12} {:>12} {:>10.2f} {:>9.3f} {:>9.3f} {:>7}\n", collective_name(op),
+            fmt::print("  {:<15} {:<5} {:>12} {:>12} {:>10.2f} {:>9.4g} {:>9.4g} {:>7}\n", collective_name(op),
                        dtype_name(dtype), row.shape.bytes, row.shape.count, t * 1e6, algbw,
                        algbw * busbw_factor(op, P), row.wrong);
             std::fflush(stdout);
