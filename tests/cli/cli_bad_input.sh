@@ -66,5 +66,16 @@ expect 2 "size '12 parsecs' is not a byte count" -- "$laga" run --model tiny --s
 expect 2 "refused: the planned peak is .* over --mem-limit 1MiB" -- "$laga" run --model small --seq 2048 --mem-limit 1MiB
 expect 2 "refused: the planned peak is .* over --mem-limit 80GB" -- "$laga" plan --model deepseek-v3 --seq 65536 --sp 8 --kernel eager --mem-limit 80GB
 
+# bench-comm: the sweep, the collectives, the dtypes and the counts, each named with a valid alternative.
+expect 2 "\-b 2097152 is larger than -e 1048576; give -b ≤ -e" -- "$laga" bench-comm -b 2M -e 1M
+expect 2 "\-f 1 must be an integer ≥ 2" -- "$laga" bench-comm -f 1
+expect 2 "\-b 0 must be at least one byte, e.g. -b 8" -- "$laga" bench-comm -b 0
+expect 2 "\-e '12parsecs' is not a size in bytes; write e.g. 8, 64K" -- "$laga" bench-comm -e 12parsecs
+expect 2 "unknown collective 'broadcast' for --ops; valid: all_gather" -- "$laga" bench-comm --ops all_gather,broadcast
+expect 2 "unknown dtype 'fp16'; valid: fp32, bf16" -- "$laga" bench-comm --dtype bf16,fp16
+expect 2 "\-\-iters 0 must be at least 1" -- "$laga" bench-comm --iters 0
+expect 2 "\-\-sp -1 must be a number of ranks ≥ 1" -- "$laga" bench-comm --sp -1
+expect 2 "\-e 1000G: 2 rank(s) in this process need .* of buffers, more than the .* available" -- "$laga" bench-comm -e 1000G
+
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
 [ "$failures" -eq 0 ]

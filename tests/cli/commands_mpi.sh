@@ -2,8 +2,8 @@
 # Every command under mpirun, one process per rank, against the same command with ranks as threads:
 # `laga verify --sp 1,2,4` under mpirun -np 4 (each P on the first P processes) passes and reports the
 # same cases; `laga train` under mpirun -np 2 gives bitwise the same losses as under threads; `laga
-# bench` under mpirun -np 2 reports validated rows for every form with the MPI backend named; a bad
-# flag still exits 2 on every process. Usage: commands_mpi.sh <laga binary> <source dir>
+# bench` under mpirun -np 2 reports validated rows for every form with the MPI backend named; so does
+# `laga bench-comm` (every collective, #wrong 0); a bad flag still exits 2 on every process. Usage: commands_mpi.sh <laga binary> <source dir>
 set -u
 laga=$1
 source "$(dirname "$0")/lib/mpi.bash"  # mpirun settings: the array mpi
@@ -60,6 +60,21 @@ json_has "$work/bench.json" "j['backend']=='mpi' and len(j['rows'])==6 and all(r
 timeout 60 "${mpi[@]}" -np 2 "$laga" bench --model tiny --seq 16 --sp 2 --iters 0 >"$work/out" 2>&1
 status=$?
 [ "$status" -eq 2 ] || fail "bench --iters 0 under mpirun: status $status, want 2"
+
+# bench-comm under mpirun -np 2 (--sp from the job's size): every row validated, MPI named, one table.
+if timeout 300 "${mpi[@]}" -np 2 "$laga" bench-comm -b 1K -e 64K -f 8 --dtype bf16,fp32 -n 3 -w 1 \
+    --json "$work/bench_comm.json" >"$work/out" 2>&1; then
+  echo "ok: bench-comm under mpirun -np 2"
+else
+  fail "bench-comm under mpirun -np 2: $(tail -5 "$work/out")"
+fi
+json_has "$work/bench_comm.json" "j['backend']=='mpi' and j['sp']==2 and j['link']=='MPI, one process per rank' and \
+len(j['rows'])==24 and all(r['wrong']==0 and r['busbw_GBps']>0 for r in j['rows'])" \
+  || fail "bench-comm JSON under MPI: backend, sp, link or rows wrong"
+[ "$(grep -c "^# machine:" "$work/out")" -eq 1 ] || fail "bench-comm under MPI printed its header more than once"
+timeout 60 "${mpi[@]}" -np 2 "$laga" bench-comm --sp 3 -b 64 -e 64 >"$work/out" 2>&1
+status=$?
+[ "$status" -eq 2 ] || fail "bench-comm --sp 3 under mpirun -np 2: status $status, want 2"
 
 [ "$failures" -eq 0 ] && echo "commands_mpi: all cases pass" || echo "commands_mpi: $failures failures"
 [ "$failures" -eq 0 ]

@@ -24,5 +24,13 @@ struct TrainFlags {
 int cmd_report(const std::string& out_dir, bool quick);
 int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr,
               const TrainFlags& t = {});
+// bench-comm (nccl-tests' flags): -b MIN -e MAX -f FACTOR, --ops, --dtype (a list), --sp (0: the
+// mpirun job's size, or 2 under threads), --iters, --warmup; --comm, --timeout and --json are f's.
+struct BenchCommFlags {
+  std::string min_bytes = "1K", max_bytes = "1M";
+  int64_t factor = 4, sp = 0, iters = 20, warmup = 2;
+  std::vector<std::string> ops{"all_gather", "reduce_scatter", "all_to_all", "all_reduce"}, dtypes{"bf16"};
+};
+int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b);
 
 }  // namespace laga::cli

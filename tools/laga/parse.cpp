@@ -10,6 +10,7 @@
 #include "laga/core/error.hpp"
 #include "laga/core/fault.hpp"
 #include "laga/driver/launch.hpp"
+#include "bench_comm.hpp"
 
 namespace laga::cli {
 
@@ -54,6 +55,20 @@ void build_app(CLI::App& app, Invocation& inv) {
   bench->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
   bench->add_option("--forms", inv.forms, "forms to time, e.g. explicit,laga")->delimiter(',')->capture_default_str();
   bench->add_option("--iters", inv.iters, "timed repeats per form (after one warm-up)")->capture_default_str();
+
+  auto* comm = app.add_subcommand("bench-comm", "laga's collectives timed as nccl-tests does: time, algbw, busbw, #wrong");
+  BenchCommFlags& bc = inv.bench_comm;
+  comm->add_option("-b,--minbytes", bc.min_bytes, "smallest size (whole buffer), e.g. 8, 64K, 4M")->capture_default_str();
+  comm->add_option("-e,--maxbytes", bc.max_bytes, "largest size")->capture_default_str();
+  comm->add_option("-f,--stepfactor", bc.factor, "each size is the previous one times this (≥ 2)")->capture_default_str();
+  comm->add_option("--ops", bc.ops, "collectives, e.g. all_gather,all_to_all")->delimiter(',')->capture_default_str();
+  comm->add_option("--dtype", bc.dtypes, "element types, e.g. bf16,fp32")->delimiter(',')->capture_default_str();
+  comm->add_option("--sp", bc.sp, "ranks P (default: the mpirun job's size, or 2 under threads)");
+  comm->add_option("-n,--iters", bc.iters, "timed iterations per row")->capture_default_str();
+  comm->add_option("-w,--warmup", bc.warmup, "untimed iterations before them")->capture_default_str();
+  comm->add_option("--comm", flags.comm, "auto|threads|mpi (auto: mpi under mpirun)")->capture_default_str();
+  comm->add_option("--timeout", flags.timeout_s, "seconds a collective may wait before it fails (0: forever)");
+  comm->add_option("--json", flags.json_path, "write the rows as JSON to this file");
 
   auto* train = app.add_subcommand("train", "optimizer steps of each form on a synthetic regression task");
   add_common(train, flags, true);
@@ -148,6 +163,18 @@ void check_invocation(const Invocation& inv) {
         g.seq = T, g.form = name;
         build_config(g);
       }
+  } else if (inv.command == "bench-comm") {
+    const BenchCommFlags& b = inv.bench_comm;
+    bench_comm::size_sweep(bench_comm::parse_size(b.min_bytes, "-b"), bench_comm::parse_size(b.max_bytes, "-e"),
+                           b.factor);
+    LAGA_CHECK(!b.ops.empty(), "--ops is empty; valid: all_gather, reduce_scatter, all_to_all, all_reduce");
+    for (const auto& name : b.ops) bench_comm::parse_op(name);
+    LAGA_CHECK(!b.dtypes.empty(), "--dtype is empty; valid: bf16, fp32");
+    for (const auto& name : b.dtypes) parse_dtype(name);
+    LAGA_CHECK(b.sp >= 0, "--sp {} must be a number of ranks ≥ 1 (or left out: the job's size)", b.sp);
+    LAGA_CHECK(b.iters >= 1, "--iters {} must be at least 1, e.g. --iters 20", b.iters);
+    LAGA_CHECK(b.warmup >= 0, "--warmup {} must be ≥ 0, e.g. --warmup 2", b.warmup);
+    LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s), "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
   } else if (inv.command == "train") {
     build_config(f);
     for (const auto& name : inv.forms) form_label(name, f.absorbed_kv);

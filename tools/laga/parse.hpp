@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "commands.hpp"
 
 namespace laga::cli {
 
@@ -33,6 +34,7 @@ struct Invocation {
   std::string mem_limit;                                            // run, plan: "" = available memory (run) / none (plan)
   std::string out_dir;                                              // report
   bool quick = false;                                               // report
+  BenchCommFlags bench_comm;                                        // bench-comm
 };
 
 // Parses argv into inv. Returns nullopt when a command was parsed; otherwise the exit status to end

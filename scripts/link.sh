@@ -1,0 +1,182 @@
+#!/usr/bin/env bash
+# N machines joined by a rate-limited link, emulated on this one (run as root): N network namespaces,
+# one per MPI rank, each with a veth into a bridge that lives in one more namespace (the head, where
+# mpirun runs), addresses of a private /24 that only these namespaces see, and a tc token bucket
+# (tbf rate R burst B latency L, optionally behind a netem delay) on every rank's egress. The
+# command runs under mpirun as one process per namespace, its MPI traffic (btl tcp) and mpirun's own
+# (oob) over the bridge; LAGA_LINK describes the link to laga (bench-comm prints it).
+#
+#   scripts/link.sh [--ranks N] [--rate R] [--burst B] [--latency L] [--delay D] -- PROGRAM ARGS...
+#     --ranks N    namespaces = MPI ranks (default 2)
+#     --rate R     tbf rate per rank, tc's units (default 28mbit: the rate docs/throughput.md §3 matches
+#                  to the paper's two-node setting on this machine)
+#     --burst B    tbf bucket, tc's units (default 64kb)
+#     --latency L  tbf queueing limit (default 50ms)
+#     --delay D    netem delay before the bucket, e.g. 100us (needs sch_netem in the kernel)
+#     PROGRAM      laga (this checkout's build/laga) or a path to any binary; its arguments follow
+#   e.g. scripts/link.sh --ranks 2 --rate 1gbit -- laga bench-comm -b 64K -e 16M --ops all_gather,all_to_all
+#
+# Nothing of the host's network is touched: every interface, address, route and qdisc is inside the
+# namespaces this run creates (laga-<pid>-0 .. laga-<pid>-<N-1>, laga-<pid>-head), and the subnet is
+# one that no route of the host covers. On exit, on error and on SIGINT/SIGTERM, the processes left
+# in them are killed and the namespaces deleted, which removes their veths, bridge and qdiscs with
+# them; the temporary hostfile and agent go too. Exit status: the program's (mpirun's), 2 for bad
+# usage, not root, or namespaces/tc unavailable, 130/143 when interrupted.
+set -u
+
+die() { echo "link.sh: $*" >&2; exit 2; }
+
+ranks=2 rate=28mbit burst=64kb latency=50ms delay=""
+while [ $# -gt 0 ]; do
+  case $1 in
+    --ranks) ranks=${2-}; shift 2 || die "--ranks needs a value" ;;
+    --rate) rate=${2-}; shift 2 || die "--rate needs a value, e.g. --rate 200mbit" ;;
+    --burst) burst=${2-}; shift 2 || die "--burst needs a value, e.g. --burst 64kb" ;;
+    --latency) latency=${2-}; shift 2 || die "--latency needs a value, e.g. --latency 50ms" ;;
+    --delay) delay=${2-}; shift 2 || die "--delay needs a value, e.g. --delay 100us" ;;
+    --) shift; break ;;
+    -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) die "unknown option '$1'; valid: --ranks --rate --burst --latency --delay, then -- PROGRAM ARGS" ;;
+  esac
+done
+[ $# -ge 1 ] || die "no program: give -- laga ARGS..., e.g. -- laga bench-comm"
+[[ $ranks =~ ^[0-9]+$ ]] && [ "$ranks" -ge 1 ] && [ "$ranks" -le 250 ] || die "--ranks '$ranks' must be 1 .. 250, e.g. --ranks 2"
+[ "$(id -u)" -eq 0 ] || die "must run as root (it creates network namespaces and qdiscs); try: sudo $0 ..."
+for tool in ip tc mpirun python3; do command -v $tool >/dev/null || die "$tool not found (Debian: iproute2, openmpi-bin, python3)"; done
+
+# The program: "laga" is this checkout's build; otherwise a path or a command on PATH. Absolute,
+# since the ranks start in their namespaces' view of the same filesystem but not in this directory.
+repo=$(cd "$(dirname "$0")/.." && pwd)
+program=$1
+shift
+if [ "$program" = laga ] && [ ! -e laga ]; then program=${LAGA:-$repo/build/laga}; fi
+resolved=$(command -v -- "$program") || die "program '$program' not found; build laga first (cmake --build build)"
+program=$(realpath "$resolved")
+
+# A /24 that no route of the host covers (10.213.k.0/24, the first free k).
+subnet=$(python3 - <<'PY'
+import ipaddress, subprocess
+taken = []
+for line in subprocess.run(["ip", "-4", "route", "show", "table", "all"], capture_output=True, text=True).stdout.splitlines():
+    word = line.split()[0] if line.split() else ""
+    if word in ("default", "broadcast", "local", "unreachable", "prohibit", "blackhole"):
+        word = line.split()[1] if word != "default" and len(line.split()) > 1 else ""
+    try:
+        taken.append(ipaddress.ip_network(word, strict=False))
+    except ValueError:
+        pass
+for k in range(256):
+    net = ipaddress.ip_network(f"10.213.{k}.0/24")
+    if not any(net.overlaps(t) for t in taken if t.prefixlen > 0):
+        print(net); break
+PY
+)
+[ -n "$subnet" ] || die "no free 10.213.k.0/24 subnet: every one is routed on this host"
+prefix=${subnet%.0/24}
+
+id=laga-$$
+head=$id-head
+work=$(mktemp -d /tmp/laga-link.XXXXXX)
+made=()  # namespaces created, for cleanup
+mpirun_pid=""
+
+cleanup() {
+  trap - EXIT INT TERM
+  if [ -n "$mpirun_pid" ] && kill -0 "$mpirun_pid" 2>/dev/null; then
+    kill -TERM "$mpirun_pid" 2>/dev/null
+    for _ in $(seq 50); do kill -0 "$mpirun_pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$mpirun_pid" 2>/dev/null
+  fi
+  # A namespace lives on while a process is in it: end them (TERM, then KILL), then delete.
+  local ns pids
+  for ns in "${made[@]}"; do
+    pids=$(ip netns pids "$ns" 2>/dev/null)
+    [ -n "$pids" ] && kill -TERM $pids 2>/dev/null
+  done
+  for _ in $(seq 30); do
+    pids=""
+    for ns in "${made[@]}"; do pids+=$(ip netns pids "$ns" 2>/dev/null); done
+    [ -z "$pids" ] && break
+    sleep 0.1
+  done
+  for ns in "${made[@]}"; do
+    pids=$(ip netns pids "$ns" 2>/dev/null)
+    [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+    ip netns del "$ns" 2>/dev/null
+  done
+  rm -rf "$work"
+}
+trap 'status=$?; cleanup; exit $status' EXIT
+trap 'cleanup; exit 130' INT
+trap 'cleanup; exit 143' TERM
+
+add_ns() {
+  local err
+  err=$(ip netns add "$1" 2>&1) || die "ip netns add $1 failed: ${err:-no message} (network namespaces unavailable?)"
+  made+=("$1")
+  ip -n "$1" link set lo up || die "cannot bring up lo in $1"
+}
+
+# The head: the bridge, its address (.254) and mpirun.
+add_ns "$head"
+ip -n "$head" link add br0 type bridge || die "cannot create a bridge in $head (bridge support missing?)"
+ip -n "$head" addr add "$prefix.254/24" dev br0 && ip -n "$head" link set br0 up || die "cannot configure br0 in $head"
+
+# Each emulated machine gets its own share of this one's cores (the orted started in its namespace,
+# and so its rank, keep the mask; mpirun binds nothing): otherwise every orted, seeing a node of its
+# own, would bind its rank to the same first core. More ranks than cores share them round-robin.
+cores=$(nproc)
+share=$(( cores / ranks > 0 ? cores / ranks : 1 ))
+cpus_of() {  # rank -> a taskset list of its cores
+  local first=$(( ($1 * share) % cores ))
+  echo "$first-$(( first + share - 1 ))"
+}
+[ "$ranks" -le "$cores" ] || echo "link.sh: $ranks ranks on $cores cores: ranks share cores" >&2
+
+qdisc="tbf rate $rate burst $burst latency $latency"
+link="$ranks namespaces, tbf rate $rate burst $burst latency $latency${delay:+, netem delay $delay}"
+hostfile=$work/hostfile
+agent=$work/agent
+{
+  echo '#!/bin/sh'
+  echo '# plm_rsh_agent of scripts/link.sh: HOST COMMAND... runs COMMAND inside HOST'"'"'s namespace.'
+  echo 'host=$1; shift'
+  echo 'case $host in'
+} >"$agent"
+for ((i = 0; i < ranks; i++)); do
+  ns=$id-$i
+  addr=$prefix.$((i + 1))
+  add_ns "$ns"
+  ip -n "$ns" link add eth0 type veth peer name v$i netns "$head" || die "cannot create a veth pair for $ns"
+  ip -n "$ns" addr add "$addr/24" dev eth0 && ip -n "$ns" link set eth0 up || die "cannot configure eth0 in $ns"
+  ip -n "$head" link set v$i master br0 && ip -n "$head" link set v$i up || die "cannot attach v$i to br0"
+  if [ -n "$delay" ]; then
+    err=$(ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: netem delay "$delay" 2>&1) \
+      || die "tc netem delay $delay failed in $ns: $err (sch_netem missing? leave out --delay)"
+    err=$(ip netns exec "$ns" tc qdisc add dev eth0 parent 1:1 handle 10: $qdisc 2>&1) \
+      || die "tc qdisc $qdisc failed in $ns: $err"
+  else
+    err=$(ip netns exec "$ns" tc qdisc add dev eth0 root $qdisc 2>&1) || die "tc qdisc $qdisc failed in $ns: $err"
+  fi
+  echo "$addr slots=1" >>"$hostfile"
+  echo "  $addr) ns=$ns cpus=$(cpus_of "$i") ;;" >>"$agent"
+done
+{
+  echo '  *) echo "link.sh agent: unknown host $host" >&2; exit 1 ;;'
+  echo 'esac'
+  echo 'exec ip netns exec "$ns" taskset -c "$cpus" sh -c "$*"'
+} >>"$agent"
+chmod +x "$agent"
+
+export LAGA_LINK=$link OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+echo "link.sh: $link; subnet $subnet; namespaces $id-*" >&2
+# mpirun in the background and `wait`, so a signal to this script runs its trap at once.
+ip netns exec "$head" mpirun --allow-run-as-root --hostfile "$hostfile" -np "$ranks" \
+  --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 --bind-to none \
+  ${LAGA_LINK_MCA-} --mca btl self,tcp --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
+  -x LAGA_LINK --wdir "$PWD" "$program" "$@" &
+mpirun_pid=$!
+wait "$mpirun_pid"
+status=$?
+mpirun_pid=""
+exit $status

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# laga bench-comm under threads at P 2 and 4 on a small sweep of every collective and both dtypes:
+# exit 0, every row validated (#wrong 0), the JSON keys the performance model reads, busbw = algbw ·
+# (P−1)/P (all_reduce 2(P−1)/P), algbw = bytes / time, counts as the ops need them, the table's header.
+# (The checker catching a broken collective: tests/comm/test_bench_comm.cpp.)
+# Usage: bench_comm.sh <laga binary> <source dir>
+set -u
+laga=$1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+
+for P in 2 4; do
+  if timeout 300 "$laga" bench-comm --sp "$P" -b 1K -e 256K -f 16 --dtype bf16,fp32 -n 5 -w 1 \
+      --json "$work/p$P.json" >"$work/out$P" 2>&1; then
+    echo "ok: bench-comm --sp $P"
+  else
+    fail "bench-comm --sp $P: $(tail -5 "$work/out$P")"
+    continue
+  fi
+  grep -q '^# machine: ' "$work/out$P" || fail "P $P: no '# machine:' header"
+  grep -q "^# backend: threads, P $P, dtype bf16,fp32" "$work/out$P" || fail "P $P: no backend/P/dtype header"
+  grep -q '^# link: in-process threads' "$work/out$P" || fail "P $P: no '# link:' header"
+  grep -q '#wrong' "$work/out$P" || fail "P $P: no #wrong column"
+  /usr/bin/python3 - "$work/p$P.json" "$P" <<'PY' || fail "P $P: JSON"
+import json, sys
+j = json.load(open(sys.argv[1])); P = int(sys.argv[2])
+assert j["command"] == "bench-comm" and j["sp"] == P and j["backend"] == "threads", (j["command"], j["sp"], j["backend"])
+assert j["link"] == "in-process threads" and "cpu_model" in j["machine"], j["link"]
+keys = {"op", "dtype", "bytes", "count", "time_s", "time_s_min", "time_s_max", "algbw_GBps", "busbw_GBps", "wrong"}
+rows = j["rows"]
+assert len(rows) == 4 * 2 * 3, len(rows)  # 4 ops × 2 dtypes × sizes 1K, 16K, 256K
+for r in rows:
+    assert keys <= set(r), keys - set(r)
+    assert r["wrong"] == 0, r
+    assert 0 < r["time_s_min"] <= r["time_s"] <= r["time_s_max"], r
+    size = {"bf16": 2, "fp32": 4}[r["dtype"]]
+    assert r["bytes"] == r["count"] * size, r
+    assert r["op"] == "all_reduce" or r["count"] % P == 0, r
+    assert abs(r["algbw_GBps"] - r["bytes"] / r["time_s"] / 1e9) <= 1e-9 * r["algbw_GBps"], r
+    factor = (2 if r["op"] == "all_reduce" else 1) * (P - 1) / P
+    assert abs(r["busbw_GBps"] - r["algbw_GBps"] * factor) <= 1e-12 + 1e-9 * r["busbw_GBps"], r
+assert {r["op"] for r in rows} == {"all_gather", "reduce_scatter", "all_to_all", "all_reduce"}
+assert {r["bytes"] for r in rows if r["op"] == "all_reduce"} == {1024, 16384, 262144}
+PY
+done
+
+# One op, LAGA_LINK names the link in the header and the JSON.
+LAGA_LINK="test link" "$laga" bench-comm --sp 2 -b 64 -e 64 --ops all_to_all -n 2 --json "$work/link.json" \
+  >"$work/out" 2>&1 || fail "bench-comm with LAGA_LINK: $(tail -3 "$work/out")"
+grep -q '^# link: test link' "$work/out" || fail "LAGA_LINK not in the header"
+/usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['link']=='test link' and len(j['rows'])==1" \
+  "$work/link.json" || fail "LAGA_LINK not in the JSON"
+
+[ "$failures" -eq 0 ] && echo "bench_comm: all cases pass" || echo "bench_comm: $failures failures"
+[ "$failures" -eq 0 ]

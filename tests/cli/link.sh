@@ -1,0 +1,118 @@
+#!/usr/bin/env bash
+# scripts/link.sh, the emulated multi-machine link: `laga bench-comm` at P 2 through a 200mbit token
+# bucket validates every row (#wrong 0), names the link, and its busbw at the largest size stays under
+# the configured rate (a check of the mechanism, loose: ≤ 1.2× the rate; never a timing claim); a
+# SIGINT while mpirun runs leaves no namespace, interface, qdisc, process (mpirun, orted, the ranks) or
+# temporary file behind;
+# not root, a failing `ip netns add` and a bad option each exit 2 with a message, leaving nothing.
+# Skips (77) when not root or when this machine cannot make namespaces, veths, bridges or tbf.
+# Usage: link.sh <laga binary> <source dir>
+set -u
+laga=$1
+src=$2
+link=$src/scripts/link.sh
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+skip() { echo "link: SKIP: $*"; exit 77; }
+
+[ "$(id -u)" -eq 0 ] || skip "not root (namespaces need root)"
+command -v mpirun >/dev/null || skip "mpirun not found (Debian: openmpi-bin)"
+probe=laga-probe-$$
+if ! err=$(ip netns add "$probe" 2>&1); then skip "ip netns add failed: $err"; fi
+ok=1
+ip -n "$probe" link add br0 type bridge 2>/dev/null || ok=0
+ip -n "$probe" link add e0 type veth peer name e1 2>/dev/null || ok=0
+ip netns exec "$probe" tc qdisc add dev e0 root tbf rate 200mbit burst 64kb latency 50ms 2>/dev/null || ok=0
+ip netns del "$probe"
+[ "$ok" -eq 1 ] || skip "bridge, veth or tc tbf unavailable in a network namespace"
+
+# What the host has before: interfaces, qdiscs, namespaces. Every case must leave them as they were.
+host_state() { ip -o link show | sed 's/^[0-9]*: //' | cut -d' ' -f1-2 | sort; tc qdisc show | sort; ip netns list | sort; }
+host_state >"$work/before"
+left_behind() {  # pid of a link.sh run -> what it left: namespaces, its temporary directory, host changes
+  ip netns list | grep "^laga-$1-" && echo "namespaces of run $1 left"
+  host_state | diff "$work/before" - >/dev/null || echo "host interfaces, qdiscs or namespaces changed"
+}
+
+# 1. bench-comm through a 200mbit link: validated rows, the link named, busbw under the rate.
+rate_mbit=200
+"$link" --ranks 2 --rate ${rate_mbit}mbit -- "$laga" bench-comm -b 256K -e 4M -f 16 --ops all_gather,all_to_all \
+  -n 3 -w 1 --timeout 120 --json "$work/link.json" >"$work/out" 2>&1 &
+pid=$!
+wait $pid
+status=$?
+[ "$status" -eq 0 ] && echo "ok: bench-comm through link.sh" || fail "bench-comm through link.sh: status $status: $(tail -5 "$work/out")"
+grep -q "^# link: 2 namespaces, tbf rate ${rate_mbit}mbit" "$work/out" || fail "the table's header does not name the link"
+/usr/bin/python3 - "$work/link.json" "$rate_mbit" <<'PY' || fail "bench-comm JSON through the link"
+import json, sys
+j = json.load(open(sys.argv[1])); rate_GBps = float(sys.argv[2]) * 1e6 / 8 / 1e9
+assert j["backend"] == "mpi" and j["sp"] == 2 and "tbf rate" in j["link"], (j["backend"], j["sp"], j["link"])
+rows = j["rows"]
+assert len(rows) == 4 and all(r["wrong"] == 0 for r in rows), rows
+for op in ("all_gather", "all_to_all"):
+    big = max((r for r in rows if r["op"] == op), key=lambda r: r["bytes"])
+    print(f"{op} {big['bytes']} B: busbw {big['busbw_GBps']:.4f} GB/s, rate {rate_GBps:.4f} GB/s "
+          f"({big['busbw_GBps'] / rate_GBps:.2f}x)")
+    assert big["busbw_GBps"] <= 1.2 * rate_GBps, f"{op}: busbw {big['busbw_GBps']} GB/s above 1.2x the rate"
+PY
+[ -z "$(left_behind $pid)" ] || fail "after a run: $(left_behind $pid)"
+
+# 2. SIGINT while mpirun runs (a sweep that would take minutes at 200mbit): exit 130, nothing left.
+# (Job control on: a background job of a script otherwise starts with SIGINT ignored, untrappable.)
+set -m
+"$link" --ranks 2 --rate ${rate_mbit}mbit -- "$laga" bench-comm -b 64M -e 64M -n 100 >"$work/int.out" 2>&1 &
+pid=$!
+for _ in $(seq 300); do  # until a rank runs in its namespace
+  [ -n "$(ip netns pids laga-$pid-1 2>/dev/null)" ] && grep -q "^# op" "$work/int.out" && break
+  sleep 0.1
+done
+grep -q "^# op" "$work/int.out" || fail "the interrupted run never started: $(tail -3 "$work/int.out")"
+inside=$(for ns in laga-$pid-head laga-$pid-0 laga-$pid-1; do ip netns pids $ns 2>/dev/null; done)
+kill -INT $pid
+wait $pid
+status=$?
+set +m
+[ "$status" -eq 130 ] && echo "ok: SIGINT ends link.sh with 130" || fail "SIGINT: status $status, want 130"
+[ -z "$(left_behind $pid)" ] && echo "ok: nothing left after SIGINT" || fail "after SIGINT: $(left_behind $pid)"
+[ -n "$inside" ] || fail "no process was running in the namespaces when SIGINT came"
+alive() {  # a process that still runs (an exited one waiting for init to reap it does not)
+  local state
+  state=$(sed -n 's/^State:\s*\(.\).*/\1/p' /proc/$1/status 2>/dev/null)
+  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+for p in $inside; do alive "$p" && fail "process $p ($(cat /proc/$p/comm 2>/dev/null)) outlived SIGINT"; done
+ls -d /tmp/laga-link.* 2>/dev/null | grep -q . && fail "temporary files of link.sh left in /tmp"
+
+# 3. Refusals, each exit 2 with a message, nothing made.
+out=$(setpriv --reuid=65534 --regid=65534 --clear-groups bash "$link" -- "$laga" bench-comm 2>&1)
+status=$?
+[ "$status" -eq 2 ] && grep -q "must run as root" <<<"$out" && echo "ok: not root -> 2: $out" \
+  || fail "not root: status $status, want 2 and 'must run as root': $out"
+mkdir "$work/bin"  # an `ip` whose `netns add` fails, as on a kernel without namespaces
+cat >"$work/bin/ip" <<EOF
+#!/bin/sh
+[ "\$1 \$2" = "netns add" ] && { echo "mount --make-shared /run/netns failed: Operation not permitted" >&2; exit 1; }
+exec $(command -v ip) "\$@"
+EOF
+chmod +x "$work/bin/ip"
+out=$(PATH="$work/bin:$PATH" "$link" -- "$laga" bench-comm 2>&1)
+status=$?
+[ "$status" -eq 2 ] && grep -q "ip netns add .* failed" <<<"$out" && echo "ok: ip netns add failing -> 2: $out" \
+  || fail "ip netns add failing: status $status, want 2: $out"
+out=$("$link" --rate 2>&1)
+status=$?
+[ "$status" -eq 2 ] && echo "ok: --rate without a value -> 2: $out" || fail "--rate without a value: status $status: $out"
+out=$("$link" --speed 1gbit -- "$laga" bench-comm 2>&1)
+status=$?
+[ "$status" -eq 2 ] && grep -q "unknown option '--speed'" <<<"$out" && echo "ok: unknown option -> 2" \
+  || fail "unknown option: status $status: $out"
+out=$("$link" --rate bogus -- "$laga" bench-comm 2>&1)
+status=$?
+[ "$status" -eq 2 ] && grep -q "tc qdisc" <<<"$out" && echo "ok: a rate tc refuses -> 2: $out" \
+  || fail "--rate bogus: status $status, want 2: $out"
+host_state | diff "$work/before" - >/dev/null || fail "the refusals changed the host's interfaces, qdiscs or namespaces"
+
+[ "$failures" -eq 0 ] && echo "link: all cases pass" || echo "link: $failures failures"
+[ "$failures" -eq 0 ]
