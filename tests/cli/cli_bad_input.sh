@@ -64,5 +64,19 @@ expect 2 "size '12 parsecs' is not a byte count" -- "$laga" run --model tiny --s
 expect 2 "refused: the planned peak is .* over --mem-limit 1MiB" -- "$laga" run --model small --seq 2048 --mem-limit 1MiB
 expect 2 "refused: the planned peak is .* over --mem-limit 80GB" -- "$laga" plan --model deepseek-v3 --seq 65536 --sp 8 --kernel eager --mem-limit 80GB
 
+# bench: a T that P does not divide (any of the list), unknown, empty or repeated forms, bad counts
+# and test hooks, each before any work.
+expect 2 "\-\-sp 4 does not divide --seq 18; try 1, 2, 3, 6, 9, 18" -- "$laga" bench --model tiny --seq 16,18 --sp 4
+expect 2 "unknown form 'fancy'; valid: explicit, absorbed-expanded" -- "$laga" bench --model tiny --seq 16 --forms explicit,fancy
+expect 2 "\-\-forms has an empty name; valid: explicit, absorbed-expanded" -- "$laga" bench --model tiny --seq 16 --forms ""
+expect 2 "\-\-forms: 1 required TEXT missing" -- "$laga" bench --model tiny --seq 16 --forms
+expect 2 "\-\-forms names laga twice" -- "$laga" bench --model tiny --seq 16 --forms laga,explicit,laga
+expect 2 "\-\-iters 0 must be at least 1" -- "$laga" bench --model tiny --seq 16 --iters 0
+expect 2 "\-\-warmup -1 must be a number of iterations ≥ 0" -- "$laga" bench --model tiny --seq 16 --warmup -1
+expect 2 "\-\-inject-wrong 'laga' is not FORM:ULPS" -- "$laga" bench --model tiny --seq 16 --inject-wrong laga
+expect 2 "\-\-inject-wrong names form 'laga', which --forms does not time; valid: explicit" -- "$laga" bench --model tiny --seq 16 --forms explicit --inject-wrong laga:4
+expect 2 "ULPS '-1' must be a positive number" -- "$laga" bench --model tiny --seq 16 --inject-wrong laga:-1
+expect 2 "inject-fault '1:x' is not RANK:PLACE" -- "$laga" bench --model tiny --seq 16 --inject-fault 1:x
+
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
 [ "$failures" -eq 0 ]
