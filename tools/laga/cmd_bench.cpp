@@ -283,6 +283,11 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
           if (const auto bk = bitwise_case.find(label); bk != bitwise_case.end() && !bk->second->pass)
             v.failures.push_back(fmt::format("verify at T {}: not bit-identical to explicit at P 1 ({})", Tv,
                                              bk->second->worst));
+          // explicit is every bound's baseline: when it is not a row of its own, its failure is every row's.
+          if (const auto* ek = rule_case.at(std::string(kBaselineForm));
+              !is_explicit && !ek->pass && std::find(labels.begin(), labels.end(), kBaselineForm) == labels.end())
+            v.failures.push_back(fmt::format("explicit, the baseline, fails verify's rule at T {} ({} at {:.3g} of allowed)",
+                                             Tv, ek->worst, ek->worst_ratio));
           check_finite_tensors(t, label, v);
           if (is_explicit) {
             v.vs = "reference";

@@ -55,7 +55,7 @@ void build_app(CLI::App& app, Invocation& inv) {
   add_common(verify, flags, true);
   verify->add_option("--sp", inv.sps, "rank counts to check, e.g. 1,2,4,8")->delimiter(',')->capture_default_str();
 
-  auto* bench = app.add_subcommand("bench", "the forms timed side by side: medians and ratios from one run");
+  auto* bench = app.add_subcommand("bench", "the forms timed side by side, every row validated first: medians, spread and ratios");
   add_common(bench, flags, true);
   bench->remove_option(bench->get_option("--seq"));
   bench->add_option("--seq", inv.seqs, "sequence lengths, e.g. 1024,2048")->delimiter(',')->required();
