@@ -104,6 +104,7 @@ Verdict within_baseline(const std::map<std::string, TensorError>& candidate,
     else if (allowed > 0) r = err / allowed;
     else r = err > 0 ? std::numeric_limits<double>::infinity() : 0.0;
     v.ratio[name] = r;
+    v.allowed_ulps[name] = base.scale > 0 ? allowed / (eps(dtype) * base.scale) : 0.0;
     if (v.worst.empty() || r > v.worst_ratio) v.worst = name, v.worst_ratio = r;
   }
   v.pass = v.worst_ratio <= 1.0;

@@ -56,6 +56,9 @@ struct Verdict {
   double worst_ratio = 0;   // max over tensors of err / allowed (pass ⇔ ≤ 1)
   std::string rule;         // the rule, with its constants, for reports
   std::map<std::string, double> ratio;  // err / allowed per tensor
+  // The allowance per tensor in ulps of its scale: allowed / (eps(dtype) · max|fp64|) (0 when the
+  // scale is 0). What laga bench carries from its reduced-T check to full size (docs/benchmarks.md §7).
+  std::map<std::string, double> allowed_ulps;
 };
 
 // Machine epsilon (ulp of 1) of the dtype: bf16 2⁻⁷, fp32 2⁻²³.

@@ -86,7 +86,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
       e_err = errors(e.outputs, exact);
       const Verdict v = explicit_vs_plain(e_err, plain_err, base->dtype);
       FormCase k{P, std::string(kBaselineForm), "fp64"};
-      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio;
+      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
       k.criterion = fmt::format("≤ {:g} × the plain {} implementation's error + floor", kExplicitFactor,
                                 dtype_name(base->dtype));
       summarize(k, e_err);
@@ -98,7 +98,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
       const auto err = errors(r.outputs, exact);
       const Verdict v = form_vs_baseline(err, e_err, plain_err, base->dtype);
       FormCase k{P, std::string(f->name()), "fp64"};
-      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio;
+      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
       k.criterion = fmt::format("≤ {:g} × max(explicit's error at P {}, the plain implementation's) + floor", kFormFactor, P);
       summarize(k, err);
       add(k);

@@ -28,6 +28,9 @@ struct FormCase {
   double worst_ratio = 0;                 // its err / allowed (pass ⇔ ≤ 1 for the rule)
   std::map<std::string, double> max_abs;  // per output ("y", "dx", "dwkv_b": max over layers) vs `vs`
   std::map<std::string, double> rel_l2;
+  // Per tensor ("y", "dx", "dwkv_b.0", ...) the rule's allowance in ulps of the tensor's scale
+  // (Verdict::allowed_ulps); empty for the bitwise case.
+  std::map<std::string, double> allowed_ulps;
 };
 
 struct FormsReport {

@@ -76,6 +76,19 @@ expect 2 "unknown dtype 'fp16'; valid: fp32, bf16" -- "$laga" bench-comm --dtype
 expect 2 "\-\-iters 0 must be at least 1" -- "$laga" bench-comm --iters 0
 expect 2 "\-\-sp -1 must be a number of ranks ≥ 1" -- "$laga" bench-comm --sp -1
 expect 2 "\-e 1000G: 2 rank(s) in this process need .* of buffers, more than the .* available" -- "$laga" bench-comm -e 1000G
+# bench: a T that P does not divide (any of the list), unknown, empty or repeated forms, bad counts
+# and test hooks, each before any work.
+expect 2 "\-\-sp 4 does not divide --seq 18; try 1, 2, 3, 6, 9, 18" -- "$laga" bench --model tiny --seq 16,18 --sp 4
+expect 2 "unknown form 'fancy'; valid: explicit, absorbed-expanded" -- "$laga" bench --model tiny --seq 16 --forms explicit,fancy
+expect 2 "\-\-forms has an empty name; valid: explicit, absorbed-expanded" -- "$laga" bench --model tiny --seq 16 --forms ""
+expect 2 "\-\-forms: 1 required TEXT missing" -- "$laga" bench --model tiny --seq 16 --forms
+expect 2 "\-\-forms names laga twice" -- "$laga" bench --model tiny --seq 16 --forms laga,explicit,laga
+expect 2 "\-\-iters 0 must be at least 1" -- "$laga" bench --model tiny --seq 16 --iters 0
+expect 2 "\-\-warmup -1 must be a number of iterations ≥ 0" -- "$laga" bench --model tiny --seq 16 --warmup -1
+expect 2 "\-\-inject-wrong 'laga' is not FORM:ULPS" -- "$laga" bench --model tiny --seq 16 --inject-wrong laga
+expect 2 "\-\-inject-wrong names form 'laga', which --forms does not time; valid: explicit" -- "$laga" bench --model tiny --seq 16 --forms explicit --inject-wrong laga:4
+expect 2 "ULPS '-1' must be a positive number" -- "$laga" bench --model tiny --seq 16 --inject-wrong laga:-1
+expect 2 "inject-fault '1:x' is not RANK:PLACE" -- "$laga" bench --model tiny --seq 16 --inject-fault 1:x
 
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
 [ "$failures" -eq 0 ]

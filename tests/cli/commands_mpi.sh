@@ -2,8 +2,9 @@
 # Every command under mpirun, one process per rank, against the same command with ranks as threads:
 # `laga verify --sp 1,2,4` under mpirun -np 4 (each P on the first P processes) passes and reports the
 # same cases; `laga train` under mpirun -np 2 gives bitwise the same losses as under threads; `laga
-# bench` under mpirun -np 2 reports validated rows for every form with the MPI backend named; so does
-# `laga bench-comm` (every collective, #wrong 0); a bad flag still exits 2 on every process. Usage: commands_mpi.sh <laga binary> <source dir>
+# bench` under mpirun -np 2 reports validated rows for every form with the MPI backend named, and a
+# wrong result once with a non-zero exit; so does `laga bench-comm` (every collective, #wrong 0); a bad
+# flag still exits 2 on every process. Usage: commands_mpi.sh <laga binary> <source dir>
 set -u
 laga=$1
 source "$(dirname "$0")/lib/mpi.bash"  # mpirun settings: the array mpi
@@ -53,9 +54,17 @@ if timeout 300 "${mpi[@]}" -np 2 "$laga" bench --model tiny --seq 16,32 --sp 2 -
 else
   fail "bench under mpirun -np 2: $(tail -5 "$work/out")"
 fi
-json_has "$work/bench.json" "j['backend']=='mpi' and len(j['rows'])==6 and all(r['tokens_per_s']>0 for r in j['rows'])" \
-  || fail "bench JSON under MPI: backend or rows missing"
+json_has "$work/bench.json" "j['backend']=='mpi' and len(j['rows'])==6 and all(r['tokens_per_s']>0 for r in j['rows']) \
+  and j['pass'] and j['link']=='MPI, one process per rank' and all(r['validation']['validated'] for r in j['rows'])" \
+  || fail "bench JSON under MPI: backend, rows or validation missing"
 [ "$(grep -c "laga bench" "$work/out")" -eq 1 ] || fail "bench under MPI printed its table more than once"
+# A wrong result under MPI: reported once, by the root, and the job exits non-zero.
+timeout 120 "${mpi[@]}" -np 2 "$laga" bench --model tiny --seq 16 --sp 2 --iters 1 --dtype fp32 --inject-wrong laga:1e4 \
+  >"$work/out" 2>&1
+status=$?
+{ [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$(grep -c "^# FAIL T 16 laga" "$work/out")" -eq 1 ]; } \
+  && echo "ok: bench under mpirun -np 2 reports a wrong result and fails" \
+  || fail "bench --inject-wrong under mpirun: status $status: $(grep FAIL "$work/out")"
 
 timeout 60 "${mpi[@]}" -np 2 "$laga" bench --model tiny --seq 16 --sp 2 --iters 0 >"$work/out" 2>&1
 status=$?

@@ -49,8 +49,9 @@ json_has "$f" "j['form']=='laga' and j['sp']==4 and len(j['ranks'])==4 and all(k
 f="$work/bench.json"
 "$laga" bench --model tiny --seq 16,32 --sp 2 --forms explicit,absorbed,laga --iters 2 --json "$f" >"$work/out" 2>&1 \
   || fail "bench: $(tail -5 "$work/out")"
-json_has "$f" "len(j['rows'])==6 and all(k in r for r in j['rows'] for k in \
-  ('form','seq','sp','tokens_per_s','fwd_s','bwd_s','comm_s','tflops'))" || fail "bench JSON lacks the contract's keys"
+json_has "$f" "len(j['rows'])==6 and j['pass'] and all(k in r for r in j['rows'] for k in \
+  ('form','variant','seq','sp','tokens_per_s','fwd_s','bwd_s','comm_s','tflops','total_s','total_s_min', \
+  'total_s_max','speedup_vs_explicit','wrong','collectives'))" || fail "bench JSON lacks the contract's keys"
 
 [ "$failures" -eq 0 ] && echo "verify_train: all cases pass" || echo "verify_train: $failures failures"
 [ "$failures" -eq 0 ]

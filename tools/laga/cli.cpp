@@ -1,6 +1,7 @@
 // Shared CLI pieces (see cli.hpp).
 #include "cli.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -64,6 +65,24 @@ std::string form_label(const std::string& form, const std::string& absorbed_kv) 
     }
   LAGA_CHECK(known, "unknown absorbed-kv regime '{}'; valid: {}", absorbed_kv, regimes);
   return resolve_form_label(form, absorbed_kv);
+}
+
+InjectWrong parse_inject_wrong(const std::string& spec, const std::vector<std::string>& forms,
+                               const std::string& absorbed_kv) {
+  const auto colon = spec.rfind(':');
+  std::string list;
+  for (const auto& f : forms) list += (list.empty() ? "" : ", ") + f;
+  LAGA_CHECK(colon != std::string::npos && colon > 0, "--inject-wrong '{}' is not FORM:ULPS (e.g. laga:64)", spec);
+  InjectWrong w;
+  w.form = resolve_form_label(spec.substr(0, colon), absorbed_kv);
+  LAGA_CHECK(std::find(forms.begin(), forms.end(), w.form) != forms.end(),
+             "--inject-wrong names form '{}', which --forms does not time; valid: {}", spec.substr(0, colon), list);
+  const std::string ulps = spec.substr(colon + 1);
+  char* end = nullptr;
+  w.ulps = std::strtod(ulps.c_str(), &end);
+  LAGA_CHECK(!ulps.empty() && end && *end == '\0' && std::isfinite(w.ulps) && w.ulps > 0,
+             "--inject-wrong '{}': ULPS '{}' must be a positive number (e.g. laga:64)", spec, ulps);
+  return w;
 }
 
 std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag) {

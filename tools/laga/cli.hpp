@@ -39,6 +39,16 @@ Config build_config(const CommonFlags& f);
 // naming the valid spellings.
 std::string form_label(const std::string& form, const std::string& absorbed_kv);
 
+// bench --inject-wrong FORM:ULPS (testing the validation): FORM's full-size y gets one element shifted
+// by ULPS × eps(dtype) × max|y| before the validation sees it. Usage error unless FORM is one of
+// `forms` (registered labels; absorbed resolved with absorbed_kv) and ULPS a positive number.
+struct InjectWrong {
+  std::string form;
+  double ulps = 0;
+};
+InjectWrong parse_inject_wrong(const std::string& spec, const std::vector<std::string>& forms,
+                               const std::string& absorbed_kv);
+
 // Opens (so checks) an output file before any work; null when path is empty.
 std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag);
 

@@ -1,10 +1,30 @@
-// laga bench: the forms timed side by side. For each T, every repeat runs each form once in turn
-// (so machine noise spreads over all forms alike) after one warm-up round; rows report medians over
-// repeats of the slowest rank's times, and each form's speed relative to explicit's.
+// laga bench: the forms timed side by side, each result validated before it is reported
+// (docs/benchmarks.md §7 has the tables, the JSON and the validation's argument).
+//
+//   0. validation, once (unless --no-validate): verify's rule (verify::check_forms, the rule of
+//      verify/compare.hpp) on the same model, P, B, L, kernel and dtype at a reduced T_v, where the
+//      fp64 reference is affordable; it yields, per tensor, each form's and explicit's allowance in
+//      ulps of the tensor's scale.
+//   1. per T, untimed: one gathered run of explicit and of every form; y, dx and every weight gradient
+//      must be finite, and agree with explicit's: bit for bit for a form exact at one rank at P = 1,
+//      else |form − explicit| ≤ (allowance_form + allowance_explicit) × g(T) ulps × max|explicit|
+//      (the triangle inequality through the fp64 reference, with both allowances carried from T_v).
+//   2. per T, --warmup untimed rounds, then --iters timed rounds; each round runs every form once in
+//      turn, so machine noise spreads over the forms alike.
+// A row's figures: per iteration the slowest rank's time of each phase, then the median, min and max
+// over iterations. #wrong counts the failed checks of the row; any makes the command exit 1, after
+// every row is printed and the JSON written. Not here: the collectives alone (laga bench-comm).
 #include <fmt/format.h>
+#include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <optional>
 
 #include "cli.hpp"
 #include "commands.hpp"
@@ -12,105 +32,463 @@
 #include "laga/core/machine.hpp"
 #include "laga/driver/launch.hpp"
 #include "laga/mla/flops.hpp"
+#include "verify/compare.hpp"
+#include "verify/forms.hpp"
 
 namespace laga::cli {
 
 namespace {
 
-double median(std::vector<double> v) {
+struct Stats {
+  double median = 0, min = 0, max = 0;
+};
+Stats stats(std::vector<double> v) {
+  if (v.empty()) return {};
   std::sort(v.begin(), v.end());
-  size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  const size_t n = v.size();
+  return {n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]), v.front(), v.back()};
 }
 
-struct Sample {
-  double fwd = 0, bwd = 0, comm = 0;
+// One collective tensor name's records in one run of one rank (summed over the layers), or, across
+// ranks, the largest of each figure.
+struct CollStat {
+  std::string op;
+  int64_t count = 0, tensor_bytes = 0, wire_bytes = 0;
+  double seconds = 0, exposed = 0, hidden = 0;  // issued → completed; waited for; seconds − waited
 };
 
-// One timed run of c on every rank of a group; the slowest rank's forward, backward and exposed
-// attention-communication seconds, on the group's rank 0.
+// One timed iteration: the slowest rank's figure of each phase (each maximised separately).
+struct Sample {
+  double fwd = 0, bwd = 0, exposed = 0, collective = 0, hidden = 0;
+  int threads_min = 1 << 30, threads_max = 0;
+  std::map<std::string, CollStat> coll;
+};
+
+// The attention collectives of one rank's ledger, by tensor name ("q", "latent", "dq", ...).
+nlohmann::json rank_collectives(const std::vector<CollectiveRecord>& recs) {
+  std::map<std::string, CollStat> by;
+  for (const auto& r : recs) {
+    if (is_grad_sync(r)) continue;
+    std::string key = r.tensor;
+    if (by.count(key) && by[key].op != collective_name(r.op)) key += "@" + std::string(collective_name(r.op));
+    CollStat& s = by[key];
+    s.op = collective_name(r.op);
+    s.count += 1, s.tensor_bytes += r.tensor_bytes, s.wire_bytes += r.wire_bytes;
+    s.seconds += r.seconds, s.exposed += r.wait_s, s.hidden += std::max(0.0, r.seconds - r.wait_s);
+  }
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [k, s] : by) j[k] = {s.op, s.count, s.tensor_bytes, s.wire_bytes, s.seconds, s.exposed, s.hidden};
+  return j;
+}
+
+// One timed run of c on every rank of a group; the slowest rank's figures, on the group's rank 0.
 Sample timed_run(Launcher& launcher, const Config& c, const RunOptions& opt, double timeout_s) {
   Sample s;
   launcher.run(int(c->sp), [&](Communicator& comm) {
     const RankResult r = run_rank(c, opt, comm);
-    Ledger l;
+    double all_s = 0, wait_s = 0;
     for (const auto& rec : r.collectives)
-      if (!is_grad_sync(rec)) l.add(rec);
-    const nlohmann::json mine = {r.forward_s, r.backward_s, l.wait_seconds()};  // exposed: time spent waiting
+      if (!is_grad_sync(rec)) all_s += rec.seconds, wait_s += rec.wait_s;
+    const nlohmann::json mine = {{"fwd", r.forward_s}, {"bwd", r.backward_s}, {"wait", wait_s}, {"all", all_s},
+                                 {"threads", omp_get_max_threads()}, {"coll", rank_collectives(r.collectives)}};
     const std::vector<nlohmann::json> all = gather_json(comm, mine);
     if (comm.rank() != 0) return;
-    for (const auto& j : all)
-      s.fwd = std::max(s.fwd, j[0].get<double>()), s.bwd = std::max(s.bwd, j[1].get<double>()),
-      s.comm = std::max(s.comm, j[2].get<double>());
+    for (const auto& j : all) {
+      s.fwd = std::max(s.fwd, j["fwd"].get<double>()), s.bwd = std::max(s.bwd, j["bwd"].get<double>());
+      s.exposed = std::max(s.exposed, j["wait"].get<double>());
+      s.collective = std::max(s.collective, j["all"].get<double>());
+      s.hidden = std::max(s.hidden, std::max(0.0, j["all"].get<double>() - j["wait"].get<double>()));
+      s.threads_min = std::min(s.threads_min, j["threads"].get<int>());
+      s.threads_max = std::max(s.threads_max, j["threads"].get<int>());
+      for (const auto& [name, v] : j["coll"].items()) {
+        CollStat& m = s.coll[name];
+        m.op = v[0].get<std::string>();
+        m.count = std::max(m.count, v[1].get<int64_t>());
+        m.tensor_bytes = std::max(m.tensor_bytes, v[2].get<int64_t>());
+        m.wire_bytes = std::max(m.wire_bytes, v[3].get<int64_t>());
+        m.seconds = std::max(m.seconds, v[4].get<double>());
+        m.exposed = std::max(m.exposed, v[5].get<double>());
+        m.hidden = std::max(m.hidden, v[6].get<double>());
+      }
+    }
   }, timeout_s);
   return s;
 }
 
+// One untimed run of c with the whole tensors gathered: y, dx and the weight gradients, on the root.
+verify::Tensors gathered_run(Launcher& launcher, const Config& c, uint64_t seed, double timeout_s) {
+  RunOptions opt;
+  opt.seed = seed, opt.grad_sync = true, opt.gather_tensors = true;
+  verify::Tensors out;
+  launcher.run(int(c->sp), [&](Communicator& comm) {
+    RankResult r = run_rank(c, opt, comm);
+    if (comm.rank() == 0) out = verify::tensors_of(r.y, r.dx, r.grads);
+  }, timeout_s);
+  return out;
+}
+
+// The failed checks of one row, and what its agreement check measured.
+struct Validation {
+  bool done = false;
+  std::string vs;                       // "bitwise" | "bound" | "reference" (explicit itself)
+  std::vector<std::string> failures;   // one message per failed check
+  std::string worst;                    // the tensor nearest its bound (vs "bound")
+  double worst_ratio = 0;               // its max|form − explicit| / bound
+  std::map<std::string, double> bound;  // per tensor, the absolute bound (vs "bound")
+};
+
+// Non-finite values per tensor: one failed check per tensor that holds any.
+void check_finite_tensors(const verify::Tensors& t, const std::string& who, Validation& v) {
+  for (const auto& [name, a] : t) {
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < a.numel(); ++i)
+      if (!std::isfinite(a[i])) bad += 1, first = first < 0 ? i : first;
+    if (bad) v.failures.push_back(fmt::format("{}: {} non-finite value(s) in {} (first {}[{}] = {})", who, bad, name, name,
+                                              first, a[first]));
+  }
+}
+
+// The growth, from T_v to T, of the fp32-accumulated part of an allowance given in ulps of the dtype:
+// the probabilistic rounding-error bound of a sum of n terms grows as √n (Higham & Mary 2019), and
+// the reductions that lengthen with T (attention over ≤ T keys, weight gradients over T·B rows) are
+// n ∝ T; storage rounding (one rounding per stored value) does not grow. In fp32 the whole allowance
+// grows by √(T/T_v); in bf16 only its fp32 share, 2⁻¹⁶ of it.
+double growth(DType dtype, int64_t T, int64_t Tv) {
+  const double r = std::sqrt(double(T) / double(Tv));
+  return 1.0 + (r - 1.0) * verify::eps(DType::f32) / verify::eps(dtype);
+}
+
+// The smallest T ≥ 32·P (at least 64, at most 256) no larger than the shortest bench T for which every
+// form's configuration is valid: where verify's rule runs at bench's P, affordably.
+int64_t reduced_seq(const std::vector<Config>& configs, int64_t Tmin) {
+  const int64_t P = configs[0]->sp;
+  const int64_t target = std::clamp<int64_t>(32 * P, 64, 256);
+  if (Tmin <= target) return Tmin;
+  for (int64_t T = target; T < Tmin; ++T) {
+    bool ok = true;
+    for (const auto& c : configs) {
+      try {
+        c.with([&](MlaConfig& m) { m.seq_len = T; });
+      } catch (const Error&) {
+        ok = false;
+        break;
+      }
+    }
+    if (ok) return T;
+  }
+  return Tmin;
+}
+
+// The line on stderr rewritten in place with the run in progress; only on a terminal.
+class Progress {
+ public:
+  explicit Progress(bool root) : on_(root && isatty(STDERR_FILENO)), t0_(std::chrono::steady_clock::now()) {}
+  void show(int64_t T, const std::string& form, const std::string& what) const {
+    if (!on_) return;
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+    std::fprintf(stderr, "\r\033[Kbench: T %lld %s %s, %.1f s elapsed", (long long)T, form.c_str(), what.c_str(), s);
+    std::fflush(stderr);
+  }
+  void done() const {
+    if (on_) std::fprintf(stderr, "\r\033[K"), std::fflush(stderr);
+  }
+
+ private:
+  bool on_;
+  std::chrono::steady_clock::time_point t0_;
+};
+
+std::string link_name(const std::string& backend) {
+  if (const char* l = std::getenv("LAGA_LINK"); l && *l) return l;
+  return backend == "mpi" ? "MPI, one process per rank" : "in-process threads";
+}
+
 }  // namespace
 
-int cmd_bench(const CommonFlags& f, const std::vector<int64_t>& seqs, const std::vector<std::string>& forms,
-              int64_t iters) {
-  std::vector<Config> configs;
+int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
+  const std::vector<int64_t>& seqs = b.seqs;
+  std::vector<std::string> labels;
+  for (const auto& name : b.forms) labels.push_back(form_label(name, f.absorbed_kv));
+  std::vector<Config> configs;  // [si * nf + fi]
   for (int64_t T : seqs)
-    for (const auto& name : forms) {
+    for (const auto& name : labels) {
       CommonFlags g = f;
       g.seq = T, g.form = name;
       configs.push_back(build_config(g));
     }
+  std::optional<InjectWrong> wrong;
+  if (!b.inject_wrong.empty()) wrong = parse_inject_wrong(b.inject_wrong, labels, f.absorbed_kv);
   const LaunchKind kind = launch_kind(f.comm);
   auto json_out = is_root_process() ? open_output(f.json_path, "--json") : nullptr;
+  const size_t nf = labels.size();
+  const int64_t P = configs[0]->sp;
+  const DType dtype = configs[0]->dtype;
+  const Config base = configs[0].with([&](MlaConfig& m) { m.form = std::string(kBaselineForm); });
+  const int64_t Tv = reduced_seq(configs, *std::min_element(seqs.begin(), seqs.end()));
+
   RunOptions opt;
   opt.seed = f.seed;
   opt.grad_sync = false;
-  const size_t nf = forms.size();
-  // samples[si][fi]: the timed repeats of seqs[si] × forms[fi], forms alternating within a repeat.
+  // samples[si][fi]: the timed iterations of seqs[si] × labels[fi].
   std::vector<std::vector<std::vector<Sample>>> samples(seqs.size(), std::vector<std::vector<Sample>>(nf));
+  std::vector<std::vector<Validation>> checks(seqs.size(), std::vector<Validation>(nf));
+  verify::FormsReport reduced;
   std::string backend;
   const bool root = launch(kind, [&](Launcher& launcher) {
     backend = launcher.backend();
-    for (size_t si = 0; si < seqs.size(); ++si)
-      for (int64_t it = 0; it <= iters; ++it)
+    const Progress progress(launcher.is_root());
+    std::map<std::string, const verify::FormCase*> rule_case, bitwise_case;
+    if (b.validate) {
+      progress.show(Tv, "every form", "verify's rule (fp64 reference)");
+      verify::FormsOptions vo;
+      vo.seed = f.seed, vo.timeout_s = f.timeout_s;
+      for (const auto& l : labels)
+        if (l != kBaselineForm) vo.forms.push_back(l);
+      if (vo.forms.empty()) vo.forms.push_back(std::string(kBaselineForm));  // explicit alone: check no other
+      reduced = verify::check_forms(base.with([&](MlaConfig& m) { m.seq_len = Tv; }), {P}, launcher, vo);
+      for (const auto& k : reduced.cases)
+        if (k.sp == P) (k.vs == "fp64" ? rule_case : bitwise_case)[k.form] = &k;
+    }
+    for (size_t si = 0; si < seqs.size(); ++si) {
+      const int64_t T = seqs[si];
+      if (b.validate) {
+        progress.show(T, std::string(kBaselineForm), "validation run");
+        const Config ec = base.with([&](MlaConfig& m) { m.seq_len = T; });
+        verify::Tensors e = gathered_run(launcher, ec, f.seed, f.timeout_s);
         for (size_t fi = 0; fi < nf; ++fi) {
-          const Sample s = timed_run(launcher, configs[si * nf + fi], opt, f.timeout_s);
-          if (it > 0) samples[si][fi].push_back(s);
+          const Config& c = configs[si * nf + fi];
+          const std::string& label = labels[fi];
+          const bool is_explicit = label == kBaselineForm;
+          verify::Tensors mine;
+          if (!is_explicit) {
+            progress.show(T, label, "validation run");
+            mine = gathered_run(launcher, c, f.seed, f.timeout_s);
+          }
+          if (!launcher.is_root()) continue;
+          verify::Tensors& t = is_explicit ? e : mine;
+          if (wrong && wrong->form == label) {
+            ref::Array& y = t.at("y");
+            double scale = 0;
+            for (double v : y.data) scale = std::max(scale, std::abs(v));
+            y[y.numel() / 2] += wrong->ulps * verify::eps(dtype) * scale;
+          }
+          Validation& v = checks[si][fi];
+          v.done = true;
+          // The reduced-T rule, for this form (its failure is every row's of the form).
+          const auto rk = rule_case.find(label);
+          LAGA_ASSERT(rk != rule_case.end(), "no reduced-T case for {}", label);
+          if (!rk->second->pass)
+            v.failures.push_back(fmt::format("verify's rule at T {}: FAIL ({} at {:.3g} of allowed; {})", Tv,
+                                             rk->second->worst, rk->second->worst_ratio, rk->second->criterion));
+          if (const auto bk = bitwise_case.find(label); bk != bitwise_case.end() && !bk->second->pass)
+            v.failures.push_back(fmt::format("verify at T {}: not bit-identical to explicit at P 1 ({})", Tv,
+                                             bk->second->worst));
+          // explicit is every bound's baseline: when it is not a row of its own, its failure is every row's.
+          if (const auto* ek = rule_case.at(std::string(kBaselineForm));
+              !is_explicit && !ek->pass && std::find(labels.begin(), labels.end(), kBaselineForm) == labels.end())
+            v.failures.push_back(fmt::format("explicit, the baseline, fails verify's rule at T {} ({} at {:.3g} of allowed)",
+                                             Tv, ek->worst, ek->worst_ratio));
+          check_finite_tensors(t, label, v);
+          if (is_explicit) {
+            v.vs = "reference";
+            continue;
+          }
+          if (P == 1 && find_form(label).exact_at_one_rank()) {
+            v.vs = "bitwise";
+            std::string where;
+            if (!verify::bitwise_equal(t, e, &where))
+              v.failures.push_back(fmt::format("not bit-identical to explicit at P 1 (first difference: {})", where));
+            continue;
+          }
+          v.vs = "bound";
+          const auto& ek = rule_case.at(std::string(kBaselineForm))->allowed_ulps;
+          const auto& fk = rk->second->allowed_ulps;
+          const double g = growth(dtype, T, Tv);
+          for (const auto& [name, a] : t) {
+            const ref::Array& x = e.at(name);
+            LAGA_ASSERT(x.shape == a.shape && fk.count(name) && ek.count(name), "tensor {} does not match", name);
+            double d = 0, scale = 0;
+            bool finite = true;
+            for (int64_t i = 0; i < a.numel(); ++i) {
+              finite = finite && std::isfinite(a[i]) && std::isfinite(x[i]);
+              d = std::max(d, std::abs(a[i] - x[i])), scale = std::max(scale, std::abs(x[i]));
+            }
+            if (!finite) continue;  // counted by the finiteness checks (this form's or explicit's row)
+            const double ulps = (fk.at(name) + ek.at(name)) * g;
+            const double bound = ulps * verify::eps(dtype) * scale;
+            const double ratio = bound > 0 ? d / bound : (d > 0 ? INFINITY : 0.0);
+            v.bound[name] = bound;
+            if (v.worst.empty() || ratio > v.worst_ratio) v.worst = name, v.worst_ratio = ratio;
+            if (ratio > 1)
+              v.failures.push_back(fmt::format("{} vs explicit: max|Δ {}| = {:.3e} > bound {:.3e} ({:.1f} ulp × max|{}| "
+                                               "{:.3e}; {:.2f} of it)", label, name, d, bound, ulps, name, scale, ratio));
+          }
         }
+      }
+      for (int64_t it = 0; it < b.warmup + b.iters; ++it)
+        for (size_t fi = 0; fi < nf; ++fi) {
+          progress.show(T, labels[fi], it < b.warmup ? fmt::format("warm-up {}/{}", it + 1, b.warmup)
+                                                     : fmt::format("iteration {}/{}", it - b.warmup + 1, b.iters));
+          const Sample s = timed_run(launcher, configs[si * nf + fi], opt, f.timeout_s);
+          if (it >= b.warmup) samples[si][fi].push_back(s);
+        }
+    }
+    progress.done();
   });
   if (!root) return 0;
+
   const MachineInfo machine = machine_info();
-  fmt::print("laga bench: model {} P {} ({}) B {} L {} kernel {} dtype {}, {} repeats after 1 warm-up, medians\n",
-             f.model, f.sp, backend, f.batch, f.layers, f.kernel, f.dtype, iters);
+  int threads_min = 1 << 30, threads_max = 0;
+  for (const auto& per_t : samples)
+    for (const auto& per_f : per_t)
+      for (const auto& s : per_f) threads_min = std::min(threads_min, s.threads_min), threads_max = std::max(threads_max, s.threads_max);
+  const std::string threads =
+      threads_min == threads_max ? fmt::format("{}", threads_max) : fmt::format("{}–{}", threads_min, threads_max);
+  const std::string link = link_name(backend);
+  const std::string validation =
+      b.validate ? fmt::format("verify's rule at T {} (same model, P, B, L, kernel, dtype): {}; at every T each "
+                               "form's y, dx and weight gradients finite and, against explicit's, {} (docs/benchmarks.md §7)",
+                               Tv, reduced.pass ? "pass" : "FAIL",
+                               P == 1 ? "bit-identical for forms exact at one rank, else within the rule's two allowances"
+                                      : "within the rule's two allowances (form's + explicit's, carried from T_v)")
+                 : "off (--no-validate): rows are not validated";
+  const MlaConfig& c0 = *configs[0];
+  fmt::print("laga bench: model {} P {} ({}) B {} L {} kernel {} dtype {}, {} timed iterations after {} warm-up; per "
+             "iteration the slowest rank's time of each phase, median and [min, max] over iterations\n",
+             f.model, P, backend, c0.batch, c0.num_layers, kernel_name(c0.kernel), dtype_name(dtype), b.iters, b.warmup);
   fmt::print("# machine: {}\n", machine.line());
-  fmt::print("# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>10}\n", "seq", "form", "fwd", "bwd", "total",
-             "comm", "tokens/s", "TFLOP/s", "vs expl.");
-  fmt::print("# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>10}\n", "", "", "s", "s", "s", "s", "", "", "×");
+  fmt::print("# cpu: {}; threads per rank: {} (OpenMP, as each rank's kernels see it); link: {}; dtype {}; kernel {}; "
+             "commit {}\n", machine.cpu_model, threads, link, dtype_name(dtype), kernel_name(c0.kernel), machine.commit);
+  fmt::print("# validation: {}\n", validation);
+  fmt::print("# comm: exposed (time a rank waited in attention collectives); TFLOP/s: the group's, of the FLOPs each "
+             "form executes (FlashAttention-3 convention)\n");
+  const char* hfmt = "# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>9} {:>6}\n";
+  fmt::print(fmt::runtime(hfmt), "seq", "form", "fwd", "bwd", "comm", "total", "min", "max", "tokens/s", "TFLOP/s",
+             "vs expl.", "#wrong");
+  fmt::print(fmt::runtime(hfmt), "", "", "s", "s", "s", "s", "s", "s", "", "", "×", "");
   nlohmann::json rows = nlohmann::json::array();
+  int64_t total_wrong = 0;
+  std::vector<std::string> messages;
   for (size_t si = 0; si < seqs.size(); ++si) {
+    auto phase = [&](size_t fi, auto get) {
+      std::vector<double> v;
+      for (const auto& s : samples[si][fi]) v.push_back(get(s));
+      return stats(v);
+    };
+    auto total_of = [](const Sample& s) { return s.fwd + s.bwd; };
     double explicit_total = 0;
+    for (size_t fi = 0; fi < nf; ++fi)
+      if (labels[fi] == kBaselineForm) explicit_total = phase(fi, total_of).median;
     for (size_t fi = 0; fi < nf; ++fi) {
       const MlaConfig& c = *configs[si * nf + fi];
-      std::vector<double> fw, bw, cm, tot;
-      for (const auto& s : samples[si][fi])
-        fw.push_back(s.fwd), bw.push_back(s.bwd), cm.push_back(s.comm), tot.push_back(s.fwd + s.bwd);
-      const double total = median(tot);
-      if (c.form == kBaselineForm) explicit_total = total;
+      const Stats fw = phase(fi, [](const Sample& s) { return s.fwd; });
+      const Stats bw = phase(fi, [](const Sample& s) { return s.bwd; });
+      const Stats ex = phase(fi, [](const Sample& s) { return s.exposed; });
+      const Stats al = phase(fi, [](const Sample& s) { return s.collective; });
+      const Stats hd = phase(fi, [](const Sample& s) { return s.hidden; });
+      const Stats tot = phase(fi, total_of);
       const BlockFlops fl = block_flops(c);
-      const double tflops = (fl.forward + fl.backward) / total / 1e12;
-      const double tokens_per_s = double(c.seq_len * c.batch) / total;
-      const std::string ratio = explicit_total > 0 ? fmt::format("{:.3f}", explicit_total / total) : "-";
-      fmt::print("  {:>6} {:<18} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>12.1f} {:>8.4f} {:>10}\n", c.seq_len, c.form,
-                 median(fw), median(bw), total, median(cm), tokens_per_s, tflops, ratio);
-      rows.push_back({{"form", find_form(c.form).family()}, {"variant", c.form}, {"seq", c.seq_len},
-                      {"sp", c.sp}, {"tokens_per_s", tokens_per_s}, {"fwd_s", median(fw)}, {"bwd_s", median(bw)},
-                      {"comm_s", median(cm)}, {"total_s", total}, {"tflops", tflops},
-                      {"total_s_min", *std::min_element(tot.begin(), tot.end())},
-                      {"total_s_max", *std::max_element(tot.begin(), tot.end())},
-                      {"speedup_vs_explicit", explicit_total > 0 ? explicit_total / total : 0.0}});
+      const double tflops = (fl.forward + fl.backward) / tot.median / 1e12;
+      const double tokens_per_s = double(c.seq_len * c.batch) / tot.median;
+      const double speedup = explicit_total > 0 ? explicit_total / tot.median : 0.0;
+      const Validation& v = checks[si][fi];
+      const int64_t nwrong = int64_t(v.failures.size());
+      total_wrong += nwrong;
+      for (const auto& m : v.failures) messages.push_back(fmt::format("T {} {}: {}", c.seq_len, c.form, m));
+      fmt::print("  {:>6} {:<18} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>12.1f} {:>8.4f} {:>9} {:>6}\n",
+                 c.seq_len, c.form, fw.median, bw.median, ex.median, tot.median, tot.min, tot.max, tokens_per_s, tflops,
+                 explicit_total > 0 ? fmt::format("{:.3f}", speedup) : "-", b.validate ? fmt::format("{}", nwrong) : "-");
+      nlohmann::json coll = nlohmann::json::object();
+      std::map<std::string, std::vector<double>> cs, ce, ch;
+      std::map<std::string, CollStat> shape;
+      for (const auto& s : samples[si][fi])
+        for (const auto& [name, m] : s.coll) {
+          cs[name].push_back(m.seconds), ce[name].push_back(m.exposed), ch[name].push_back(m.hidden);
+          shape[name] = m;
+        }
+      for (const auto& [name, m] : shape)
+        coll[name] = {{"op", m.op},
+                      {"count", m.count},
+                      {"tensor_bytes", m.tensor_bytes},
+                      {"wire_bytes", m.wire_bytes},
+                      {"seconds", stats(cs[name]).median},
+                      {"exposed_s", stats(ce[name]).median},
+                      {"hidden_s", stats(ch[name]).median}};
+      nlohmann::json val = {{"validated", v.done}, {"wrong", nwrong}, {"failures", v.failures}};
+      if (v.done) {
+        val["vs_explicit"] = v.vs;
+        if (v.vs == "bound")
+          val["worst_tensor"] = v.worst, val["worst_ratio"] = v.worst_ratio, val["bounds"] = v.bound;
+      }
+      rows.push_back({{"form", find_form(c.form).family()},
+                      {"variant", c.form},
+                      {"seq", c.seq_len},
+                      {"sp", c.sp},
+                      {"batch", c.batch},
+                      {"layers", c.num_layers},
+                      {"kernel", kernel_name(c.kernel)},
+                      {"dtype", dtype_name(c.dtype)},
+                      {"iters", b.iters},
+                      {"tokens_per_s", tokens_per_s},
+                      {"fwd_s", fw.median},
+                      {"fwd_s_min", fw.min},
+                      {"fwd_s_max", fw.max},
+                      {"bwd_s", bw.median},
+                      {"bwd_s_min", bw.min},
+                      {"bwd_s_max", bw.max},
+                      {"comm_s", ex.median},
+                      {"comm_s_min", ex.min},
+                      {"comm_s_max", ex.max},
+                      {"comm_all_s", al.median},
+                      {"comm_hidden_s", hd.median},
+                      {"total_s", tot.median},
+                      {"total_s_min", tot.min},
+                      {"total_s_max", tot.max},
+                      {"flops_fwd", fl.forward},
+                      {"flops_bwd", fl.backward},
+                      {"tflops", tflops},
+                      {"speedup_vs_explicit", speedup},
+                      {"wrong", nwrong},
+                      {"validation", val},
+                      {"collectives", coll}});
     }
   }
+  for (const auto& m : messages) fmt::print("# FAIL {}\n", m);
+  if (b.validate) fmt::print("bench: {}\n", total_wrong ? fmt::format("{} check(s) failed", total_wrong) : "pass");
   if (json_out) {
-    nlohmann::json j = {{"command", "bench"}, {"machine", machine.to_json()}, {"backend", backend}, {"config", configs[0]->to_json()}, {"iters", iters}, {"rows", rows}};
+    nlohmann::json reduced_json = nlohmann::json::array();
+    for (const auto& k : reduced.cases)
+      reduced_json.push_back({{"sp", k.sp}, {"form", k.form}, {"vs", k.vs}, {"pass", k.pass}, {"worst_tensor", k.worst},
+                              {"worst_ratio", k.worst_ratio}, {"allowed_ulps", k.allowed_ulps}});
+    nlohmann::json j = {
+        {"command", "bench"},
+        {"machine", machine.to_json()},
+        {"backend", backend},
+        {"link", link},
+        {"threads_per_rank", threads_max},
+        {"threads_per_rank_min", threads_min},
+        {"cpu_model", machine.cpu_model},
+        {"commit", machine.commit},
+        {"dtype", dtype_name(dtype)},
+        {"kernel", kernel_name(c0.kernel)},
+        {"config", configs[0]->to_json()},
+        {"iters", b.iters},
+        {"warmup", b.warmup},
+        {"validation",
+         {{"enabled", b.validate},
+          {"summary", validation},
+          {"reduced_seq", b.validate ? Tv : 0},
+          {"rule", reduced.rule},
+          {"reduced_pass", reduced.pass},
+          {"reduced_cases", reduced_json}}},
+        {"wrong", total_wrong},
+        {"pass", total_wrong == 0},
+        {"rows", rows}};
     *json_out << j.dump(2) << "\n";
   }
+  if (total_wrong)
+    throw Error(ErrorKind::failure, __FILE__, __LINE__,
+                fmt::format("bench: {} validation check(s) failed (the #wrong column; messages above)", total_wrong));
   return 0;
 }
 

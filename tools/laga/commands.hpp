@@ -13,7 +13,15 @@ namespace laga::cli {
 int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit,
             int64_t stand_in = -1);
 int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps);
-int cmd_bench(const CommonFlags& f, const std::vector<int64_t>& seqs, const std::vector<std::string>& forms, int64_t iters);
+// bench: --seq list, --forms, --iters, --warmup, validation (off with --no-validate), --inject-wrong.
+struct BenchFlags {
+  std::vector<int64_t> seqs;
+  std::vector<std::string> forms;
+  int64_t iters = 3, warmup = 1;
+  bool validate = true;
+  std::string inject_wrong;  // testing: FORM:ULPS (cli.hpp, parse_inject_wrong)
+};
+int cmd_bench(const CommonFlags& f, const BenchFlags& b);
 int cmd_plan(const CommonFlags& f, bool sweep, const std::string& mem_limit);
 // Checkpoints of train: --checkpoint DIR, --checkpoint-every N, --resume DIR, --dump-weights FILE.
 struct TrainFlags {

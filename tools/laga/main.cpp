@@ -25,7 +25,8 @@ int main(int argc, char** argv) {
     if (inv.command == "run") return cmd_run(flags, inv.dump_dir, inv.weights, inv.mem_limit, inv.stand_in);
     if (inv.command == "plan") return cmd_plan(flags, inv.sweep, inv.mem_limit);
     if (inv.command == "verify") return cmd_verify(flags, inv.sps);
-    if (inv.command == "bench") return cmd_bench(flags, inv.seqs, inv.forms, inv.iters);
+    if (inv.command == "bench")
+      return cmd_bench(flags, {inv.seqs, inv.forms, inv.iters, inv.warmup, !inv.no_validate, inv.inject_wrong});
     if (inv.command == "report") return cmd_report(inv.out_dir, inv.quick);
     if (inv.command == "bench-comm") return cmd_bench_comm(flags, inv.bench_comm);
     if (inv.command == "train")

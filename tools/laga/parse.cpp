@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -48,13 +49,21 @@ void build_app(CLI::App& app, Invocation& inv) {
   add_common(verify, flags, true);
   verify->add_option("--sp", inv.sps, "rank counts to check, e.g. 1,2,4,8")->delimiter(',')->capture_default_str();
 
-  auto* bench = app.add_subcommand("bench", "the forms timed side by side: medians and ratios from one run");
+  auto* bench = app.add_subcommand("bench", "the forms timed side by side, every row validated first: medians, spread and ratios");
   add_common(bench, flags, true);
   bench->remove_option(bench->get_option("--seq"));
   bench->add_option("--seq", inv.seqs, "sequence lengths, e.g. 1024,2048")->delimiter(',')->required();
   bench->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
   bench->add_option("--forms", inv.forms, "forms to time, e.g. explicit,laga")->delimiter(',')->capture_default_str();
-  bench->add_option("--iters", inv.iters, "timed repeats per form (after one warm-up)")->capture_default_str();
+  bench->add_option("--iters", inv.iters, "timed iterations per form and T (after --warmup)")->capture_default_str();
+  bench->add_option("--warmup", inv.warmup, "untimed iterations per form and T before the timed ones")->capture_default_str();
+  bench->add_flag("--no-validate", inv.no_validate,
+                  "skip the validation (reduced-T rule, full-size finiteness and agreement with explicit); rows "
+                  "then say 'not validated'");
+  bench->add_option("--inject-fault", inv.fault, "testing: RANK:PLACE as for run (e.g. 1:nan-x), in every run");
+  bench->add_option("--inject-wrong", inv.inject_wrong,
+                    "testing: FORM:ULPS shifts one element of FORM's full-size y by ULPS ulps of max|y| before "
+                    "validation sees it");
 
   auto* comm = app.add_subcommand("bench-comm", "laga's collectives timed as nccl-tests does: time, algbw, busbw, #wrong");
   BenchCommFlags& bc = inv.bench_comm;
@@ -156,13 +165,24 @@ void check_invocation(const Invocation& inv) {
     for (int64_t P : inv.sps) base.with([&](MlaConfig& c) { c.sp = P; });
   } else if (inv.command == "bench") {
     LAGA_CHECK(inv.iters >= 1, "--iters {} must be at least 1", inv.iters);
+    LAGA_CHECK(inv.warmup >= 0, "--warmup {} must be a number of iterations ≥ 0", inv.warmup);
     LAGA_CHECK(!inv.forms.empty(), "--forms is empty; valid: {}", form_names());
+    std::vector<std::string> labels;
+    for (const auto& name : inv.forms) {
+      LAGA_CHECK(!name.empty(), "--forms has an empty name; valid: {}", form_names());
+      const std::string label = form_label(name, f.absorbed_kv);
+      LAGA_CHECK(std::find(labels.begin(), labels.end(), label) == labels.end(),
+                 "--forms names {} twice; give each form once", label);
+      labels.push_back(label);
+    }
     for (int64_t T : inv.seqs)
       for (const auto& name : inv.forms) {
         CommonFlags g = f;
         g.seq = T, g.form = name;
         build_config(g);
       }
+    if (!inv.fault.empty()) set_injected_fault(inv.fault);
+    if (!inv.inject_wrong.empty()) parse_inject_wrong(inv.inject_wrong, labels, f.absorbed_kv);
   } else if (inv.command == "bench-comm") {
     const BenchCommFlags& b = inv.bench_comm;
     bench_comm::size_sweep(bench_comm::parse_size(b.min_bytes, "-b"), bench_comm::parse_size(b.max_bytes, "-e"),

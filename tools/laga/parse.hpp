@@ -21,11 +21,14 @@ namespace laga::cli {
 struct Invocation {
   std::string command;  // "run", "plan", "verify", "bench", "train", "report"
   CommonFlags flags;
-  std::string dump_dir, weights, fault;                             // run
+  std::string dump_dir, weights, fault;                             // run (fault: bench too)
   std::vector<int64_t> sps{1, 2, 4, 8};                             // verify
   std::vector<int64_t> seqs;                                        // bench
   std::vector<std::string> forms{"explicit", "absorbed", "laga"};  // bench, train
   int64_t iters = 3, steps = 200;                                   // bench, train
+  int64_t warmup = 1;                                               // bench: untimed runs per form before timing
+  bool no_validate = false;                                         // bench: skip the validation (not the default)
+  std::string inject_wrong;                                         // bench, testing: FORM:ULPS
   double lr = 1e-3;                                                 // train
   std::string checkpoint_dir, resume_dir, dump_weights;             // train
   int64_t checkpoint_every = 0;                                     // train: 0 = only after the last step
