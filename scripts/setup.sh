@@ -11,7 +11,8 @@ packages=(
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
-  python3-torch python3-numpy
+  python3-torch python3-numpy python3-matplotlib
+  iproute2
   clang libclang-rt-14-dev libomp-dev
 )
 missing=()

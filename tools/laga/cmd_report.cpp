@@ -103,15 +103,35 @@ int cmd_report(const std::string& out_dir, bool quick) {
   const std::string forms = quick ? "explicit,absorbed-shared,laga,laga-recompute"
                                   : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute";
   const std::string iters = quick ? "2" : "5";
-  auto bench = [&](const std::string& kernel, const std::string& json) {
-    return std::vector<std::string>{laga, "bench", "--model", "small", "--seq", seqs, "--sp", "2", "--forms", forms,
+  auto bench = [&](const std::string& kernel, const std::string& json, const std::string& seq_list) {
+    return std::vector<std::string>{laga, "bench", "--model", "small", "--seq", seq_list, "--sp", "2", "--forms", forms,
                                     "--kernel", kernel, "--iters", iters, "--json", json};
+  };
+  // Across the emulated link (scripts/link.sh, two namespaces, one MPI rank each): the rate matched to
+  // the paper's two-node setting on this CPU (docs/throughput.md), 4× faster and 4× slower.
+  struct Rate {
+    const char* name;
+    const char* rate;
+  };
+  std::vector<Rate> rates = {{"matched", "28mbit"}, {"fast", "112mbit"}, {"slow", "7mbit"}};
+  if (quick) rates.resize(1);
+  const std::string link_seqs = quick ? "2048" : "2048,4096";
+  auto link = [&](const std::string& rate, std::vector<std::string> args) {
+    return cat({"bash", src + "/scripts/link.sh", "--ranks", "2", "--rate", rate, "--"}, args);
   };
 
   std::vector<Step> steps;
   steps.push_back({"verify", "the forms against the fp64 reference (small, bf16, P 1, 2, 4, 8)", [&] {
     return std::vector<std::string>{laga, "verify", "--model", "small", "--seq", quick ? "64" : "128", "--sp",
                                     "1,2,4,8", "--json", J("verify.json")};
+  }});
+  steps.push_back({"torch", "laga's y, dx and every gradient against PyTorch autograd (small, fp32, P 2, L 2)", [&] {
+    const std::string dump = J("torch_dump");
+    return std::vector<std::string>{
+        "bash", "-c",
+        fmt::format("set -e; '{}' run --model small --seq 256 --sp 2 --form laga --dtype fp32 --layers 2 --dump '{}'; "
+                    "/usr/bin/python3 '{}/tests/torch/mla_block_torch.py' '{}'; rm -rf '{}'",
+                    laga, dump, src, dump, dump)};
   }});
   for (const char* kernel : {"fused", "eager"})
     steps.push_back({fmt::format("plan.{}", kernel), fmt::format("memory and traffic at DeepSeek-V3, T 16384, P 8, {}", kernel), [&, kernel] {
@@ -122,15 +142,33 @@ int cmd_report(const std::string& out_dir, bool quick) {
     return std::vector<std::string>{laga, "plan", "--sweep", "--model", "deepseek-v3", "--json", J("plan_sweep.json")};
   }});
   steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused", [&] {
-    return bench("fused", J("bench.threads.fused.json"));
+    return bench("fused", J("bench.threads.fused.json"), seqs);
   }});
   steps.push_back({"bench.threads.eager", "throughput in one machine, threads, eager", [&] {
-    return bench("eager", J("bench.threads.eager.json"));
+    return bench("eager", J("bench.threads.eager.json"), quick ? "2048" : seqs);
   }});
   if (!quick)
     steps.push_back({"bench.mpi.fused", "throughput in one machine, MPI over shared memory, fused", [&] {
-      return cat(mpirun, bench("fused", J("bench.mpi.fused.json")));
+      return cat(mpirun, bench("fused", J("bench.mpi.fused.json"), seqs));
     }});
+  steps.push_back({"bench-comm.threads", "the collectives in one machine (threads, P 2)", [&] {
+    return std::vector<std::string>{laga, "bench-comm", "--sp", "2", "-b", "4K", "-e", quick ? "16M" : "64M", "-f", "4",
+                                    "--json", J("bench_comm.threads.json")};
+  }});
+  for (const Rate& r : rates) {
+    steps.push_back({fmt::format("bench-comm.link.{}", r.name), fmt::format("the collectives across the link at {}", r.rate),
+                     [&, r] {
+                       return link(r.rate, {laga, "bench-comm", "-b", "16K", "-e", quick ? "1M" : "4M", "-f", "4",
+                                            "--ops", "all_gather,reduce_scatter,all_to_all", "-n", "5", "--json",
+                                            J(fmt::format("bench_comm.link.{}.json", r.name))});
+                     }, true});
+    steps.push_back({fmt::format("bench.link.{}", r.name), fmt::format("throughput across the link at {}, fused", r.rate),
+                     [&, r] {
+                       return link(r.rate, {laga, "bench", "--model", "small", "--seq", link_seqs, "--sp", "2",
+                                            "--forms", "explicit,laga,laga-recompute", "--kernel", "fused", "--iters",
+                                            iters, "--json", J(fmt::format("bench.link.{}.json", r.name))});
+                     }, true});
+  }
   steps.push_back({"train", "training curves (tiny, fp32, P 4)", [&] {
     return std::vector<std::string>{laga, "train", "--model", "tiny", "--seq", "64", "--sp", "4", "--dtype", "fp32",
                                     "--steps", quick ? "100" : "200", "--forms", "explicit,absorbed,laga,laga-recompute",
