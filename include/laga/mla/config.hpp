@@ -56,11 +56,14 @@ struct RunShape {
 };
 
 // How it is done: the form (a registered variant label, mla/form.hpp), the attention kernel, the
-// storage dtype.
+// storage dtype, and whether the forms' collectives overlap compute (left in flight while the query
+// path and what else does not need them runs; off: each waited where it is issued). The results are
+// bitwise the same either way (docs/design.md §6).
 struct RunChoices {
   std::string form = "explicit";
   Kernel kernel = Kernel::fused;
   DType dtype = DType::bf16;
+  bool overlap = false;
 };
 
 struct MlaConfig : ModelDims, RunShape, RunChoices {
