@@ -73,9 +73,10 @@ class Form {
   // as `query`, which the form calls exactly once, where it wants q_local [N, B, H, Dqk]: after issuing
   // what it can issue from the latent alone, so those collectives run behind the query path (laga: the
   // latent all-gather; explicit: k's and v's all-to-alls). The latent is the form's to keep or release;
-  // what backward needs goes into `saved`. Every collective is issued through issue() (forms/common.hpp):
-  // with the run's overlap on it stays in flight until its output is needed, with overlap off it is
-  // waited where it is issued — the same code, the same operations in the same order, so the same bits.
+  // what backward needs goes into `saved`. Every collective meant to run behind compute is issued
+  // through issue() (forms/common.hpp): with the run's overlap on it stays in flight until its output
+  // is needed, with overlap off it is waited where it is issued — the same code, the same operations
+  // in the same order, so the same bits. One with nothing to run behind it is started and waited at once.
   virtual Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                          std::unique_ptr<CoreSaved>& saved) const = 0;
   // The core's backward: dout [T, B, Hr, Dv] -> dlatent [N, B, Dl] (returned); g.wkv_b (+=), partial over

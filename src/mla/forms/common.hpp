@@ -13,8 +13,9 @@
 namespace laga::forms {
 
 // A pair started as the run's overlap choice says (mla/form.hpp): left in flight until its wait() with
-// overlap on; waited here with overlap off, so nothing runs behind it. Every collective of a form goes
-// through here: the form's code, and so its operations and their order, is the same either way.
+// overlap on; waited here with overlap off, so nothing runs behind it. Every collective a form means to
+// run behind compute goes through here, so the form's code, and so its operations and their order, is
+// the same either way (one with nothing to run behind it is just <pair>_start(...).wait()).
 inline InFlight issue(const RankCtx& ctx, InFlight f) { return ctx.c.overlap ? std::move(f) : InFlight::done(f.wait()); }
 
 // Rows of wkv_b (or its gradient) for head g: k-rows W_UK [Dn, Lkv] and v-rows W_UV [Dv, Lkv].
