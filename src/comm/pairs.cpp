@@ -1,12 +1,40 @@
 // The collective pairs of comm/pairs.hpp: packing for the head all-to-alls, and the token-sharded
-// all-gather / reduce-scatter.
+// all-gather / reduce-scatter, each started non-blocking (InFlight) and completed by wait(); the
+// blocking pairs are start + wait.
 #include "laga/comm/pairs.hpp"
 
 #include "laga/ops/elementwise.hpp"
 
 namespace laga {
 
-Tensor scatter_heads(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+InFlight& InFlight::operator=(InFlight&& o) noexcept {
+  if (this != &o) {
+    handle_ = std::move(o.handle_);  // settles ours before its buffers are released below
+    comm_ = o.comm_;
+    keep_ = std::move(o.keep_);
+    finish_ = std::move(o.finish_);
+    o.keep_.clear();
+    o.finish_ = nullptr;
+  }
+  return *this;
+}
+
+InFlight InFlight::done(Tensor out) {
+  InFlight f;
+  f.finish_ = [out = std::move(out)] { return out; };
+  return f;
+}
+
+Tensor InFlight::wait() {
+  LAGA_ASSERT(finish_, "wait on an empty InFlight (never started, or already waited)");
+  if (comm_) comm_->wait(handle_);
+  Tensor out = finish_();
+  finish_ = nullptr;  // what it captured (gather_heads' recv) goes first, then the kept buffers
+  keep_.clear();
+  return out;
+}
+
+InFlight scatter_heads_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
   LAGA_CHECK(x.rank() == 4 && x.dim(2) % comm.size() == 0, "scatter_heads of '{}': {} is not [N, B, H, d] with P = {} "
              "dividing H", name, shape_str(x.shape()), comm.size());
   const int64_t P = comm.size(), N = x.dim(0), B = x.dim(1), H = x.dim(2), d = x.dim(3), Hr = H / P;
@@ -14,46 +42,87 @@ Tensor scatter_heads(Communicator& comm, const Tensor& x, const std::string& nam
   // send [P, N, B, Hr, d]: chunk j holds rank j's heads of every local token.
   Tensor send = Tensor::empty({P, N, B, Hr, d}, dt, "comm.send");
   for (int64_t j = 0; j < P; ++j) copy_rows(dt, N * B, Hr * d, at(x, j * Hr * d), H * d, at(send, j * N * B * Hr * d), Hr * d);
+  x = Tensor();                                            // packed: no longer read
   Tensor out = Tensor::empty({P * N, B, Hr, d}, dt, tag);  // chunk j = rank j's tokens
-  comm.all_to_all(send.raw(), out.raw(), N * B * Hr * d, dt, name);
-  return out;
+  InFlight f;
+  f.comm_ = &comm;
+  f.handle_ = comm.all_to_all_start(send.raw(), out.raw(), N * B * Hr * d, dt, name);
+  f.keep_ = {std::move(send)};
+  f.finish_ = [out = std::move(out)] { return out; };
+  return f;
 }
 
-Tensor gather_heads(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+InFlight gather_heads_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
   LAGA_CHECK(x.rank() == 4 && x.dim(0) % comm.size() == 0, "gather_heads of '{}': {} is not [T, B, Hr, d] with P = {} "
              "dividing T", name, shape_str(x.shape()), comm.size());
   const int64_t P = comm.size(), N = x.dim(0) / P, B = x.dim(1), Hr = x.dim(2), d = x.dim(3), H = Hr * P;
   const DType dt = x.dtype();
   // x's chunk j (rank j's tokens) goes to rank j; recv [P, N, B, Hr, d]: chunk j = rank j's heads.
   Tensor recv = Tensor::empty({P, N, B, Hr, d}, dt, "comm.recv");
-  comm.all_to_all(x.raw(), recv.raw(), N * B * Hr * d, dt, name);
-  Tensor out = Tensor::empty({N, B, H, d}, dt, tag);
-  for (int64_t j = 0; j < P; ++j) copy_rows(dt, N * B, Hr * d, at(recv, j * N * B * Hr * d), Hr * d, at(out, j * Hr * d), H * d);
-  return out;
+  InFlight f;
+  f.comm_ = &comm;
+  f.handle_ = comm.all_to_all_start(x.raw(), recv.raw(), N * B * Hr * d, dt, name);
+  f.keep_ = {std::move(x)};
+  f.finish_ = [recv = std::move(recv), N, B, Hr, d, H, P, dt, tag] {
+    Tensor out = Tensor::empty({N, B, H, d}, dt, tag);
+    for (int64_t j = 0; j < P; ++j) copy_rows(dt, N * B, Hr * d, at(recv, j * N * B * Hr * d), Hr * d, at(out, j * Hr * d), H * d);
+    return out;
+  };
+  return f;
 }
 
-Tensor all_gather_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+InFlight all_gather_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
   LAGA_CHECK(x.rank() == 3, "all_gather_tokens of '{}': {} is not [N, B, d]", name, shape_str(x.shape()));
   Tensor out = Tensor::empty({comm.size() * x.dim(0), x.dim(1), x.dim(2)}, x.dtype(), tag);
-  comm.all_gather(x.raw(), out.raw(), x.numel(), x.dtype(), name);
-  return out;
+  InFlight f;
+  f.comm_ = &comm;
+  f.handle_ = comm.all_gather_start(x.raw(), out.raw(), x.numel(), x.dtype(), name);
+  f.keep_ = {std::move(x)};
+  f.finish_ = [out = std::move(out)] { return out; };
+  return f;
 }
 
-Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
+  const DType dt = x.dtype();
+  return reduce_scatter_tokens_start(comm, std::move(x), name, tag, dt);
+}
+
+InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag,
+                                     DType out_dtype) {
   LAGA_CHECK(x.rank() == 3 && x.dim(0) % comm.size() == 0, "reduce_scatter_tokens of '{}': {} is not [T, B, d] with "
              "P = {} dividing T", name, shape_str(x.shape()), comm.size());
-  Tensor out = Tensor::empty({x.dim(0) / comm.size(), x.dim(1), x.dim(2)}, x.dtype(), tag);
-  comm.reduce_scatter(x.raw(), out.raw(), out.numel(), x.dtype(), name);
-  return out;
+  const bool round_after = out_dtype != x.dtype();
+  LAGA_CHECK(!round_after || x.dtype() == DType::f32, "reduce_scatter_tokens of '{}' from {} to {}: rounding after "
+             "the sum needs fp32 partials", name, dtype_name(x.dtype()), dtype_name(out_dtype));
+  // Rounding after the sum: the fp32 sums land in tag + "_sum" and are rounded once to out_dtype at wait().
+  Tensor out = Tensor::empty({x.dim(0) / comm.size(), x.dim(1), x.dim(2)}, x.dtype(), round_after ? tag + "_sum" : tag);
+  InFlight f;
+  f.comm_ = &comm;
+  f.handle_ = comm.reduce_scatter_start(x.raw(), out.raw(), out.numel(), x.dtype(), name);
+  f.keep_ = {std::move(x)};
+  if (round_after)
+    f.finish_ = [sum = std::move(out), out_dtype, tag] { return sum.to(out_dtype, tag); };
+  else
+    f.finish_ = [out = std::move(out)] { return out; };
+  return f;
+}
+
+Tensor scatter_heads(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+  return scatter_heads_start(comm, x, name, tag).wait();
+}
+Tensor gather_heads(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+  return gather_heads_start(comm, x, name, tag).wait();
+}
+Tensor all_gather_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+  return all_gather_tokens_start(comm, x, name, tag).wait();
+}
+Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+  return reduce_scatter_tokens_start(comm, x, name, tag).wait();
 }
 
 Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag,
                              DType out) {
-  if (out == x.dtype()) return reduce_scatter_tokens(comm, x, name, tag);
-  LAGA_CHECK(x.dtype() == DType::f32, "reduce_scatter_tokens of '{}' from {} to {}: rounding after the sum needs "
-             "fp32 partials", name, dtype_name(x.dtype()), dtype_name(out));
-  const Tensor sum = reduce_scatter_tokens(comm, x, name, tag + "_sum");
-  return sum.to(out, tag);
+  return reduce_scatter_tokens_start(comm, x, name, tag, out).wait();
 }
 
 }  // namespace laga

@@ -22,21 +22,16 @@ RopeParams rope_on(const RankCtx& ctx, void* data, int64_t inner, int64_t t_stri
   return p;
 }
 
+// The local stage runs its latent path (L4–L6) first and hands the query path (L1–L3, q's RoPE) to the
+// form as a callable, which the form runs once it has issued what needs the latent alone (mla/form.hpp):
+// the two paths are independent, so this order changes no arithmetic, and with overlap on the form's
+// collectives run behind the query path.
 Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w, const Tensor& in, LayerSaved& s,
                      int64_t layer) {
   const MlaConfig& c = ctx.c;
+  const std::string step = fmt::format("layer {} forward, rank {}", layer, ctx.r);
   s.x = in;
   s.xn = rmsnorm_forward(in, w.attn_norm, c.rms_norm_eps, "act.xn");                  // xn = RMSNorm(x)
-  Tensor q;
-  if (ctx.Lq > 0) {
-    s.cq = linear_forward(s.xn, w.wq_a, "act.cq");                                   // L1 cq = xn·wq_aᵀ
-    s.cqn = rmsnorm_forward(s.cq, w.q_norm, c.rms_norm_eps, "act.cqn");              // L2 cqn = RMSNorm(cq)
-    q = linear_forward(s.cqn, w.wq_b, "act.q_local");                                // L3 q = cqn·wq_bᵀ
-  } else {
-    q = linear_forward(s.xn, w.wq, "act.q_local");                                   // L3' q = xn·wqᵀ
-  }
-  q = q.reshape({ctx.N, ctx.B, ctx.H, ctx.Dqk});
-  rope_forward(rope_on(ctx, at(q, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk));      //    q_pe ← rope(q_pe)
   s.kv = linear_forward(s.xn, w.wkv_a, "act.kv");                                    // L4 kv = xn·wkv_aᵀ
   Tensor latent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "act.latent");             // ℓ = [ckv | kpe]
   {
@@ -47,21 +42,37 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
   }
   copy_rows(ctx.dt, ctx.N * ctx.B, ctx.Dr, at(s.kv, ctx.Lkv), ctx.Lkv + ctx.Dr, at(latent, ctx.Lkv), ctx.Dl);
   rope_forward(rope_on(ctx, at(latent, ctx.Lkv), ctx.B, ctx.B * ctx.Dl, ctx.Dl));                // L6 kpe = rope(kv[:, Lkv:])
-
-  if (check_finite_enabled()) {  // this rank's own tensors, before any of them is communicated
-    const std::string step = fmt::format("layer {} forward, rank {}", layer, ctx.r);
-    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &in}, {"xn", &s.xn}, {"cq", &s.cq},
-                                  {"cqn", &s.cqn}, {"q", &q}, {"kv", &s.kv}, {"latent", &latent}})
+  if (check_finite_enabled())  // this rank's own tensors, before any of them is communicated
+    for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &in}, {"xn", &s.xn}, {"kv", &s.kv},
+                                  {"latent", &latent}})
       check_finite(*t, name, step);
-  }
-  Tensor o_g = form.forward(ctx, w, std::move(q), std::move(latent), s.core);          // the form's core
+
+  int query_runs = 0;
+  const QueryPath query = [&] {
+    ++query_runs;
+    Tensor q;
+    if (ctx.Lq > 0) {
+      s.cq = linear_forward(s.xn, w.wq_a, "act.cq");                                 // L1 cq = xn·wq_aᵀ
+      s.cqn = rmsnorm_forward(s.cq, w.q_norm, c.rms_norm_eps, "act.cqn");            // L2 cqn = RMSNorm(cq)
+      q = linear_forward(s.cqn, w.wq_b, "act.q_local");                              // L3 q = cqn·wq_bᵀ
+    } else {
+      q = linear_forward(s.xn, w.wq, "act.q_local");                                 // L3' q = xn·wqᵀ
+    }
+    q = q.reshape({ctx.N, ctx.B, ctx.H, ctx.Dqk});
+    rope_forward(rope_on(ctx, at(q, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk));    //    q_pe ← rope(q_pe)
+    if (check_finite_enabled())
+      for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"cq", &s.cq}, {"cqn", &s.cqn}, {"q", &q}})
+        check_finite(*t, name, step);
+    return q;
+  };
+  Tensor o_g = form.forward(ctx, w, std::move(latent), query, s.core);                // the form's core
+  LAGA_ASSERT(query_runs == 1, "form {} ran the query path {} times; once is the contract", form.name(), query_runs);
   fault_point("forward", int(ctx.r));
   s.o = gather_heads(ctx.comm, o_g, "o", "act.o").reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});    // o back to the tokens
   o_g = Tensor();
   Tensor y = linear_forward(s.o, w.wo, "act.y");                                     // y = o·woᵀ
   add_into(y, in);                                                                   // y = x + y
   if (check_finite_enabled()) {
-    const std::string step = fmt::format("layer {} forward, rank {}", layer, ctx.r);
     s.core->for_each([&](const char* name, const Tensor& t) { check_finite(t, name, step); });
     for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"o", &s.o}, {"y", &y}})
       check_finite(*t, name, step);
@@ -69,6 +80,11 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
   return y;
 }
 
+// The backward of the local stage in the forward's order reversed per path: the form runs the query
+// path's backward (q's RoPE, L3, L2 and L1's weight gradient) when it has dq, with what it issued
+// before (the dlatent reduce-scatter, dk's and dv's all-to-alls) in flight; then the latent path's
+// (L6–L4) from dlatent. dxn is summed in one fixed order, L4's product then L1's (or L3''s) added
+// into it, so it is the same bits whichever path runs first and with overlap on or off.
 Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& w, LayerSaved& s, const Tensor& dy,
                       LayerWeights& g, int64_t layer) {
   const std::string step = fmt::format("layer {} backward, rank {}", layer, ctx.r);
@@ -83,10 +99,32 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
     check_finite(do_local, "do", step);
     dout = scatter_heads(ctx.comm, do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv}), "do", "grad.o");
   }
-  Tensor dq, dlatent;
-  form.backward(ctx, w, std::move(s.core), std::move(dout), g, dq, dlatent);         // the form's core
+  // The query path's gradient into xn, added after L4's: dcq [N, B, Lq] for L1 (dq [N, B, H·Dqk] for L3').
+  Tensor dq_path;
+  int query_runs = 0;
+  const QueryPathBackward query_backward = [&](Tensor dq) {
+    ++query_runs;
+    check_finite(dq, "dq", step);
+    // L3 q_pe ← rope(q_pe):  dq_pe ← ropeᵀ(dq_pe)
+    rope_backward(rope_on(ctx, at(dq, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk));
+    dq = dq.reshape({ctx.N, ctx.B, ctx.H * ctx.Dqk});
+    if (ctx.Lq > 0) {
+      Tensor dcqn = Tensor::empty({ctx.N, ctx.B, ctx.Lq}, ctx.dt, "grad.cqn");  // L3 q = cqn·wq_bᵀ
+      linear_backward(s.cqn, w.wq_b, dq, &dcqn, false, g.wq_b);
+      dq = s.cqn = Tensor();
+      dq_path = Tensor::empty({ctx.N, ctx.B, ctx.Lq}, ctx.dt, "grad.cq");      // L2 cqn = RMSNorm(cq)
+      rmsnorm_backward(s.cq, w.q_norm, dcqn, c.rms_norm_eps, dq_path, g.q_norm);
+      dcqn = s.cq = Tensor();
+      linear_backward(s.xn, w.wq_a, dq_path, nullptr, false, g.wq_a);          // L1 cq = xn·wq_aᵀ: dwq_a += (dx below)
+    } else {
+      linear_backward(s.xn, w.wq, dq, nullptr, false, g.wq);                   // L3' q = xn·wqᵀ: dwq += (dx below)
+      dq_path = std::move(dq);
+    }
+  };
+  Tensor dlatent = form.backward(ctx, w, std::move(s.core), std::move(dout), g, query_backward);  // the form's core
+  LAGA_ASSERT(query_runs == 1, "form {} ran the query path's backward {} times; once is the contract", form.name(),
+              query_runs);
   fault_point("backward", int(ctx.r));
-  check_finite(dq, "dq", step);
   check_finite(dlatent, "dlatent", step);
   // L6 kpe = rope(kv[:, Lkv:]):  dkv[:, Lkv:] = ropeᵀ(dkpe)
   Tensor dkv = Tensor::empty({ctx.N, ctx.B, ctx.Lkv + ctx.Dr}, ctx.dt, "grad.kv");
@@ -106,21 +144,9 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
   Tensor dxn = Tensor::empty({ctx.N, ctx.B, ctx.D}, ctx.dt, "grad.xn");
   linear_backward(s.xn, w.wkv_a, dkv, &dxn, false, g.wkv_a);
   dkv = Tensor();
-  // L3 q_pe ← rope(q_pe):  dq_pe ← ropeᵀ(dq_pe)
-  rope_backward(rope_on(ctx, at(dq, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk));
-  dq = dq.reshape({ctx.N, ctx.B, ctx.H * ctx.Dqk});
-  if (ctx.Lq > 0) {
-    Tensor dcqn = Tensor::empty({ctx.N, ctx.B, ctx.Lq}, ctx.dt, "grad.cqn");  // L3 q = cqn·wq_bᵀ
-    linear_backward(s.cqn, w.wq_b, dq, &dcqn, false, g.wq_b);
-    dq = s.cqn = Tensor();
-    Tensor dcq = Tensor::empty({ctx.N, ctx.B, ctx.Lq}, ctx.dt, "grad.cq");    // L2 cqn = RMSNorm(cq)
-    rmsnorm_backward(s.cq, w.q_norm, dcqn, c.rms_norm_eps, dcq, g.q_norm);
-    dcqn = s.cq = Tensor();
-    linear_backward(s.xn, w.wq_a, dcq, &dxn, /*accumulate_dx=*/true, g.wq_a);  // L1 cq = xn·wq_aᵀ
-  } else {
-    linear_backward(s.xn, w.wq, dq, &dxn, /*accumulate_dx=*/true, g.wq);      // L3' q = xn·wqᵀ
-    dq = Tensor();
-  }
+  // L1 cq = xn·wq_aᵀ (L3' q = xn·wqᵀ):  dxn += dcq·wq_a (dq·wq)
+  linear_backward_dx(ctx.Lq > 0 ? w.wq_a : w.wq, dq_path, dxn, /*accumulate_dx=*/true);
+  dq_path = Tensor();
   s.xn = Tensor();
   // xn = RMSNorm(x), y = x + ...:  dx = dy + RMSNormᵀ(dxn)
   Tensor dx = Tensor::empty({ctx.N, ctx.B, ctx.D}, ctx.dt, "grad.x");

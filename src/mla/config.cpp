@@ -194,6 +194,7 @@ nlohmann::json MlaConfig::to_json() const {
   j["kernel"] = kernel_name(kernel);
   j["dtype"] = dtype_name(dtype);
   j["dlatent_sum"] = dlatent_sum_name(dlatent_sum);
+  j["overlap"] = overlap;
   j["softmax_scale"] = softmax_scale();
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
@@ -250,6 +251,10 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     if (j.contains("kernel")) c.kernel = parse_kernel(j["kernel"].get<std::string>());
     if (j.contains("dtype")) c.dtype = parse_dtype(j["dtype"].get<std::string>());
     if (j.contains("dlatent_sum")) c.dlatent_sum = parse_dlatent_sum(j["dlatent_sum"].get<std::string>());
+    if (j.contains("overlap")) {
+      LAGA_CHECK(j["overlap"].is_boolean(), "configuration JSON: overlap is {}, not true or false", j["overlap"].dump());
+      c.overlap = j["overlap"].get<bool>();
+    }
     c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
     c.rope_theta = j.value("rope_theta", 10000.0);
     c.rope_interleaved = j.value("rope_interleaved", true);

@@ -24,8 +24,15 @@ void linear_backward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor*
   if (dx) {
     LAGA_CHECK(dx->shape() == x.shape(), "linear backward: dx {} differs from x {}", shape_str(dx->shape()),
                shape_str(x.shape()));
-    matmul_2d(mat(dy), mat(w), mat(*dx), accumulate_dx);
+    linear_backward_dx(w, dy, *dx, accumulate_dx);
   }
+}
+
+void linear_backward_dx(const Tensor& w, const Tensor& dy, Tensor& dx, bool accumulate_dx) {
+  LAGA_CHECK(w.rank() == 2 && dy.dim(-1) == w.dim(0) && dx.dim(-1) == w.dim(1) &&
+                 dy.numel() / dy.dim(-1) == dx.numel() / dx.dim(-1),
+             "linear backward: w {}, dy {}, dx {}", shape_str(w.shape()), shape_str(dy.shape()), shape_str(dx.shape()));
+  matmul_2d(mat(dy), mat(w), mat(dx), accumulate_dx);  // dx = dy·w  [M, I]
 }
 
 }  // namespace laga

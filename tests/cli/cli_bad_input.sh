@@ -35,6 +35,8 @@ expect 2 "unknown kernel 'flash'; valid: eager, fused" -- "$laga" run --model ti
 expect 2 "unknown dlatent sum 'half' (--dlatent-sum, JSON dlatent_sum); valid: fp32, storage" -- "$laga" run --model tiny --seq 16 --sp 2 --form laga --dlatent-sum half
 expect 2 "unknown dtype 'fp16'; valid: fp32, bf16" -- "$laga" run --model tiny --seq 16 --dtype fp16
 expect 2 "unknown absorbed-kv regime" -- "$laga" run --model tiny --seq 16 --absorbed-kv copied
+expect 2 "unknown --overlap 'maybe'; valid: on, off" -- "$laga" run --model tiny --seq 16 --overlap maybe
+expect 2 "unknown --overlap 'maybe'; valid: on, off" -- "$laga" bench --model tiny --seq 16 --forms laga --overlap maybe
 
 # A dimension that does not fit: an odd RoPE dim in a config file.
 cat >"$tmp/odd.json" <<'JSON'
@@ -42,6 +44,9 @@ cat >"$tmp/odd.json" <<'JSON'
  "qk_nope_head_dim": 16, "qk_rope_head_dim": 7, "v_head_dim": 12, "rope_scaling": null}
 JSON
 expect 2 "qk_rope_head_dim = 7 must be even" -- "$laga" run --config "$tmp/odd.json" --seq 16
+echo '{"hidden_size": 64, "num_attention_heads": 8, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+ "qk_rope_head_dim": 8, "v_head_dim": 12, "overlap": "yes"}' >"$tmp/overlap.json"
+expect 2 "overlap is \"yes\", not true or false" -- "$laga" run --config "$tmp/overlap.json" --seq 16
 echo '{"hidden_size": 64,' >"$tmp/broken.json"
 expect 2 "not valid JSON" -- "$laga" run --config "$tmp/broken.json" --seq 16
 

@@ -23,6 +23,8 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   app->add_option("--dlatent-sum", f.dlatent_sum, "dtype of the dlatent reduce-scatter's partial sums (forms that "
                   "gather the latent): fp32 (one rounding, after the sum over ranks), storage")->capture_default_str();
   app->add_option("--rope-layout", f.rope_layout, "RoPE pairs: interleaved (DeepSeek), rotate-half")->capture_default_str();
+  app->add_option("--overlap", f.overlap, "collectives behind compute (the latent all-gather behind the query path, ...): "
+                  "on, off")->capture_default_str();
   app->add_option("--json", f.json_path, "write results as JSON to this file");
   app->add_option("--seed", f.seed, "seed of weights and inputs")->capture_default_str();
   if (with_comm) {
@@ -49,6 +51,9 @@ Config build_config(const CommonFlags& f) {
   if (f.rope_layout == "interleaved") c.rope_interleaved = true;
   else if (f.rope_layout == "rotate-half") c.rope_interleaved = false;
   else LAGA_FAIL_USAGE("unknown --rope-layout '{}'; valid: interleaved, rotate-half", f.rope_layout);
+  if (f.overlap == "on") c.overlap = true;
+  else if (f.overlap == "off") c.overlap = false;
+  else LAGA_FAIL_USAGE("unknown --overlap '{}'; valid: on, off", f.overlap);
   LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s), "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
   return Config(std::move(c));
 }
@@ -108,6 +113,10 @@ nlohmann::json collectives_json(const std::vector<CollectiveRecord>& records) {
                  {"tensor", r.tensor},
                  {"dtype", dtype_name(r.dtype)},
                  {"seconds", r.seconds},
+                 {"wait_s", r.wait_s},                                 // exposed
+                 {"hidden_s", std::max(0.0, r.seconds - r.wait_s)},    // ran behind compute
+                 {"issued_s", r.issued_s},
+                 {"completed_s", r.completed_s},
                  {"tensor_bytes", r.tensor_bytes},
                  {"wire_bytes", r.wire_bytes}});
   return a;
@@ -145,6 +154,8 @@ nlohmann::json rank_json(const RankResult& r, const PlannedMemory& plan) {
            {{"tensor_bytes", attention.tensor_bytes()},
             {"wire_bytes", attention.wire_bytes()},
             {"seconds", attention.seconds()},
+            {"wait_s", attention.wait_seconds()},
+            {"hidden_s", std::max(0.0, attention.seconds() - attention.wait_seconds())},
             {"collectives", collectives_json(attention.records())}}},
           {"grad_sync",
            {{"tensor_bytes", sync.tensor_bytes()}, {"wire_bytes", sync.wire_bytes()}, {"seconds", r.grad_sync_s}}},

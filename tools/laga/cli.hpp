@@ -25,13 +25,13 @@ struct CommonFlags {
   int64_t seq = 0, sp = 1, batch = 1, layers = 1;
   std::string form = "explicit", kernel = "fused", absorbed_kv = "expanded", dtype = "bf16";
   std::string dlatent_sum{dlatent_sum_name(RunChoices{}.dlatent_sum)};
-  std::string rope_layout = "interleaved", comm = "auto", json_path, config_path;
+  std::string rope_layout = "interleaved", comm = "auto", json_path, config_path, overlap = "off";
   double timeout_s = 0;
   bool check_finite = false;
   uint64_t seed = 1234;
 };
 
-// --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --dlatent-sum --rope-layout --json --seed;
+// --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --dlatent-sum --rope-layout --overlap --json --seed;
 // with_comm adds --comm and --timeout.
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
 Config build_config(const CommonFlags& f);

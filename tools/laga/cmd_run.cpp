@@ -1,6 +1,8 @@
 // laga run: one measured forward + backward of the block stack on P ranks, in one form.
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include "cli.hpp"
 #include "commands.hpp"
 #include "laga/core/error.hpp"
@@ -14,10 +16,38 @@ namespace laga::cli {
 
 namespace {
 
+// One rank's attention collectives summed per (operation, tensor) over layers, in first-issue order:
+// seconds from issue to completion, exposed (the caller waited) and hidden (the rest: compute ran).
+void print_collectives(const nlohmann::json& rank, bool overlap) {
+  struct Sum {
+    std::string name;
+    int count = 0;
+    double seconds = 0, exposed = 0, hidden = 0;
+  };
+  std::vector<Sum> sums;
+  for (const auto& r : rank["comm"]["collectives"]) {
+    const std::string name = r["op"].get<std::string>() + " " + r["tensor"].get<std::string>();
+    auto it = std::find_if(sums.begin(), sums.end(), [&](const Sum& s) { return s.name == name; });
+    if (it == sums.end()) it = sums.insert(sums.end(), Sum{name});
+    it->count += 1;
+    it->seconds += r["seconds"].get<double>();
+    it->exposed += r["wait_s"].get<double>();
+    it->hidden += r["hidden_s"].get<double>();
+  }
+  fmt::print("  rank {} collectives, all layers (overlap {}): exposed = waited for, hidden = ran behind compute\n",
+             rank["rank"].get<int>(), overlap ? "on" : "off");
+  fmt::print("# {:<24} {:>5} {:>10} {:>10} {:>10} {:>7}\n", "collective", "count", "seconds", "exposed", "hidden", "hidden");
+  fmt::print("# {:<24} {:>5} {:>10} {:>10} {:>10} {:>7}\n", "", "", "s", "s", "s", "%");
+  for (const Sum& s : sums)
+    fmt::print("  {:<24} {:>5} {:>10.6f} {:>10.6f} {:>10.6f} {:>7.1f}\n", s.name, s.count, s.seconds, s.exposed, s.hidden,
+               s.seconds > 0 ? 100 * s.hidden / s.seconds : 0.0);
+}
+
 void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const RankResult& r0, std::ofstream* json_out,
             const std::string& dump_dir, const std::string& backend) {
-  fmt::print("laga run: model {} T {} B {} P {} ({}) L {} form {} kernel {} dtype {}\n", c.model, c.seq_len,
-             c.batch, c.sp, backend, c.num_layers, c.form, kernel_name(c.kernel), dtype_name(c.dtype));
+  fmt::print("laga run: model {} T {} B {} P {} ({}) L {} form {} kernel {} dtype {} overlap {}\n", c.model, c.seq_len,
+             c.batch, c.sp, backend, c.num_layers, c.form, kernel_name(c.kernel), dtype_name(c.dtype),
+             c.overlap ? "on" : "off");
   fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "rank", "fwd", "bwd", "comm tensor", "comm wire",
              "activation peak", "saved");
   fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "", "s", "s", "bytes", "bytes", "bytes", "bytes");
@@ -29,6 +59,7 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
   fmt::print("  rank {}: activation peak {}, saved {}, baseline {}\n", r0.rank,
              human_bytes(r0.memory.activation_peak_bytes), human_bytes(r0.memory.saved_bytes),
              human_bytes(r0.memory.baseline_bytes));
+  if (!ranks.empty()) print_collectives(ranks.front(), c.overlap);
   if (!dump_dir.empty()) {
     write_dump(dump_dir, c, r0.x, r0.dy, r0.y, r0.dx, r0.weights, r0.grads);
     fmt::print("  dumped whole tensors to {}\n", dump_dir);

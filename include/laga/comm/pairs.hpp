@@ -14,14 +14,48 @@
 // (rank r holds heads r·Hr ..). Every buffer is a tracked tensor (the all-to-alls' packing buffers are
 // tagged "comm.send" / "comm.recv"); `name` is the tensor's name in the ledger. Math and accounting:
 // docs/design.md §2 and §4.
+//
+// Each pair also comes non-blocking (`*_start`, the communicator's non-blocking collectives underneath):
+// it allocates what the blocking call allocates, in the same order, issues the collective and returns
+// an InFlight; InFlight::wait() completes it and returns the output. The blocking call is start + wait,
+// so both give the same bits, the same ledger record and the same allocations. A start that takes its
+// input by value releases it as soon as it is no longer read (scatter_heads: once packed), so a caller
+// that moves its tensor in frees it there.
 #pragma once
 
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "laga/comm/communicator.hpp"
 #include "laga/core/tensor.hpp"
 
 namespace laga {
+
+// A pair's collective in flight: it keeps alive every buffer the collective reads or writes until
+// wait(), which completes it (unpacking where the pair needs to) and returns the output tensor.
+// Move-only; empty when default-constructed or after wait(). Destroyed unwaited, its handle waits
+// (CollectiveHandle's rules), then the buffers are released.
+class InFlight {
+ public:
+  InFlight() = default;
+  InFlight(InFlight&&) noexcept = default;
+  InFlight& operator=(InFlight&& o) noexcept;  // settles the current one first, as the destructor does
+  // An InFlight that holds an output already complete: wait() returns it.
+  static InFlight done(Tensor out);
+  bool empty() const { return !finish_; }
+  Tensor wait();
+
+ private:
+  friend InFlight scatter_heads_start(Communicator&, Tensor, const std::string&, const std::string&);
+  friend InFlight gather_heads_start(Communicator&, Tensor, const std::string&, const std::string&);
+  friend InFlight all_gather_tokens_start(Communicator&, Tensor, const std::string&, const std::string&);
+  friend InFlight reduce_scatter_tokens_start(Communicator&, Tensor, const std::string&, const std::string&, DType);
+  Communicator* comm_ = nullptr;
+  std::vector<Tensor> keep_;        // what the collective still reads or writes, released after finish_
+  std::function<Tensor()> finish_;  // after the wait: the output (gather_heads unpacks it first)
+  CollectiveHandle handle_;         // declared last: destroyed (so settled) before the buffers go
+};
 
 Tensor scatter_heads(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag);
 Tensor gather_heads(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag);
@@ -29,5 +63,12 @@ Tensor all_gather_tokens(Communicator& comm, const Tensor& x, const std::string&
 Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag);
 Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag,
                              DType out);
+
+InFlight scatter_heads_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag);
+InFlight gather_heads_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag);
+InFlight all_gather_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag);
+InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag);
+InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag,
+                                     DType out);
 
 }  // namespace laga

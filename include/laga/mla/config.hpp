@@ -66,7 +66,10 @@ std::string_view dlatent_sum_name(DlatentSum s);
 DlatentSum parse_dlatent_sum(std::string_view name);  // usage error naming the valid values
 
 // How it is done: the form (a registered variant label, mla/form.hpp), the attention kernel, the
-// storage dtype, the dtype of the dlatent reduce-scatter's partial sums.
+// storage dtype, the dtype of the dlatent reduce-scatter's partial sums, and whether the forms'
+// collectives overlap compute (left in flight while the query path and what else does not need them
+// runs; off: each waited where it is issued). The results are bitwise the same either way
+// (docs/design.md §6).
 struct RunChoices {
   std::string form = "explicit";
   Kernel kernel = Kernel::fused;
@@ -74,6 +77,7 @@ struct RunChoices {
   DlatentSum dlatent_sum = DlatentSum::storage;
   // The dtype the dlatent partial sums travel in (fp32, or the storage dtype).
   DType dlatent_sum_dtype() const { return dlatent_sum == DlatentSum::fp32 ? DType::f32 : dtype; }
+  bool overlap = false;
 };
 
 struct MlaConfig : ModelDims, RunShape, RunChoices {

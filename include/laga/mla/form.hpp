@@ -46,6 +46,8 @@ struct CoreSaved {
 // A forward/backward pair of collectives a form issues per layer, by the ledger's tensor names
 // ("q" forward, its adjoint "dq" in backward). A form that recomputes in backward what forward sent
 // (explicit-recompute's k and v) issues the forward collective once more in backward, before the adjoint.
+// Form::collectives() lists them in the forward's issue order (with overlap on and off alike: the choice
+// moves waits, not issues); the backward issues the adjoints in an order of its own.
 struct DeclaredCollective {
   CollectiveOp forward_op;
   std::string forward;
@@ -54,6 +56,11 @@ struct DeclaredCollective {
   bool forward_again_in_backward = false;
 };
 
+// The block's query path, run by the core's forward where it wants q: returns q_local [N, B, H, Dqk]
+// (after RoPE). And its backward, run by the core's backward: takes dq_local [N, B, H, Dqk].
+using QueryPath = std::function<Tensor()>;
+using QueryPathBackward = std::function<void(Tensor dq_local)>;
+
 class Form {
  public:
   virtual ~Form() = default;
@@ -61,17 +68,27 @@ class Form {
   virtual std::string_view family() const = 0;   // "absorbed" for both absorbed variants; else the name
   virtual std::string_view summary() const = 0;  // one line: what moves and what each rank computes
 
-  // q_local [N, B, H, Dqk] (after RoPE) and latent [N, B, Dl] = [ckv | kpe] of this rank's tokens ->
-  // o [T, B, Hr, Dv] of this rank's heads over the whole sequence. Both inputs are the form's to keep
-  // or release; what backward needs goes into `saved`.
-  virtual Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
+  // The core's forward: latent [N, B, Dl] = [ckv | kpe] of this rank's tokens -> o [T, B, Hr, Dv] of
+  // this rank's heads over the whole sequence. The block's query path (L1–L3 and q's RoPE) is handed in
+  // as `query`, which the form calls exactly once, where it wants q_local [N, B, H, Dqk]: after issuing
+  // what it can issue from the latent alone, so those collectives run behind the query path (laga: the
+  // latent all-gather; explicit: k's and v's all-to-alls). The latent is the form's to keep or release;
+  // what backward needs goes into `saved`. Every collective meant to run behind compute is issued
+  // through issue() (forms/common.hpp): with the run's overlap on it stays in flight until its output
+  // is needed, with overlap off it is waited where it is issued — the same code, the same operations
+  // in the same order, so the same bits. One with nothing to run behind it is started and waited at once.
+  virtual Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                          std::unique_ptr<CoreSaved>& saved) const = 0;
-  // dout [T, B, Hr, Dv] -> dq_local [N, B, H, Dqk] and dlatent [N, B, Dl] (returned through the
-  // references); g.wkv_b (+=), partial over this rank's tokens or head shard. Consumes saved.
-  virtual void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
-                        LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const = 0;
+  // The core's backward: dout [T, B, Hr, Dv] -> dlatent [N, B, Dl] (returned); g.wkv_b (+=), partial over
+  // this rank's tokens or head shard. Consumes saved. dq_local [N, B, H, Dqk] goes to `query_backward`
+  // (the block's query-path backward: RoPE's transpose, L3, L2 and L1's weight gradient, none of which
+  // needs dlatent), which the form calls exactly once, with what it can issue before it in flight
+  // (laga: the dlatent reduce-scatter; explicit: dk's and dv's all-to-alls).
+  virtual Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                          LayerWeights& g, const QueryPathBackward& query_backward) const = 0;
 
-  // The collectives of one layer's core, forward order; the block adds the o/do pair around it.
+  // The collectives of one layer's core, in the forward's issue order; the block adds the o/do pair
+  // around it.
   virtual std::vector<DeclaredCollective> collectives() const = 0;
   // Executed FLOPs of the core's attention forward over the whole sequence, all ranks
   // (FlashAttention-3's convention, attention_forward_flops); the backward is 2.5× this.

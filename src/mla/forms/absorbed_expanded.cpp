@@ -3,12 +3,13 @@
 // fused kernel V and the output zero-padded to Dl (FlashAttention-2 / TransformerEngine need equal head
 // dims). The faithful "inference absorb path ported to training", and the source of the memory
 // regression the paper measures.
-//   A1  scatter_heads q;  all_gather_tokens latent
-//   A2  q_abs = [q_nope·W_UK | q_pe]
+//   A1  all_gather_tokens latent, issued before the query path runs;  scatter_heads q
+//   A2  q_abs = [q_nope·W_UK | q_pe]                           (the all-gather still behind it)
 //   A3  k_exp, v_exp = the latent per head;  o_lat = attention(q_abs, k_exp, v_exp)
 //   A4  o = o_lat[..., :Lkv]·W_UVᵀ
-// Backward: A4's, attention backward, dK and dV summed over heads into dlatent, A2's,
-// reduce_scatter_tokens dlatent, gather_heads dq.
+// Backward: A4's, attention backward, dK and dV summed over heads into dlatent, reduce_scatter_tokens
+// dlatent issued, A2's behind it, gather_heads dq and the block's query-path backward behind it too.
+// With overlap off each collective is waited where it is issued.
 #include "absorbed_common.hpp"
 #include "laga/comm/pairs.hpp"
 
@@ -27,15 +28,15 @@ class AbsorbedExpanded final : public Form {
     return "all-to-all of q and o, all-gather of the latent; W_UK in the query, the latent copied per head";
   }
 
-  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<AbsorbedSaved>();
     const int64_t Dvo = out_width(ctx);
-    s->q = scatter_heads(ctx.comm, q_local, "q", "act.q");                          // A1
-    q_local = Tensor();
-    s->latent_g = all_gather_tokens(ctx.comm, latent, "latent", "act.latent_g");
-    latent = Tensor();
+    // A1: the latent's all-gather in flight behind the query path, q's all-to-all and A2
+    InFlight latent_g = issue(ctx, all_gather_tokens_start(ctx.comm, std::move(latent), "latent", "act.latent_g"));
+    s->q = scatter_heads_start(ctx.comm, query(), "q", "act.q").wait();
     s->q_abs = absorb_query(ctx, w, s->q);                                          // A2
+    s->latent_g = latent_g.wait();
     s->k_exp = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dl}, ctx.dt, "act.k_exp");         // A3 the per-head copies
     s->v_exp = Tensor::zeros({ctx.T, ctx.B, ctx.Hr, Dvo}, ctx.dt, "act.v_exp");
     for (int64_t h = 0; h < ctx.Hr; ++h) {
@@ -50,8 +51,8 @@ class AbsorbedExpanded final : public Form {
     return o;
   }
 
-  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
-                LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
+  Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                  LayerWeights& g, const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<AbsorbedSaved&>(*saved);
     const int64_t Dvo = out_width(ctx);
     Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, Dvo, g);            // A4
@@ -74,16 +75,19 @@ class AbsorbedExpanded final : public Form {
     do_lat = Tensor();
     s.attn = {};
     s.o_lat = s.q_abs = s.latent_g = Tensor();
+    // A1's adjoints: dlatent's reduce-scatter in flight behind A2's backward, dq's all-to-all and the
+    // block's query-path backward
+    InFlight dlatent =
+        issue(ctx, reduce_scatter_tokens_start(ctx.comm, std::move(dlatent_g), "dlatent", "grad.latent", ctx.dt));
     Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, g);                      // A2
     dq_abs = s.q = Tensor();
-    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent", ctx.dt);  // A1's adjoints
-    dlatent_g = Tensor();
-    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
+    query_backward(gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local").wait());
+    return dlatent.wait();
   }
 
   std::vector<DeclaredCollective> collectives() const override {
     using Op = CollectiveOp;
-    return {{Op::all_to_all, "q", Op::all_to_all, "dq"}, {Op::all_gather, "latent", Op::reduce_scatter, "dlatent"}};
+    return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"}, {Op::all_to_all, "q", Op::all_to_all, "dq"}};
   }
 
   // The executed core: scores over Dl, values of Lkv (the padding's zeros are not counted).

@@ -1,12 +1,13 @@
 // absorbed-shared (docs/design.md §2.3): the absorbed form with a native multi-query kernel — every
 // query head of this rank attends to the one gathered latent (K = [ckv | kpe], V = ckv, its first Lkv
 // columns, read in place), never copied per head.
-//   A1  scatter_heads q;  all_gather_tokens latent
-//   A2  q_abs = [q_nope·W_UK | q_pe]
+//   A1  all_gather_tokens latent, issued before the query path runs;  scatter_heads q
+//   A2  q_abs = [q_nope·W_UK | q_pe]                           (the all-gather still behind it)
 //   A3  o_lat = MQA attention(q_abs, K = latent, V = ckv)       [T, B, Hr, Lkv]
 //   A4  o = o_lat·W_UVᵀ
 // Backward: A4's, then attention backward with dK written straight into dlatent and dV summed onto
-// its first Lkv columns, A2's, reduce_scatter_tokens dlatent, gather_heads dq.
+// its first Lkv columns, reduce_scatter_tokens dlatent issued, A2's behind it, gather_heads dq and the
+// block's query-path backward behind it too. With overlap off each collective is waited where issued.
 #include "absorbed_common.hpp"
 #include "laga/comm/pairs.hpp"
 
@@ -29,14 +30,14 @@ class AbsorbedShared final : public Form {
     return "all-to-all of q and o, all-gather of the latent; W_UK in the query, MQA over the one latent";
   }
 
-  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<AbsorbedSaved>();
-    s->q = scatter_heads(ctx.comm, q_local, "q", "act.q");                          // A1
-    q_local = Tensor();
-    s->latent_g = all_gather_tokens(ctx.comm, latent, "latent", "act.latent_g");
-    latent = Tensor();
+    // A1: the latent's all-gather in flight behind the query path, q's all-to-all and A2
+    InFlight latent_g = issue(ctx, all_gather_tokens_start(ctx.comm, std::move(latent), "latent", "act.latent_g"));
+    s->q = scatter_heads_start(ctx.comm, query(), "q", "act.q").wait();
     s->q_abs = absorb_query(ctx, w, s->q);                                          // A2
+    s->latent_g = latent_g.wait();
     s->o_lat = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Lkv}, ctx.dt, "act.o_att");        // A3
     s->attn = attention_forward(ctx.c.kernel, shared_attention(ctx, *s));
     Tensor o = project_out(ctx, w, s->o_lat, ctx.Lkv);                                // A4
@@ -44,8 +45,8 @@ class AbsorbedShared final : public Form {
     return o;
   }
 
-  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
-                LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
+  Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                  LayerWeights& g, const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<AbsorbedSaved&>(*saved);
     Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, ctx.Lkv, g);          // A4
     dout = Tensor();
@@ -66,16 +67,19 @@ class AbsorbedShared final : public Form {
     do_lat = Tensor();
     s.attn = {};
     s.o_lat = s.q_abs = s.latent_g = Tensor();
+    // A1's adjoints: dlatent's reduce-scatter in flight behind A2's backward, dq's all-to-all and the
+    // block's query-path backward
+    InFlight dlatent =
+        issue(ctx, reduce_scatter_tokens_start(ctx.comm, std::move(dlatent_g), "dlatent", "grad.latent", ctx.dt));
     Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, g);                      // A2
     dq_abs = s.q = Tensor();
-    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent", ctx.dt);  // A1's adjoints
-    dlatent_g = Tensor();
-    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
+    query_backward(gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local").wait());
+    return dlatent.wait();
   }
 
   std::vector<DeclaredCollective> collectives() const override {
     using Op = CollectiveOp;
-    return {{Op::all_to_all, "q", Op::all_to_all, "dq"}, {Op::all_gather, "latent", Op::reduce_scatter, "dlatent"}};
+    return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"}, {Op::all_to_all, "q", Op::all_to_all, "dq"}};
   }
 
   // The executed core: scores over Dl, values of Lkv.

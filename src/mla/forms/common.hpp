@@ -1,14 +1,22 @@
-// Pieces the forms share (src/mla/forms/): views into wkv_b and head-sharded tensors, the per-head
-// K/V up-projection of E1/G2 with its backward, and the attention params of dense head-sharded tensors.
+// Pieces the forms share (src/mla/forms/): issuing a collective as the overlap choice says, views into
+// wkv_b and head-sharded tensors, the per-head K/V up-projection of E1/G2 with its backward, and the
+// attention params of dense head-sharded tensors.
 // Internal to the forms; the math is in docs/block.md and docs/design.md §2.
 #pragma once
 
+#include "laga/comm/pairs.hpp"
 #include "laga/mla/form.hpp"
 #include "laga/ops/attention.hpp"
 #include "laga/ops/elementwise.hpp"
 #include "laga/ops/matmul.hpp"
 
 namespace laga::forms {
+
+// A pair started as the run's overlap choice says (mla/form.hpp): left in flight until its wait() with
+// overlap on; waited here with overlap off, so nothing runs behind it. Every collective a form means to
+// run behind compute goes through here, so the form's code, and so its operations and their order, is
+// the same either way (one with nothing to run behind it is just <pair>_start(...).wait()).
+inline InFlight issue(const RankCtx& ctx, InFlight f) { return ctx.c.overlap ? std::move(f) : InFlight::done(f.wait()); }
 
 // Rows of wkv_b (or its gradient) for head g: k-rows W_UK [Dn, Lkv] and v-rows W_UV [Dv, Lkv].
 MatView w_uk(const RankCtx& ctx, const Tensor& wkv_b, int64_t g);

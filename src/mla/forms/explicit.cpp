@@ -1,10 +1,11 @@
 // The explicit form (docs/design.md §2.2): per-head K/V up-projected from this rank's own latent, then
 // the Ulysses all-to-alls of q, k and v and standard attention over this rank's heads.
 //   E1  [k_nope | v] = ckv·wkv_bᵀ (every head, local tokens);  k = [k_nope | kpe broadcast]
-//   E2  scatter_heads q, k, v:  [N, B, H, ·] -> [T, B, Hr, ·]
+//   E2  scatter_heads k, v (issued before the query path runs), then q:  [N, B, H, ·] -> [T, B, Hr, ·]
 //   E3  o = attention(q, k, v)
-// Backward walks them in reverse: attention backward, gather_heads of dq, dk, dv (E2's adjoint), E1's
-// backward with dwkv_b partial over this rank's tokens.
+// Backward walks them in reverse: attention backward, gather_heads of dq, dk, dv (E2's adjoint) issued
+// together, the block's query-path backward behind dk's and dv's, E1's backward with dwkv_b partial over
+// this rank's tokens. With overlap off each collective is waited where it is issued.
 #include "common.hpp"
 #include "laga/comm/pairs.hpp"
 
@@ -30,19 +31,19 @@ class Explicit final : public Form {
     return "all-to-all of per-head q, k, v and o; K/V up-projected from the local latent";
   }
 
-  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<ExplicitSaved>();
     Tensor k_local = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "act.k_local");   // E1 (local tokens, every head)
     Tensor v_local = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, "act.v_local");
     up_project_forward(ctx, latent, w.wkv_b, 0, ctx.H, k_local, v_local);
     s->latent = std::move(latent);
-    s->q = scatter_heads(ctx.comm, q_local, "q", "act.q");                          // E2
-    q_local = Tensor();
-    s->k = scatter_heads(ctx.comm, k_local, "k", "act.k");
-    k_local = Tensor();
-    s->v = scatter_heads(ctx.comm, v_local, "v", "act.v");
-    v_local = Tensor();
+    // E2: k's and v's all-to-alls in flight behind the query path and q's
+    InFlight k = issue(ctx, scatter_heads_start(ctx.comm, std::move(k_local), "k", "act.k"));
+    InFlight v = issue(ctx, scatter_heads_start(ctx.comm, std::move(v_local), "v", "act.v"));
+    s->q = scatter_heads_start(ctx.comm, query(), "q", "act.q").wait();  // nothing left to run behind it
+    s->k = k.wait();
+    s->v = v.wait();
     s->o = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "act.o_att");              // E3
     s->attn = attention_forward(ctx.c.kernel, dense_attention(ctx, s->q, s->k, s->v, s->o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv));
     Tensor o = s->o;
@@ -50,31 +51,31 @@ class Explicit final : public Form {
     return o;
   }
 
-  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
-                LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
+  Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                  LayerWeights& g, const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<ExplicitSaved&>(*saved);
     // E3 o = attention(q, k, v)
     auto [dq, dk, dv] = dense_attention_grads(ctx, s.q, s.k, s.v, s.o, s.attn, dout);
     dout = Tensor();
     s.attn = {};
     s.q = s.k = s.v = s.o = Tensor();
-    // E2 scatter_heads q, k, v:  its adjoint brings dq, dk, dv back to the local tokens
-    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
-    dq = Tensor();
-    Tensor dk_local = gather_heads(ctx.comm, dk, "dk", "grad.k_local");
-    dk = Tensor();
-    Tensor dv_local = gather_heads(ctx.comm, dv, "dv", "grad.v_local");
-    dv = Tensor();
-    dlatent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "grad.latent");               // E1 backward
-    up_project_backward(ctx, s.latent, w.wkv_b, 0, ctx.H, dk_local, dv_local, dlatent, g.wkv_b);
-    s.latent = Tensor();
+    // E2 scatter_heads q, k, v:  its adjoint brings dq, dk, dv back to the local tokens; dk's and dv's
+    // all-to-alls in flight behind dq's and the block's query-path backward
+    InFlight dq_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local"));
+    InFlight dk_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dk), "dk", "grad.k_local"));
+    InFlight dv_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dv), "dv", "grad.v_local"));
+    query_backward(dq_local.wait());
+    const Tensor dk_l = dk_local.wait(), dv_l = dv_local.wait();
+    Tensor dlatent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "grad.latent");        // E1 backward
+    up_project_backward(ctx, s.latent, w.wkv_b, 0, ctx.H, dk_l, dv_l, dlatent, g.wkv_b);
+    return dlatent;
   }
 
   std::vector<DeclaredCollective> collectives() const override {
     using Op = CollectiveOp;
-    return {{Op::all_to_all, "q", Op::all_to_all, "dq"},
-            {Op::all_to_all, "k", Op::all_to_all, "dk"},
-            {Op::all_to_all, "v", Op::all_to_all, "dv"}};
+    return {{Op::all_to_all, "k", Op::all_to_all, "dk"},
+            {Op::all_to_all, "v", Op::all_to_all, "dv"},
+            {Op::all_to_all, "q", Op::all_to_all, "dq"}};
   }
 
   double attention_forward_flops(const MlaConfig& c) const override {

@@ -2,11 +2,12 @@
 // latent instead of the head-sharded k and v, as Megatron-Core's recompute_modules=["mla_up_proj"] does
 // under this sequence parallelism — the fair baseline for laga-recompute.
 //   E1  [k_nope | v] = ckv·wkv_bᵀ (every head, local tokens);  k = [k_nope | kpe broadcast]
-//   E2  scatter_heads q, k, v:  [N, B, H, ·] -> [T, B, Hr, ·]
+//   E2  scatter_heads k, v (issued before the query path runs), then q:  [N, B, H, ·] -> [T, B, Hr, ·]
 //   E3  o = attention(q, k, v);  k and v released, q, o and the local latent kept
 // Backward first replays E1 and E2 for k and v (the same up-projection, the same all-to-alls "k" and
-// "v" again: one extra up-projection and two extra all-to-alls per layer), then is explicit's backward:
-// attention backward, gather_heads of dq, dk, dv, E1's backward with dwkv_b partial over this rank's
+// "v" again: one extra up-projection and two extra all-to-alls per layer; nothing to run behind them),
+// then is explicit's backward: attention backward, gather_heads of dq, dk, dv issued together, the
+// block's query-path backward behind dk's and dv's, E1's backward with dwkv_b partial over this rank's
 // tokens. Every operation is explicit's, on the same operands: bit-identical to explicit at every P.
 #include "common.hpp"
 #include "laga/comm/pairs.hpp"
@@ -33,12 +34,13 @@ class ExplicitRecompute final : public Form {
     return "explicit saving its local latent, not k and v; backward re-up-projects and re-sends k and v";
   }
 
-  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<ExplicitRecomputeSaved>();
-    Tensor k, v;
-    up_project_and_scatter(ctx, w, latent, "act", k, v, &q_local, &s->q);           // E1, E2
+    auto [k_sent, v_sent] = up_project_and_scatter(ctx, w, latent, "act");           // E1, E2 of k and v
     s->latent = std::move(latent);
+    s->q = scatter_heads_start(ctx.comm, query(), "q", "act.q").wait();  // k's and v's ran behind the query path
+    const Tensor k = k_sent.wait(), v = v_sent.wait();
     s->o = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "act.o_att");              // E3
     s->attn = attention_forward(ctx.c.kernel, dense_attention(ctx, s->q, k, v, s->o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv));
     Tensor o = s->o;
@@ -46,36 +48,36 @@ class ExplicitRecompute final : public Form {
     return o;  // k and v are released here
   }
 
-  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
-                LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
+  Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                  LayerWeights& g, const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<ExplicitRecomputeSaved&>(*saved);
     // E1, E2 replayed: k and v of this rank's heads again
-    Tensor k, v;
-    up_project_and_scatter(ctx, w, s.latent, "recompute", k, v, nullptr, nullptr);
+    auto [k_sent, v_sent] = up_project_and_scatter(ctx, w, s.latent, "recompute");
+    Tensor k = k_sent.wait(), v = v_sent.wait();
     // E3 o = attention(q, k, v)
     auto [dq, dk, dv] = dense_attention_grads(ctx, s.q, k, v, s.o, s.attn, dout);
     dout = Tensor();
     s.attn = {};
     s.q = s.o = k = v = Tensor();
-    // E2 scatter_heads q, k, v:  its adjoint brings dq, dk, dv back to the local tokens
-    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");
-    dq = Tensor();
-    Tensor dk_local = gather_heads(ctx.comm, dk, "dk", "grad.k_local");
-    dk = Tensor();
-    Tensor dv_local = gather_heads(ctx.comm, dv, "dv", "grad.v_local");
-    dv = Tensor();
-    dlatent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "grad.latent");               // E1 backward
-    up_project_backward(ctx, s.latent, w.wkv_b, 0, ctx.H, dk_local, dv_local, dlatent, g.wkv_b);
-    s.latent = Tensor();
+    // E2 scatter_heads q, k, v:  its adjoint brings dq, dk, dv back to the local tokens; dk's and dv's
+    // all-to-alls in flight behind dq's and the block's query-path backward
+    InFlight dq_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local"));
+    InFlight dk_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dk), "dk", "grad.k_local"));
+    InFlight dv_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dv), "dv", "grad.v_local"));
+    query_backward(dq_local.wait());
+    const Tensor dk_l = dk_local.wait(), dv_l = dv_local.wait();
+    Tensor dlatent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "grad.latent");        // E1 backward
+    up_project_backward(ctx, s.latent, w.wkv_b, 0, ctx.H, dk_l, dv_l, dlatent, g.wkv_b);
+    return dlatent;
   }
 
   bool exact_at_one_rank() const override { return true; }
 
   std::vector<DeclaredCollective> collectives() const override {
     using Op = CollectiveOp;
-    return {{Op::all_to_all, "q", Op::all_to_all, "dq"},
-            {Op::all_to_all, "k", Op::all_to_all, "dk", /*forward_again_in_backward=*/true},
-            {Op::all_to_all, "v", Op::all_to_all, "dv", /*forward_again_in_backward=*/true}};
+    return {{Op::all_to_all, "k", Op::all_to_all, "dk", /*forward_again_in_backward=*/true},
+            {Op::all_to_all, "v", Op::all_to_all, "dv", /*forward_again_in_backward=*/true},
+            {Op::all_to_all, "q", Op::all_to_all, "dq"}};
   }
 
   // The attention is explicit's. The replayed up-projection (2·T·B·Lkv·H·(Dn+Dv) over all ranks) is
@@ -89,21 +91,20 @@ class ExplicitRecompute final : public Form {
   }
 
  private:
-  // E1 then E2 for k and v, in explicit's order: up-project every head of the local tokens, then the
-  // all-to-alls of q (forward only), k and v, each local tensor released once sent. Tags "<prefix>.k".
-  static void up_project_and_scatter(const RankCtx& ctx, const LayerWeights& w, const Tensor& latent,
-                                     const std::string& prefix, Tensor& k, Tensor& v, Tensor* q_local, Tensor* q) {
+  // E1 then E2 for k and v, in explicit's order: up-project every head of the local tokens, then issue
+  // the all-to-alls of k and v, each local tensor released once packed. Tags "<prefix>.k".
+  struct Sent {
+    InFlight k, v;
+  };
+  static Sent up_project_and_scatter(const RankCtx& ctx, const LayerWeights& w, const Tensor& latent,
+                                     const std::string& prefix) {
     Tensor k_local = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, prefix + ".k_local");
     Tensor v_local = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, prefix + ".v_local");
     up_project_forward(ctx, latent, w.wkv_b, 0, ctx.H, k_local, v_local);
-    if (q_local) {
-      *q = scatter_heads(ctx.comm, *q_local, "q", "act.q");
-      *q_local = Tensor();
-    }
-    k = scatter_heads(ctx.comm, k_local, "k", prefix + ".k");
-    k_local = Tensor();
-    v = scatter_heads(ctx.comm, v_local, "v", prefix + ".v");
-    v_local = Tensor();
+    Sent s;
+    s.k = issue(ctx, scatter_heads_start(ctx.comm, std::move(k_local), "k", prefix + ".k"));
+    s.v = issue(ctx, scatter_heads_start(ctx.comm, std::move(v_local), "v", prefix + ".v"));
+    return s;
   }
 };
 

@@ -2,14 +2,15 @@
 // gathered latent and what attention itself needs (q, o, and the log-sum-exp or probabilities) but not
 // k and v; backward rebuilds k and v of this rank's head shard from the saved latent, one head at a
 // time — one extra up-projection per layer and no extra communication.
-//   G1  scatter_heads q;  all_gather_tokens latent -> [T, B, Dl]
-//   G2  [k_nope | v] = ckv_gathered·wkv_b(shard)ᵀ;  k = [k_nope | kpe broadcast]
+//   G1  all_gather_tokens latent -> [T, B, Dl], issued before the query path runs;  scatter_heads q
+//   G2  [k_nope | v] = ckv_gathered·wkv_b(shard)ᵀ;  k = [k_nope | kpe broadcast]   (q's all-to-all behind it)
 //   G3  o = attention(q, k, v);  k and v released, q, o, lse (probs) and the gathered latent kept
 // Backward, per head h of the shard (kHeadsPerChunk at a time): G2 replayed for head h alone (k_h, v_h
 // [T, B, 1, ·]), then G3's attention backward for head h through strided params (q, o, do, dq, dk, dv
 // are head slices of the whole-shard tensors; lse or probs a view of head h's rows), k_h and v_h
-// released. Then as laga: G2's backward over the whole shard at once (dlatent over the whole sequence,
-// summed over this rank's heads, and the shard's dwkv_b rows), reduce_scatter_tokens, gather_heads dq.
+// released. Then as laga: gather_heads dq issued, G2's backward over the whole shard at once (dlatent
+// over the whole sequence, summed over this rank's heads, and the shard's dwkv_b rows),
+// reduce_scatter_tokens issued with the block's query-path backward behind it.
 //
 // Bit-identical to laga at every P: the forward is laga's; a head's attention (either kernel) depends
 // on that head's rows only; the per-head up-projection gives the all-heads one's values (measured:
@@ -43,16 +44,17 @@ class LagaRecompute final : public Form {
     return "laga saving the gathered latent, not k and v; backward rebuilds them head by head, no extra traffic";
   }
 
-  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor q_local, Tensor latent,
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<LagaRecomputeSaved>();
-    s->q = scatter_heads(ctx.comm, q_local, "q", "act.q");                          // G1
-    q_local = Tensor();
-    s->latent_g = all_gather_tokens(ctx.comm, latent, "latent", "act.latent_g");
-    latent = Tensor();
+    // G1: the latent's all-gather in flight behind the query path and q's all-to-all; q's behind G2
+    InFlight latent_g = issue(ctx, all_gather_tokens_start(ctx.comm, std::move(latent), "latent", "act.latent_g"));
+    InFlight q = issue(ctx, scatter_heads_start(ctx.comm, query(), "q", "act.q"));
+    s->latent_g = latent_g.wait();
     Tensor k = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "act.k");             // G2 (this rank's heads)
     Tensor v = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "act.v");
     up_project_forward(ctx, s->latent_g, w.wkv_b, ctx.r * ctx.Hr, ctx.Hr, k, v);
+    s->q = q.wait();
     s->o = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dv}, ctx.dt, "act.o_att");              // G3
     s->attn = attention_forward(ctx.c.kernel, dense_attention(ctx, s->q, k, v, s->o, ctx.Hr, ctx.Hr, ctx.Dqk, ctx.Dv));
     Tensor o = s->o;
@@ -60,8 +62,8 @@ class LagaRecompute final : public Form {
     return o;  // k and v are released here
   }
 
-  void backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
-                LayerWeights& g, Tensor& dq_local, Tensor& dlatent) const override {
+  Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                  LayerWeights& g, const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<LagaRecomputeSaved&>(*saved);
     Tensor dq = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.q");
     Tensor dk = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.k");
@@ -79,20 +81,24 @@ class LagaRecompute final : public Form {
     dout = Tensor();
     s.attn = {};
     s.q = s.o = Tensor();
+    // G1 scatter_heads' adjoint, in flight behind G2's backward
+    InFlight dq_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local"));
     // G2 backward (this rank's head shard at once), over the whole sequence
     Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, ctx.c.dlatent_sum_dtype(), "grad.latent_g");
     up_project_backward(ctx, s.latent_g, w.wkv_b, ctx.r * ctx.Hr, ctx.Hr, dk, dv, dlatent_g, g.wkv_b);
     dk = dv = s.latent_g = Tensor();
-    dlatent = reduce_scatter_tokens(ctx.comm, dlatent_g, "dlatent", "grad.latent", ctx.dt);  // G1 all-gather's adjoint
-    dlatent_g = Tensor();
-    dq_local = gather_heads(ctx.comm, dq, "dq", "grad.q_local");                     // G1 scatter_heads' adjoint
+    // G1 all-gather's adjoint, in flight behind the block's query-path backward
+    InFlight dlatent =
+        issue(ctx, reduce_scatter_tokens_start(ctx.comm, std::move(dlatent_g), "dlatent", "grad.latent", ctx.dt));
+    query_backward(dq_local.wait());
+    return dlatent.wait();
   }
 
   bool exact_at_one_rank() const override { return true; }
 
   std::vector<DeclaredCollective> collectives() const override {
     using Op = CollectiveOp;
-    return {{Op::all_to_all, "q", Op::all_to_all, "dq"}, {Op::all_gather, "latent", Op::reduce_scatter, "dlatent"}};
+    return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"}, {Op::all_to_all, "q", Op::all_to_all, "dq"}};
   }
 
   // The attention is laga's. The rebuilt up-projection (2·T·B·Lkv·H·(Dn+Dv) over all ranks) is counted
