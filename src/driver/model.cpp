@@ -236,15 +236,17 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
     t.crosses_nodes = true;
     t.latency_s = std::max(in.latency(r.op), out.latency(r.op));
     if (r.op == CollectiveOp::all_to_all) {
-      // Pairwise exchange: of the P−1 peers' chunks (S/P each), R−1 stay in the node and P−R cross
-      // it; both parts move at once, each at its link's bus bandwidth.
+      // Pairwise exchange: of the P−1 peers' chunks (S/P each), R−1 stay in the node (at the intra
+      // bus bandwidth) and P−R cross it (at the rank's own inter-node bandwidth); both parts at once.
       const double R = double(hw.ranks_per_node), p = double(P), chunk = t.size_bytes / p;
       const double s = std::max(chunk * (R - 1) / (in.busbw_GBps.at(r.op) * 1e9), chunk * (p - R) / (out.busbw_GBps.at(r.op) * 1e9));
       t.seconds = t.latency_s + s;
       t.busbw_GBps = bus_bytes / s / 1e9;
     } else {
-      // A ring (flat or hierarchical) over ranks in several nodes runs each step at its slowest hop.
-      t.busbw_GBps = std::min(in.busbw_GBps.at(r.op), out.busbw_GBps.at(r.op));
+      // A ring over ranks in several nodes runs each step at its slowest hop. NCCL-style rings run one
+      // channel per rank's NIC (rail), so the R ranks of a node carry the node crossings of R rings at
+      // once: the crossing hop's bus bandwidth is R × a rank's own inter-node bandwidth.
+      t.busbw_GBps = std::min(in.busbw_GBps.at(r.op), double(hw.ranks_per_node) * out.busbw_GBps.at(r.op));
       t.seconds = t.latency_s + bus_bytes / (t.busbw_GBps * 1e9);
     }
   }

@@ -15,11 +15,11 @@ namespace {
 
 using json = nlohmann::json;
 
-// 1 GB/s for every op, 1 µs latency, 2 ranks per node; 0.5 GB/s and 3 µs across nodes.
+// 1 GB/s for every op, 1 µs latency, 2 ranks per node; 0.25 GB/s per rank and 3 µs across nodes.
 json toy_hw() {
   return json::parse(R"({"name": "toy", "source": "test",
     "compute": {"bf16": {"matmul_tflops": 1, "attention_fwd_tflops": 0.5, "attention_bwd_tflops": 0.25, "elementwise_GBps": 10}},
-    "link": {"intra_node": {"busbw_GBps": 1, "latency_us": 1}, "inter_node": {"busbw_GBps": 0.5, "latency_us": 3}},
+    "link": {"intra_node": {"busbw_GBps": 1, "latency_us": 1}, "inter_node": {"busbw_GBps": 0.25, "latency_us": 3}},
     "ranks_per_node": 2})");
 }
 
@@ -105,12 +105,12 @@ TEST(Model, AcrossNodesRingsRunAtTheSlowerLinkAndAllToAllSplitsItsTraffic) {
   const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
   CollectiveRecord r{CollectiveOp::all_gather, "latent", DType::bf16};
   r.tensor_bytes = 1000;
-  // P 4 over 2 nodes: S = 4000, bus bytes 3000, at min(1, 0.5) GB/s, latency max(1, 3) µs.
+  // P 4 over 2 nodes: S = 4000, bus bytes 3000, at min(1, 2 ranks × 0.25) GB/s, latency max(1, 3) µs.
   EXPECT_NEAR(collective_time(hw, r, 4).seconds, 3e-6 + 3000 / 0.5e9, 1e-15);
   EXPECT_NEAR(collective_time(hw, r, 2).seconds, 1e-6 + 1000 / 1e9, 1e-15);
   r.op = CollectiveOp::all_to_all, r.tensor_bytes = 4000;  // S = 4000: 1000 to each rank
-  // 1 peer in the node (1000 B at 1 GB/s) and 2 across (2000 B at 0.5 GB/s), at once.
-  EXPECT_NEAR(collective_time(hw, r, 4).seconds, 3e-6 + std::max(1000 / 1e9, 2000 / 0.5e9), 1e-15);
+  // 1 peer in the node (1000 B at 1 GB/s) and 2 across (2000 B at 0.25 GB/s), at once.
+  EXPECT_NEAR(collective_time(hw, r, 4).seconds, 3e-6 + std::max(1000 / 1e9, 2000 / 0.25e9), 1e-15);
   r.op = CollectiveOp::all_reduce, r.tensor_bytes = 4000;
   EXPECT_NEAR(collective_time(hw, r, 2).seconds, 1e-6 + 4000 * 2 * 0.5 / 1e9, 1e-15);
   json no_inter = toy_hw();

@@ -36,6 +36,8 @@ inline constexpr CollectiveOp kModelledOps[] = {CollectiveOp::all_gather, Collec
 double nccl_size_bytes(CollectiveOp op, int64_t P, double tensor_bytes);  // S from the ledger's tensor bytes
 double bus_factor(CollectiveOp op, int64_t P);
 
+// A link. intra_node: the bus bandwidth (nccl-tests' busbw) of each op over ranks of one node.
+// inter_node: the bandwidth of one rank's own path to other nodes (its NIC; 1e9 bytes/s), per op.
 struct LinkSpec {
   std::map<CollectiveOp, double> busbw_GBps;  // per op, GB/s (1e9 bytes per second)
   double latency_s = 0;                       // per collective
@@ -100,8 +102,8 @@ struct FormPrediction {
 };
 
 // The time of one collective of P ranks on hw (docs/model.md §1): P ≤ ranks_per_node uses the
-// intra-node link; beyond it the ring collectives run at the slower of the two links' busbw and the
-// all-to-all splits its traffic between them (see model.cpp).
+// intra-node link; beyond it the ring collectives run at min(intra busbw, ranks_per_node × a rank's
+// inter-node bandwidth) and the all-to-all splits its traffic between the two links (see model.cpp).
 CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r, int64_t P);
 
 // One training step (forward + backward, no grad sync) of c's form on one rank.
