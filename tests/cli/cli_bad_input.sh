@@ -99,6 +99,10 @@ expect 2 "field 'link.inter_node' is missing; it is needed for --sp 4" -- "$laga
 expect 2 "field 'compute.fp32' is missing" -- "$laga" model --model tiny --seq 16 --dtype fp32 --hw "$tmp/hw.json"
 expect 2 "bench file $tmp/hw.json: no 'rows' array" -- "$laga" model --hw "$tmp/hw.json" --bench-json "$tmp/hw.json"
 expect 2 "\-\-calibrate measures this machine" -- "$laga" model --calibrate "$tmp/out.json" --hw "$tmp/hw.json"
+expect 2 "\-\-comm-json $tmp/nocomm.json: cannot open" -- "$laga" model --calibrate "$tmp/out.json" --comm-json "$tmp/nocomm.json"
+echo '{"command": "bench-comm", "sp": 4, "rows": [{"op": "all_gather", "bytes": 1024, "time_s": 1e-5}]}' >"$tmp/comm-few.json"
+expect 2 "bench-comm file $tmp/comm-few.json: fewer than 2 valid sizes of all_gather" -- "$laga" model --calibrate "$tmp/out.json" --comm-json "$tmp/comm-few.json"
+expect 2 "\-\-comm-json goes with --calibrate" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw.json" --comm-json "$tmp/comm-few.json"
 
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
 [ "$failures" -eq 0 ]
