@@ -140,7 +140,7 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
           Tensor x = random({l.rows, l.in}, dt, 1, "cal.x"), w = random({l.out, l.in}, dt, 2, "cal.w");
           Tensor dy = random({l.rows, l.out}, dt, 3, "cal.dy"), dx = Tensor::empty({l.rows, l.in}, dt, "cal.dx");
           Tensor dw = Tensor::zeros({l.out, l.in}, DType::f32, "cal.dw");
-          return [=]() mutable {
+          return [x, w, dy, dx, dw]() mutable {
             Tensor y = linear_forward(x, w, "cal.y");
             linear_backward(x, w, dy, &dx, false, dw);
           };
@@ -199,7 +199,8 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
         Tensor qpe = random({E, H, Dr}, dt, 11, "cal.qpe");
         RopeParams rp = rope_params(small.rope(), dt);
         rp.x = qpe.raw(), rp.T = E, rp.inner = H, rp.t_stride = H * Dr, rp.inner_stride = Dr, rp.pos0 = 0;
-        return [=]() mutable {
+        // qpe is captured by name: rp only points into it.
+        return [x, w, dy, dx, dw, qpe, rp]() mutable {
           Tensor y = rmsnorm_forward(x, w, 1e-6, "cal.y");
           rmsnorm_backward(x, w, dy, 1e-6, dx, dw);
           rope_forward(rp);
