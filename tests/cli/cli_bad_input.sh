@@ -95,5 +95,32 @@ expect 2 "\-\-inject-wrong names form 'laga', which --forms does not time; valid
 expect 2 "ULPS '-1' must be a positive number" -- "$laga" bench --model tiny --seq 16 --inject-wrong laga:-1
 expect 2 "inject-fault '1:x' is not RANK:PLACE" -- "$laga" bench --model tiny --seq 16 --inject-fault 1:x
 
+# laga model: hardware files that are unreadable, malformed, incomplete or mistyped name the file and field.
+expect 2 "laga model needs --hw FILE" -- "$laga" model --model tiny --seq 16
+expect 2 "hardware file $tmp/nohw.json: cannot open" -- "$laga" model --model tiny --seq 16 --hw "$tmp/nohw.json"
+echo '{"name": "x",' >"$tmp/hw-broken.json"
+expect 2 "hardware file $tmp/hw-broken.json: not valid JSON" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw-broken.json"
+hw_good='{"name": "t", "source": "test", "compute": {"bf16": {"matmul_tflops": 1, "attention_fwd_tflops": 1,
+ "attention_bwd_tflops": 1, "elementwise_GBps": 10}}, "link": {"intra_node": {"busbw_GBps": 5, "latency_us": 2}}, "ranks_per_node": 8}'
+echo "$hw_good" >"$tmp/hw.json"
+"$laga" model --model tiny --seq 16 --sp 2 --hw "$tmp/hw.json" >/dev/null || { echo "FAIL: the good hardware file"; failures=$((failures + 1)); }
+echo "${hw_good/\"matmul_tflops\": 1, /}" >"$tmp/hw-no-matmul.json"
+expect 2 "hw-no-matmul.json: field 'compute.bf16.matmul_tflops' is missing" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw-no-matmul.json"
+echo "${hw_good/\"latency_us\": 2/\"latency_us\": \"2us\"}" >"$tmp/hw-latency.json"
+expect 2 "field 'link.intra_node.latency_us' is string" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw-latency.json"
+echo "${hw_good/, \"ranks_per_node\": 8/}" >"$tmp/hw-no-rpn.json"
+expect 2 "field 'ranks_per_node' is missing" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw-no-rpn.json"
+sed 's/"busbw_GBps": 5/"busbw_GBps": {"all_gather": 5}/' "$tmp/hw.json" >"$tmp/hw-busbw.json"
+expect 2 "field 'link.intra_node.busbw_GBps.reduce_scatter' is missing" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw-busbw.json"
+echo "${hw_good/\"ranks_per_node\": 8/\"ranks_per_node\": 2}" >"$tmp/hw-one-node.json"
+expect 2 "field 'link.inter_node' is missing; it is needed for --sp 4" -- "$laga" model --model tiny --seq 16 --sp 4 --hw "$tmp/hw-one-node.json"
+expect 2 "field 'compute.fp32' is missing" -- "$laga" model --model tiny --seq 16 --dtype fp32 --hw "$tmp/hw.json"
+expect 2 "bench file $tmp/hw.json: no 'rows' array" -- "$laga" model --hw "$tmp/hw.json" --bench-json "$tmp/hw.json"
+expect 2 "\-\-calibrate measures this machine" -- "$laga" model --calibrate "$tmp/out.json" --hw "$tmp/hw.json"
+expect 2 "\-\-comm-json $tmp/nocomm.json: cannot open" -- "$laga" model --calibrate "$tmp/out.json" --comm-json "$tmp/nocomm.json"
+echo '{"command": "bench-comm", "sp": 4, "rows": [{"op": "all_gather", "bytes": 1024, "time_s": 1e-5}]}' >"$tmp/comm-few.json"
+expect 2 "bench-comm file $tmp/comm-few.json: fewer than 2 valid sizes of all_gather" -- "$laga" model --calibrate "$tmp/out.json" --comm-json "$tmp/comm-few.json"
+expect 2 "\-\-comm-json goes with --calibrate" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw.json" --comm-json "$tmp/comm-few.json"
+
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
 [ "$failures" -eq 0 ]

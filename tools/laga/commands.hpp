@@ -41,4 +41,12 @@ struct BenchCommFlags {
 };
 int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b);
 
+// laga model: --hw FILE, --forms (empty: every registered form), --bench-json FILE; --calibrate OUT
+// [--comm-json FILE] writes a hardware file of this machine instead.
+struct ModelFlags {
+  std::string hw, calibrate_out, comm_json, bench_json;
+  std::vector<std::string> forms;
+};
+int cmd_model(const CommonFlags& f, const ModelFlags& m);
+
 }  // namespace laga::cli

@@ -1,5 +1,5 @@
-// The laga CLI (docs/design.md §7): plan, run, verify, bench, bench-comm, train, report. Exit status:
-// 0 success, 1 a check failed, 2 bad usage or configuration, 3 an internal error.
+// The laga CLI (docs/design.md §7): plan, run, verify, bench, bench-comm, train, model, report. Exit
+// status: 0 success, 1 a check failed, 2 bad usage or configuration, 3 an internal error.
 //
 // The command line is parsed and checked (the configuration built and validated) before any work, by
 // parse.cpp; each subcommand then opens its output files up front. The subcommands live in cmd_*.cpp.
@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
       return cmd_bench(flags, {inv.seqs, inv.forms, inv.iters, inv.warmup, !inv.no_validate, inv.inject_wrong});
     if (inv.command == "report") return cmd_report(inv.out_dir, inv.quick);
     if (inv.command == "bench-comm") return cmd_bench_comm(flags, inv.bench_comm);
+    if (inv.command == "model") return cmd_model(flags, inv.model);
     if (inv.command == "train")
       return cmd_train(flags, inv.forms, inv.steps, inv.lr,
                        {inv.checkpoint_dir, inv.resume_dir, inv.dump_weights, inv.checkpoint_every});

@@ -95,6 +95,16 @@ void build_app(CLI::App& app, Invocation& inv) {
   auto* report = app.add_subcommand("report", "every measurement in one run: DIR/report.md with tables and plots");
   report->add_option("--out", inv.out_dir, "the directory for report.md, its plots, JSON and logs")->required();
   report->add_flag("--quick", inv.quick, "fewer and shorter measurements (under 10 minutes on two cores)");
+  auto* model = app.add_subcommand("model", "predicted step time of every form on a hardware file; --calibrate writes "
+                                   "one for this machine (docs/model.md)");
+  add_common(model, flags, false);
+  model->get_option("--seq")->required(false);
+  model->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  model->add_option("--forms", inv.model.forms, "forms to predict (default: every registered form)")->delimiter(',');
+  model->add_option("--hw", inv.model.hw, "hardware file (JSON: compute rates, links, ranks per node; docs/model.md)");
+  model->add_option("--bench-json", inv.model.bench_json, "a laga bench --json file: predicted against measured, per row");
+  model->add_option("--calibrate", inv.model.calibrate_out, "measure this machine and write a hardware file here");
+  model->add_option("--comm-json", inv.model.comm_json, "with --calibrate: the link from a laga bench-comm --json file");
 }
 
 // Parses into the fields app is bound to; the status to end with now, or nullopt.
@@ -207,6 +217,21 @@ void check_invocation(const Invocation& inv) {
                "--dump-weights writes one form's weights, but --forms names {}; give one form", inv.forms.size());
   } else if (inv.command == "report") {
     LAGA_CHECK(!inv.out_dir.empty(), "laga report needs --out DIR, e.g. --out report");
+  } else if (inv.command == "model") {
+    const ModelFlags& m = inv.model;
+    if (!m.calibrate_out.empty()) {
+      LAGA_CHECK(m.hw.empty() && m.bench_json.empty() && f.seq == 0,
+                 "--calibrate measures this machine and writes a hardware file; it takes no --hw, --bench-json or --seq");
+      LAGA_CHECK(f.sp >= 1 && f.sp <= 64, "--sp {} must be 1 .. 64", f.sp);
+    } else {
+      LAGA_CHECK(m.comm_json.empty(), "--comm-json goes with --calibrate OUT.json");
+      LAGA_CHECK(!m.hw.empty(), "laga model needs --hw FILE (a hardware file, docs/model.md), or --calibrate OUT.json");
+      LAGA_CHECK(f.seq > 0 || !m.bench_json.empty(), "laga model needs --seq T (or --bench-json FILE)");
+      if (f.seq > 0) {
+        build_config(f);
+        for (const auto& name : m.forms) build_config([&] { CommonFlags g = f; g.form = name; return g; }());
+      }
+    }
   } else {
     LAGA_ASSERT(false, "laga {} parsed but has no checks", inv.command);
   }

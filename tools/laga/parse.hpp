@@ -38,6 +38,7 @@ struct Invocation {
   std::string out_dir;                                              // report
   bool quick = false;                                               // report
   BenchCommFlags bench_comm;                                        // bench-comm
+  ModelFlags model;                                                 // model
 };
 
 // Parses argv into inv. Returns nullopt when a command was parsed; otherwise the exit status to end

@@ -2,8 +2,18 @@
 // exactly (2 per multiply-add), attention by FlashAttention-3's convention with causal
 // avg_kv = (T+1)/2 and backward = 2.5× forward, for the attention each form executes (Form::
 // attention_forward_flops: the absorbed core scores over Dl and sums values of Lkv, the others Dqk and
-// Dv). Elementwise work (norms, RoPE, softmax) is not counted.
+// Dv). Elementwise work (norms, RoPE, softmax) is not counted in FLOPs.
+//
+// phase_flops splits the same work phase by phase (each projection, the K/V up-projection or the
+// absorbed form's two absorptions, attention, a recompute form's rebuild) and adds each elementwise
+// step's bytes (norms, RoPE, residual, the copies that assemble k and v): what the performance model
+// (driver/model.hpp, docs/model.md) divides by the rate of each operation class. Its FLOPs sum to
+// block_flops' totals exactly (tests/mla/test_phase_flops.cpp).
 #pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "laga/mla/config.hpp"
 
@@ -15,5 +25,32 @@ struct BlockFlops {
 };
 
 BlockFlops block_flops(const MlaConfig& c);
+
+// The class of hardware rate a phase runs at (the compute section of a hardware file, docs/model.md).
+enum class OpClass { matmul, attention_forward, attention_backward, elementwise };
+std::string_view op_class_name(OpClass k);  // "matmul", "attention_fwd", "attention_bwd", "elementwise"
+
+// The shape of an attention call, which sets its rate: per-head 192/128-like heads (explicit, laga and
+// their recompute forms), per-head 576/512 latent heads (absorbed-expanded: the latent copied to every
+// head, V padded to Dl with the fused kernel), or one 576/512 latent head shared by every query head
+// (absorbed-shared's multi-query kernel).
+enum class AttentionShape { dense, latent, mqa };
+std::string_view attention_shape_name(AttentionShape s);  // "dense", "latent", "mqa"
+AttentionShape attention_shape_of(std::string_view form);  // by registered label
+
+struct PhaseFlops {
+  std::string name;  // "wq_a", "up-projection", "attention", "rmsnorm attn_norm", ...
+  bool backward = false;
+  OpClass op = OpClass::matmul;
+  AttentionShape shape = AttentionShape::dense;  // attention phases only
+  double flops = 0;  // matmul and attention phases
+  double bytes = 0;  // elementwise phases: bytes read + written (storage dtype)
+};
+
+// Every phase of one step (forward, then backward) of c's form over the whole sequence, all ranks,
+// all layers: Σ flops of the forward phases = block_flops(c).forward, of the backward ones = .backward.
+// Work is balanced over the ranks (each holds N tokens, or Hr heads over all T), so a rank's share is
+// 1/P of each phase.
+std::vector<PhaseFlops> phase_flops(const MlaConfig& c);
 
 }  // namespace laga

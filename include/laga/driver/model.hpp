@@ -1,0 +1,138 @@
+// The performance model (docs/model.md): the predicted step time of a form on a user's hardware, from
+// the work the code executes — per phase its FLOPs (or bytes) over the rate of its operation class
+// (mla/flops.hpp phase_flops), per collective latency + bytes / bus bandwidth with the bytes the
+// planner records for the real code (driver/plan.hpp), so the model cannot drift from the forms.
+//
+// The hardware is a JSON file (HardwareSpec, docs/model.md §2): compute rates per dtype and operation
+// class, the bus bandwidth and latency of the link inside a node and across nodes, ranks per node.
+// Calibrating it on this machine with laga's own kernels and communicator: driver/calibrate.hpp.
+//
+// Not here: overlap of communication with compute. Every collective is exposed for its whole
+// duration; CollectiveTime::exposed_s is the hook where an overlap model (the ledger's issued,
+// completed and wait times under --overlap on) replaces that.
+#pragma once
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "laga/comm/communicator.hpp"
+#include "laga/mla/config.hpp"
+#include "laga/mla/flops.hpp"
+
+namespace laga {
+
+// The four collectives the forms and the grad sync issue (bench-comm measures the same four).
+inline constexpr CollectiveOp kModelledOps[] = {CollectiveOp::all_gather, CollectiveOp::reduce_scatter,
+                                                CollectiveOp::all_to_all, CollectiveOp::all_reduce};
+
+// nccl-tests' conventions (docs/design.md §4). S, the size of a collective: the whole gathered array
+// for all_gather and reduce_scatter (P × the shard), the per-rank buffer for all_to_all and all_reduce.
+// algbw = S / t; busbw = algbw · bus_factor: (P−1)/P for all_gather, reduce_scatter and all_to_all,
+// 2(P−1)/P for all_reduce. So S · bus_factor is the bytes each rank sends (the ledger's wire bytes).
+double nccl_size_bytes(CollectiveOp op, int64_t P, double tensor_bytes);  // S from the ledger's tensor bytes
+double bus_factor(CollectiveOp op, int64_t P);
+
+// A link. intra_node: the bus bandwidth (nccl-tests' busbw) of each op over ranks of one node.
+// inter_node: the bandwidth of one rank's own path to other nodes (its NIC; 1e9 bytes/s), per op.
+struct LinkSpec {
+  std::map<CollectiveOp, double> busbw_GBps;  // per op, GB/s (1e9 bytes per second)
+  double latency_s = 0;                       // per collective
+  std::map<CollectiveOp, double> latency_op_s;  // per op when the file (or a fit) gives one; else latency_s
+  double latency(CollectiveOp op) const;
+};
+
+struct ComputeSpec {
+  double matmul_tflops = 0;
+  double elementwise_GBps = 0;
+  // Attention rates, TFLOP/s in the FlashAttention-3 counting of mla/flops.hpp, keyed by the file's
+  // names: "[eager_][latent_|mqa_]attention_{fwd,bwd}_tflops". attention_fwd_tflops and
+  // attention_bwd_tflops (fused, per-head 192/128-like heads) are required; the others are optional.
+  std::map<std::string, double> attention_tflops;
+  // The rate of attention in this regime; falls back from [eager_][shape_] to [eager_] to the fused dense rate.
+  double attention_rate(Kernel kernel, AttentionShape shape, bool backward) const;
+};
+
+struct HardwareSpec {
+  std::string name, source, path;
+  std::map<DType, ComputeSpec> compute;  // at least the dtype being modelled
+  LinkSpec intra_node;
+  std::optional<LinkSpec> inter_node;  // required when a modelled P exceeds ranks_per_node
+  int64_t ranks_per_node = 1;
+  nlohmann::json notes;  // free-form, kept as given (sources and assumptions per number)
+
+  // Usage error (exit 2) naming the file and the missing or mistyped field.
+  static HardwareSpec from_json(const nlohmann::json& j, const std::string& path);
+  static HardwareSpec load(const std::string& path);
+  nlohmann::json to_json() const;
+  const ComputeSpec& compute_for(DType d) const;  // usage error naming the file and "compute.<dtype>"
+};
+
+struct PhaseTime {
+  PhaseFlops phase;    // per rank: the whole-group figures of phase_flops divided by P
+  double rate = 0;     // FLOP/s, or bytes/s for elementwise
+  double seconds = 0;
+};
+
+struct CollectiveTime {
+  CollectiveRecord record;  // as the planner recorded it for rank 0
+  bool backward = false;
+  bool crosses_nodes = false;
+  double size_bytes = 0;  // nccl-tests' S
+  double busbw_GBps = 0;  // the effective bus bandwidth used
+  double latency_s = 0;
+  double seconds = 0;    // latency + S · bus_factor / busbw
+  double exposed_s = 0;  // = seconds without overlap (the hook for an overlap model)
+};
+
+struct FormPrediction {
+  std::string form;
+  std::vector<PhaseTime> phases;
+  std::vector<CollectiveTime> collectives;  // attention traffic only (no grad sync), issue order
+  double fwd_compute_s = 0, bwd_compute_s = 0, fwd_comm_s = 0, bwd_comm_s = 0;  // comm: exposed
+  // As laga bench reports them: fwd and bwd include their exposed communication; total = fwd + bwd.
+  double fwd_s() const { return fwd_compute_s + fwd_comm_s; }
+  double bwd_s() const { return bwd_compute_s + bwd_comm_s; }
+  double comm_s() const { return fwd_comm_s + bwd_comm_s; }
+  double total_s() const { return fwd_s() + bwd_s(); }
+  nlohmann::json to_json() const;
+};
+
+// The time of one collective of P ranks on hw (docs/model.md §1): P ≤ ranks_per_node uses the
+// intra-node link; beyond it the ring collectives run at min(intra busbw, ranks_per_node × a rank's
+// inter-node bandwidth) and the all-to-all splits its traffic between the two links (see model.cpp).
+CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r, int64_t P);
+
+// One training step (forward + backward, no grad sync) of c's form on one rank.
+FormPrediction predict(const Config& c, const HardwareSpec& hw);
+
+// Least-squares fit of time = latency + bus_bytes / busbw over measured points (bus_bytes = S ·
+// bus_factor), weighted by 1/time² so that small and large sizes count alike (relative residuals). A
+// negative intercept is refitted as 0 (a line through the origin).
+struct LatencyBandwidthFit {
+  double latency_s = 0, busbw_GBps = 0;
+  double max_rel_residual = 0;
+  int points = 0;
+};
+LatencyBandwidthFit fit_latency_bandwidth(const std::vector<double>& bus_bytes, const std::vector<double>& seconds);
+
+// A link from a `laga bench-comm --json` document: one fit per op present (rows of the given dtype,
+// or of every dtype when none is given). Usage error naming the file when it has no usable rows.
+LinkSpec link_from_bench_comm(const nlohmann::json& j, const std::string& path, int64_t* sp_out = nullptr);
+
+// Predicted against measured, per row of a `laga bench --json` document (rows[i].{variant, seq, sp,
+// fwd_s, bwd_s, comm_s, total_s}, the run's dimensions in "config").
+struct BenchRowComparison {
+  std::string form;
+  int64_t seq = 0, sp = 0;
+  double measured_fwd = 0, measured_bwd = 0, measured_comm = 0, measured_total = 0;
+  FormPrediction predicted;
+  double rel_error_total() const { return (predicted.total_s() - measured_total) / measured_total; }
+};
+std::vector<BenchRowComparison> compare_with_bench(const nlohmann::json& bench, const std::string& path,
+                                                   const HardwareSpec& hw);
+
+}  // namespace laga

@@ -1,0 +1,395 @@
+// The performance model (driver/model.hpp; equations and assumptions in docs/model.md).
+#include "laga/driver/model.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <set>
+
+#include "laga/core/error.hpp"
+#include "laga/driver/plan.hpp"
+#include "laga/mla/form.hpp"
+
+namespace laga {
+
+namespace {
+
+using json = nlohmann::json;
+
+std::optional<CollectiveOp> parse_op(std::string_view s) {
+  for (CollectiveOp op : kModelledOps)
+    if (collective_name(op) == s) return op;
+  return std::nullopt;
+}
+
+std::string op_list() {
+  std::string s;
+  for (CollectiveOp op : kModelledOps) s += (s.empty() ? "" : ", ") + std::string(collective_name(op));
+  return s;
+}
+
+// Reading a hardware file: every error names the file and the field's full path.
+struct Reader {
+  const std::string& path;
+
+  [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+    LAGA_FAIL_USAGE("hardware file {}: field '{}' {}", path, field, what);
+  }
+  const json& child(const json& obj, const std::string& prefix, const char* key, const char* expected) const {
+    const std::string field = prefix.empty() ? key : prefix + "." + key;
+    if (!obj.contains(key)) fail(field, fmt::format("is missing; give {}", expected));
+    return obj.at(key);
+  }
+  double positive(const json& v, const std::string& field, const char* unit) const {
+    if (!v.is_number()) fail(field, fmt::format("is {} ({}), not a positive number ({})", v.type_name(), v.dump(), unit));
+    const double x = v.get<double>();
+    if (!(x > 0) || !std::isfinite(x)) fail(field, fmt::format("= {} must be a positive number ({})", v.dump(), unit));
+    return x;
+  }
+  double non_negative(const json& v, const std::string& field, const char* unit) const {
+    if (!v.is_number()) fail(field, fmt::format("is {} ({}), not a number ≥ 0 ({})", v.type_name(), v.dump(), unit));
+    const double x = v.get<double>();
+    if (!(x >= 0) || !std::isfinite(x)) fail(field, fmt::format("= {} must be a number ≥ 0 ({})", v.dump(), unit));
+    return x;
+  }
+  const json& object(const json& v, const std::string& field) const {
+    if (!v.is_object()) fail(field, fmt::format("is {}, not an object", v.type_name()));
+    return v;
+  }
+  std::string string(const json& obj, const std::string& prefix, const char* key) const {
+    const json& v = child(obj, prefix, key, "a string");
+    if (!v.is_string()) fail(prefix.empty() ? key : prefix + "." + key, fmt::format("is {}, not a string", v.type_name()));
+    return v.get<std::string>();
+  }
+  void only(const json& obj, const std::string& prefix, const std::set<std::string>& known) const {
+    for (const auto& [k, v] : obj.items())
+      if (!known.count(k) && k != "notes" && k != "source") {
+        std::string valid;
+        for (const auto& n : known) valid += (valid.empty() ? "" : ", ") + n;
+        fail(prefix.empty() ? k : prefix + "." + k, fmt::format("is not a known field; valid here: {}, notes, source", valid));
+      }
+  }
+  // A number for every op, or one number for all of them.
+  std::map<CollectiveOp, double> per_op(const json& v, const std::string& field, bool positive_only, const char* unit) const {
+    std::map<CollectiveOp, double> m;
+    if (v.is_object()) {
+      for (const auto& [k, x] : v.items())
+        if (!parse_op(k) && k != "notes" && k != "source")
+          fail(field + "." + k, fmt::format("is not a collective; valid: {}", op_list()));
+      for (CollectiveOp op : kModelledOps) {
+        const std::string name(collective_name(op));
+        if (!v.contains(name)) fail(field + "." + name, fmt::format("is missing; give a number ({}) for each of {}, or one number for all", unit, op_list()));
+        m[op] = positive_only ? positive(v.at(name), field + "." + name, unit) : non_negative(v.at(name), field + "." + name, unit);
+      }
+    } else {
+      const double x = positive_only ? positive(v, field, unit) : non_negative(v, field, unit);
+      for (CollectiveOp op : kModelledOps) m[op] = x;
+    }
+    return m;
+  }
+  LinkSpec link(const json& obj, const std::string& field) const {
+    object(obj, field);
+    only(obj, field, {"busbw_GBps", "latency_us"});
+    LinkSpec l;
+    l.busbw_GBps = per_op(child(obj, field, "busbw_GBps", "a number (GB/s) or one per collective"), field + ".busbw_GBps", true, "GB/s");
+    const json& lat = child(obj, field, "latency_us", "a number ≥ 0 (µs) or one per collective");
+    for (const auto& [op, us] : per_op(lat, field + ".latency_us", false, "µs")) l.latency_op_s[op] = us * 1e-6;
+    l.latency_s = l.latency_op_s.begin()->second;
+    for (const auto& [op, s] : l.latency_op_s) l.latency_s = std::max(l.latency_s, s);
+    return l;
+  }
+};
+
+const char* kAttentionKeys[] = {"attention_fwd_tflops", "attention_bwd_tflops", "eager_attention_fwd_tflops",
+                                "eager_attention_bwd_tflops", "latent_attention_fwd_tflops", "latent_attention_bwd_tflops",
+                                "eager_latent_attention_fwd_tflops", "eager_latent_attention_bwd_tflops",
+                                "mqa_attention_fwd_tflops", "mqa_attention_bwd_tflops", "eager_mqa_attention_fwd_tflops",
+                                "eager_mqa_attention_bwd_tflops"};
+
+json link_json(const LinkSpec& l) {
+  json bw, lat;
+  for (const auto& [op, v] : l.busbw_GBps) bw[std::string(collective_name(op))] = v;
+  for (CollectiveOp op : kModelledOps) lat[std::string(collective_name(op))] = l.latency(op) * 1e6;
+  return {{"busbw_GBps", bw}, {"latency_us", lat}};
+}
+
+}  // namespace
+
+double bus_factor(CollectiveOp op, int64_t P) {
+  const double p = double(P);
+  return op == CollectiveOp::all_reduce ? 2 * (p - 1) / p : (p - 1) / p;
+}
+
+double nccl_size_bytes(CollectiveOp op, int64_t P, double tensor_bytes) {
+  // The ledger's tensor bytes are the shard for all_gather and reduce_scatter (comm/communicator.hpp).
+  return op == CollectiveOp::all_gather || op == CollectiveOp::reduce_scatter ? double(P) * tensor_bytes : tensor_bytes;
+}
+
+double LinkSpec::latency(CollectiveOp op) const {
+  auto it = latency_op_s.find(op);
+  return it != latency_op_s.end() ? it->second : latency_s;
+}
+
+double ComputeSpec::attention_rate(Kernel kernel, AttentionShape shape, bool backward) const {
+  const std::string dir = backward ? "bwd" : "fwd";
+  const std::string eager = kernel == Kernel::eager ? "eager_" : "";
+  const std::string sh = shape == AttentionShape::dense ? "" : std::string(attention_shape_name(shape)) + "_";
+  for (const std::string& key : {eager + sh + "attention_" + dir + "_tflops", eager + "attention_" + dir + "_tflops",
+                                 "attention_" + dir + "_tflops"})
+    if (auto it = attention_tflops.find(key); it != attention_tflops.end()) return it->second;
+  LAGA_ASSERT(false, "no attention rate {} (the required keys were checked on reading)", dir);
+}
+
+HardwareSpec HardwareSpec::from_json(const json& j, const std::string& path) {
+  const Reader r{path};
+  if (!j.is_object()) LAGA_FAIL_USAGE("hardware file {}: must be a JSON object, got {}", path, j.type_name());
+  r.only(j, "", {"name", "compute", "link", "ranks_per_node"});
+  HardwareSpec hw;
+  hw.path = path;
+  hw.name = r.string(j, "", "name");
+  hw.source = r.string(j, "", "source");
+  if (j.contains("notes")) hw.notes = j.at("notes");
+  const json& compute = r.object(r.child(j, "", "compute", "an object with a section per dtype (bf16, fp32)"), "compute");
+  if (compute.empty()) r.fail("compute", "is empty; give a section per dtype: bf16, fp32");
+  for (const auto& [dt_name, sec] : compute.items()) {
+    if (dt_name == "notes" || dt_name == "source") continue;
+    DType dt;
+    if (dt_name == "bf16") dt = DType::bf16;
+    else if (dt_name == "fp32") dt = DType::f32;
+    else r.fail("compute." + dt_name, "is not a dtype; valid: bf16, fp32");
+    const std::string f = "compute." + dt_name;
+    r.object(sec, f);
+    std::set<std::string> known{"matmul_tflops", "elementwise_GBps"};
+    for (const char* k : kAttentionKeys) known.insert(k);
+    r.only(sec, f, known);
+    ComputeSpec c;
+    c.matmul_tflops = r.positive(r.child(sec, f, "matmul_tflops", "a positive number (TFLOP/s)"), f + ".matmul_tflops", "TFLOP/s");
+    c.elementwise_GBps = r.positive(r.child(sec, f, "elementwise_GBps", "a positive number (GB/s)"), f + ".elementwise_GBps", "GB/s");
+    for (const char* k : {"attention_fwd_tflops", "attention_bwd_tflops"})
+      r.child(sec, f, k, "a positive number (TFLOP/s)");
+    for (const char* k : kAttentionKeys)
+      if (sec.contains(k)) c.attention_tflops[k] = r.positive(sec.at(k), f + "." + k, "TFLOP/s");
+    hw.compute[dt] = c;
+  }
+  const json& link = r.object(r.child(j, "", "link", "an object with intra_node (and inter_node)"), "link");
+  r.only(link, "link", {"intra_node", "inter_node"});
+  hw.intra_node = r.link(r.child(link, "link", "intra_node", "an object {busbw_GBps, latency_us}"), "link.intra_node");
+  if (link.contains("inter_node")) hw.inter_node = r.link(link.at("inter_node"), "link.inter_node");
+  const json& rpn = r.child(j, "", "ranks_per_node", "a positive integer");
+  if (!rpn.is_number_integer() || rpn.get<int64_t>() < 1)
+    r.fail("ranks_per_node", fmt::format("= {} must be a positive integer", rpn.dump()));
+  hw.ranks_per_node = rpn.get<int64_t>();
+  return hw;
+}
+
+HardwareSpec HardwareSpec::load(const std::string& path) {
+  std::ifstream in(path);
+  LAGA_CHECK(in.good(), "hardware file {}: cannot open ({}); give a readable JSON file (docs/model.md §2)", path,
+             std::strerror(errno));
+  json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  LAGA_CHECK(!j.is_discarded(), "hardware file {}: not valid JSON", path);
+  return from_json(j, path);
+}
+
+json HardwareSpec::to_json() const {
+  json compute_j;
+  for (const auto& [dt, c] : compute) {
+    json s = {{"matmul_tflops", c.matmul_tflops}, {"elementwise_GBps", c.elementwise_GBps}};
+    for (const auto& [k, v] : c.attention_tflops) s[k] = v;
+    compute_j[dt == DType::bf16 ? "bf16" : "fp32"] = s;
+  }
+  json link = {{"intra_node", link_json(intra_node)}};
+  if (inter_node) link["inter_node"] = link_json(*inter_node);
+  json j = {{"name", name}, {"source", source}, {"compute", compute_j}, {"link", link}, {"ranks_per_node", ranks_per_node}};
+  if (!notes.is_null()) j["notes"] = notes;
+  return j;
+}
+
+const ComputeSpec& HardwareSpec::compute_for(DType d) const {
+  auto it = compute.find(d);
+  if (it == compute.end())
+    LAGA_FAIL_USAGE("hardware file {}: field 'compute.{}' is missing; it is needed for --dtype {}", path,
+                    d == DType::bf16 ? "bf16" : "fp32", dtype_name(d));
+  return it->second;
+}
+
+CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r, int64_t P) {
+  CollectiveTime t;
+  t.record = r;
+  LAGA_ASSERT(parse_op(collective_name(r.op)), "the model has no rate for {}", collective_name(r.op));
+  t.size_bytes = nccl_size_bytes(r.op, P, double(r.tensor_bytes));
+  if (P <= 1) return t;  // an identity: no traffic, no latency
+  const double bus_bytes = t.size_bytes * bus_factor(r.op, P);
+  const LinkSpec& in = hw.intra_node;
+  if (P <= hw.ranks_per_node) {
+    t.busbw_GBps = in.busbw_GBps.at(r.op);
+    t.latency_s = in.latency(r.op);
+    t.seconds = t.latency_s + bus_bytes / (t.busbw_GBps * 1e9);
+  } else {
+    LAGA_CHECK(hw.inter_node.has_value(),
+               "hardware file {}: field 'link.inter_node' is missing; it is needed for --sp {} over ranks_per_node {}",
+               hw.path, P, hw.ranks_per_node);
+    const LinkSpec& out = *hw.inter_node;
+    t.crosses_nodes = true;
+    t.latency_s = std::max(in.latency(r.op), out.latency(r.op));
+    if (r.op == CollectiveOp::all_to_all) {
+      // Pairwise exchange: of the P−1 peers' chunks (S/P each), R−1 stay in the node (at the intra
+      // bus bandwidth) and P−R cross it (at the rank's own inter-node bandwidth); both parts at once.
+      const double R = double(hw.ranks_per_node), p = double(P), chunk = t.size_bytes / p;
+      const double s = std::max(chunk * (R - 1) / (in.busbw_GBps.at(r.op) * 1e9), chunk * (p - R) / (out.busbw_GBps.at(r.op) * 1e9));
+      t.seconds = t.latency_s + s;
+      t.busbw_GBps = bus_bytes / s / 1e9;
+    } else {
+      // A ring over ranks in several nodes runs each step at its slowest hop. NCCL-style rings run one
+      // channel per rank's NIC (rail), so the R ranks of a node carry the node crossings of R rings at
+      // once: the crossing hop's bus bandwidth is R × a rank's own inter-node bandwidth.
+      t.busbw_GBps = std::min(in.busbw_GBps.at(r.op), double(hw.ranks_per_node) * out.busbw_GBps.at(r.op));
+      t.seconds = t.latency_s + bus_bytes / (t.busbw_GBps * 1e9);
+    }
+  }
+  t.exposed_s = t.seconds;  // no overlap: the caller waits for the whole collective
+  return t;
+}
+
+FormPrediction predict(const Config& c, const HardwareSpec& hw) {
+  const MlaConfig& m = *c;
+  const int64_t P = m.sp;
+  const ComputeSpec& rates = hw.compute_for(m.dtype);
+  FormPrediction f;
+  f.form = m.form;
+  for (PhaseFlops ph : phase_flops(m)) {
+    ph.flops /= double(P), ph.bytes /= double(P);
+    PhaseTime t{ph, 0, 0};
+    switch (ph.op) {
+      case OpClass::matmul: t.rate = rates.matmul_tflops * 1e12; break;
+      case OpClass::attention_forward: t.rate = rates.attention_rate(m.kernel, ph.shape, false) * 1e12; break;
+      case OpClass::attention_backward: t.rate = rates.attention_rate(m.kernel, ph.shape, true) * 1e12; break;
+      case OpClass::elementwise: t.rate = rates.elementwise_GBps * 1e9; break;
+    }
+    t.seconds = (ph.op == OpClass::elementwise ? ph.bytes : ph.flops) / t.rate;
+    (ph.backward ? f.bwd_compute_s : f.fwd_compute_s) += t.seconds;
+    f.phases.push_back(t);
+  }
+  // The planner's ledger: every layer's forward collectives (the form's declared ones and the block's
+  // o), then every layer's backward ones (do, the adjoints, and what the form sends again).
+  const Form& form = find_form(m.form);
+  int64_t per_layer_fwd = 1, per_layer_bwd = 1;
+  for (const DeclaredCollective& d : form.collectives()) ++per_layer_fwd, per_layer_bwd += d.forward_again_in_backward ? 2 : 1;
+  const PlannedComm comm = plan_comm(c);
+  LAGA_ASSERT(int64_t(comm.attention.size()) == m.num_layers * (per_layer_fwd + per_layer_bwd),
+              "{}: the plan recorded {} collectives, the form declares {} per layer forward and {} backward", m.form,
+              comm.attention.size(), per_layer_fwd, per_layer_bwd);
+  for (size_t i = 0; i < comm.attention.size(); ++i) {
+    CollectiveTime t = collective_time(hw, comm.attention[i], P);
+    t.backward = int64_t(i) >= m.num_layers * per_layer_fwd;
+    (t.backward ? f.bwd_comm_s : f.fwd_comm_s) += t.exposed_s;
+    f.collectives.push_back(t);
+  }
+  return f;
+}
+
+json FormPrediction::to_json() const {
+  json phases_j = json::array(), coll = json::array();
+  for (const auto& p : phases)
+    phases_j.push_back({{"name", p.phase.name}, {"pass", p.phase.backward ? "backward" : "forward"},
+                        {"class", op_class_name(p.phase.op)}, {"shape", attention_shape_name(p.phase.shape)},
+                        {"flops", p.phase.flops}, {"bytes", p.phase.bytes}, {"rate", p.rate}, {"seconds", p.seconds}});
+  for (const auto& t : collectives)
+    coll.push_back({{"op", collective_name(t.record.op)}, {"tensor", t.record.tensor}, {"dtype", dtype_name(t.record.dtype)},
+                    {"pass", t.backward ? "backward" : "forward"}, {"tensor_bytes", t.record.tensor_bytes},
+                    {"wire_bytes", t.record.wire_bytes}, {"size_bytes", t.size_bytes}, {"crosses_nodes", t.crosses_nodes},
+                    {"busbw_GBps", t.busbw_GBps}, {"latency_s", t.latency_s}, {"seconds", t.seconds},
+                    {"exposed_s", t.exposed_s}});
+  return {{"form", form}, {"fwd_compute_s", fwd_compute_s}, {"bwd_compute_s", bwd_compute_s},
+          {"fwd_comm_s", fwd_comm_s}, {"bwd_comm_s", bwd_comm_s}, {"fwd_s", fwd_s()}, {"bwd_s", bwd_s()},
+          {"comm_s", comm_s()}, {"total_s", total_s()}, {"phases", phases_j}, {"collectives", coll}};
+}
+
+LatencyBandwidthFit fit_latency_bandwidth(const std::vector<double>& x, const std::vector<double>& y) {
+  LAGA_CHECK(x.size() == y.size() && x.size() >= 2, "a latency + bandwidth fit needs at least 2 sizes, got {}", x.size());
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    LAGA_CHECK(y[i] > 0 && std::isfinite(y[i]) && x[i] >= 0, "fit point {}: time {} s, bytes {} (must be > 0)", i, y[i], x[i]);
+    const double w = 1 / (y[i] * y[i]);
+    sw += w, sx += w * x[i], sy += w * y[i], sxx += w * x[i] * x[i], sxy += w * x[i] * y[i];
+  }
+  const double det = sw * sxx - sx * sx;
+  LAGA_CHECK(det > 0, "a latency + bandwidth fit needs at least 2 different sizes");
+  double b = (sw * sxy - sx * sy) / det, a = (sy - b * sx) / sw;
+  if (a < 0) a = 0, b = sxy / sxx;
+  LAGA_CHECK(b > 0, "the measured times do not grow with the size (slope {}); cannot fit a bandwidth", b);
+  LatencyBandwidthFit f;
+  f.latency_s = a, f.busbw_GBps = 1 / b / 1e9, f.points = int(x.size());
+  for (size_t i = 0; i < x.size(); ++i) f.max_rel_residual = std::max(f.max_rel_residual, std::abs(a + b * x[i] - y[i]) / y[i]);
+  return f;
+}
+
+LinkSpec link_from_bench_comm(const json& j, const std::string& path, int64_t* sp_out) {
+  auto bad = [&](const std::string& what) { LAGA_FAIL_USAGE("bench-comm file {}: {}", path, what); };
+  if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array()) bad("no 'rows' array (write it with laga bench-comm --json)");
+  if (!j.contains("sp") || !j["sp"].is_number_integer() || j["sp"].get<int64_t>() < 2)
+    bad("field 'sp' is missing or below 2 (a link needs at least two ranks)");
+  const int64_t P = j["sp"].get<int64_t>();
+  if (sp_out) *sp_out = P;
+  std::map<CollectiveOp, std::pair<std::vector<double>, std::vector<double>>> points;
+  for (size_t i = 0; i < j["rows"].size(); ++i) {
+    const json& row = j["rows"][i];
+    const std::string where = fmt::format("rows[{}]", i);
+    for (const char* k : {"op", "bytes", "time_s"})
+      if (!row.contains(k)) bad(fmt::format("field '{}.{}' is missing", where, k));
+    if (!row["op"].is_string() || !row["bytes"].is_number() || !row["time_s"].is_number())
+      bad(where + ": op must be a string, bytes and time_s numbers");
+    auto op = parse_op(row["op"].get<std::string>());
+    if (!op) continue;  // a collective the model does not use (broadcast)
+    if (row.value("wrong", 0) != 0) continue;  // not a valid measurement
+    double S = row["bytes"].get<double>();
+    const double t = row["time_s"].get<double>();
+    // bytes is nccl-tests' S; where algbw = S / t says otherwise, trust algbw's definition.
+    if (row.contains("algbw_GBps") && row["algbw_GBps"].is_number() && t > 0) {
+      const double s2 = row["algbw_GBps"].get<double>() * 1e9 * t;
+      if (s2 > 0 && std::abs(s2 - S) > 0.01 * S) S = s2;
+    }
+    if (S <= 0 || t <= 0) continue;
+    points[*op].first.push_back(S * bus_factor(*op, P));
+    points[*op].second.push_back(t);
+  }
+  LinkSpec l;
+  for (CollectiveOp op : kModelledOps) {
+    auto it = points.find(op);
+    if (it == points.end() || it->second.first.size() < 2)
+      bad(fmt::format("fewer than 2 valid sizes of {} (give -b/-e spanning several sizes)", collective_name(op)));
+    const LatencyBandwidthFit f = fit_latency_bandwidth(it->second.first, it->second.second);
+    l.busbw_GBps[op] = f.busbw_GBps;
+    l.latency_op_s[op] = f.latency_s;
+    l.latency_s = std::max(l.latency_s, f.latency_s);
+  }
+  return l;
+}
+
+std::vector<BenchRowComparison> compare_with_bench(const json& bench, const std::string& path, const HardwareSpec& hw) {
+  auto bad = [&](const std::string& what) { LAGA_FAIL_USAGE("bench file {}: {}", path, what); };
+  if (!bench.is_object() || !bench.contains("rows") || !bench["rows"].is_array()) bad("no 'rows' array (write it with laga bench --json)");
+  if (!bench.contains("config") || !bench["config"].is_object()) bad("no 'config' object");
+  const MlaConfig base = MlaConfig::from_json(bench["config"]);
+  std::vector<BenchRowComparison> out;
+  for (size_t i = 0; i < bench["rows"].size(); ++i) {
+    const json& row = bench["rows"][i];
+    for (const char* k : {"variant", "seq", "sp", "fwd_s", "bwd_s", "comm_s", "total_s"})
+      if (!row.contains(k)) bad(fmt::format("field 'rows[{}].{}' is missing", i, k));
+    BenchRowComparison c;
+    c.form = row["variant"].get<std::string>();
+    c.seq = row["seq"].get<int64_t>(), c.sp = row["sp"].get<int64_t>();
+    c.measured_fwd = row["fwd_s"].get<double>(), c.measured_bwd = row["bwd_s"].get<double>();
+    c.measured_comm = row["comm_s"].get<double>(), c.measured_total = row["total_s"].get<double>();
+    MlaConfig m = base;
+    m.seq_len = c.seq, m.sp = c.sp, m.form = c.form;
+    c.predicted = predict(Config(m), hw);
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+}  // namespace laga

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# laga model on the hardware files of docs/hw at the paper's configurations: every registered form is
+# predicted, a winner named, the JSON written with every form; and --bench-json compares a bench file
+# row by row. Usage: model.sh <laga binary> <source dir>
+set -u
+laga=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failures=0
+fail() { echo "FAIL: $*"; failures=$((failures + 1)); }
+
+for hw in "$src"/docs/hw/*.json; do
+  for sp in 8 16; do
+    out=$("$laga" model --model deepseek-v3 --seq 4096 --sp "$sp" --hw "$hw" --json "$tmp/m.json") || { fail "$hw P $sp exit $?"; continue; }
+    grep -q "^winner: " <<<"$out" || fail "$hw P $sp: no winner line"
+    python3 - "$tmp/m.json" <<'PY' || fail "$hw P $sp: JSON"
+import json, sys
+j = json.load(open(sys.argv[1]))
+forms = j["forms"]
+assert j["winner"] in forms, j["winner"]
+for name, f in forms.items():
+    assert abs(f["fwd_s"] + f["bwd_s"] - f["total_s"]) < 1e-12 * f["total_s"], name
+    assert f["comm_s"] > 0 and f["collectives"], name
+assert min(forms, key=lambda n: forms[n]["total_s"]) == j["winner"]
+for need in ("explicit", "laga", "absorbed-shared", "absorbed-expanded"):
+    assert need in forms, need
+PY
+    echo "ok: $(basename "$hw") P $sp: $(grep '^winner' <<<"$out")"
+  done
+done
+
+# --bench-json: a bench file of two rows, compared row by row with a max and mean error.
+cat >"$tmp/bench.json" <<'JSON'
+{"command": "bench", "config": {"model": "tiny", "hidden_size": 64, "num_attention_heads": 8, "q_lora_rank": 48,
+ "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12, "num_layers": 1, "seq_len": 64,
+ "batch": 1, "sp": 2, "form": "explicit", "kernel": "fused", "dtype": "bf16", "rms_norm_eps": 1e-6, "rope_theta": 10000,
+ "rope_interleaved": true, "rope_scaling": null},
+ "rows": [{"form": "explicit", "variant": "explicit", "seq": 64, "sp": 2, "fwd_s": 0.001, "bwd_s": 0.002, "comm_s": 0.0005, "total_s": 0.003},
+          {"form": "laga", "variant": "laga", "seq": 64, "sp": 2, "fwd_s": 0.001, "bwd_s": 0.002, "comm_s": 0.0004, "total_s": 0.003}]}
+JSON
+out=$("$laga" model --hw "$src/docs/hw/h100-class.json" --bench-json "$tmp/bench.json" --json "$tmp/c.json") || fail "--bench-json exit $?"
+grep -q "error of the total: max" <<<"$out" || fail "--bench-json: no error summary"
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['comparison']['rows']) == 2" "$tmp/c.json" || fail "--bench-json JSON"
+
+[ "$failures" -eq 0 ] && echo "model: all cases pass" || echo "model: $failures failures"
+[ "$failures" -eq 0 ]

@@ -1,0 +1,255 @@
+// The performance model (driver/model.hpp): its communication term is the planner's bytes over the
+// hardware file's link, checked by hand against the closed forms of docs/accounting.md §5; the
+// latency + bandwidth fit recovers known parameters; hardware files with a missing or mistyped field
+// are refused naming the field; the docs/hw files predict every form.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "laga/core/error.hpp"
+#include "laga/driver/model.hpp"
+#include "laga/mla/form.hpp"
+
+namespace laga {
+namespace {
+
+using json = nlohmann::json;
+
+// 1 GB/s for every op, 1 µs latency, 2 ranks per node; 0.25 GB/s per rank and 3 µs across nodes.
+json toy_hw() {
+  return json::parse(R"({"name": "toy", "source": "test",
+    "compute": {"bf16": {"matmul_tflops": 1, "attention_fwd_tflops": 0.5, "attention_bwd_tflops": 0.25, "elementwise_GBps": 10}},
+    "link": {"intra_node": {"busbw_GBps": 1, "latency_us": 1}, "inter_node": {"busbw_GBps": 0.25, "latency_us": 3}},
+    "ranks_per_node": 2})");
+}
+
+Config tiny(const std::string& form, int64_t T, int64_t P) {
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.seq_len = T, c.sp = P, c.form = form, c.dtype = DType::bf16;
+  return Config(c);
+}
+
+TEST(Model, CommunicationIsThePlannersBytesCheckedByHand) {
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
+  // tiny: H 8, Dqk 24, Dv 12, Dl 40; T 16, P 2, B 1, bf16 (s = 2): E = 8 local rows.
+  // docs/accounting.md §5: an all-to-all's tensor bytes are its input, E·H·d·s, and it sends (P−1)/P of
+  // them; the latent all-gather's tensor bytes are the shard E·Dl·s, and it sends P−1 shards.
+  const double E = 8, H = 8, Dqk = 24, Dv = 12, Dl = 40, s = 2, P = 2;
+  const double q = E * H * Dqk * s, k = q, v = E * H * Dv * s, o = v, latent = E * Dl * s;  // 3072, 3072, 1536, 1536, 640
+  EXPECT_EQ(latent, 640);
+  const FormPrediction ex = predict(tiny("explicit", 16, 2), hw);
+  const FormPrediction la = predict(tiny("laga", 16, 2), hw);
+  // Forward q, k, v, o then backward do, dq, dk, dv (explicit); q, latent, o then do, dlatent, dq (laga).
+  const std::vector<double> ex_tensor{q, k, v, o, o, q, k, v}, la_tensor{q, latent, o, o, latent, q};
+  ASSERT_EQ(ex.collectives.size(), ex_tensor.size());
+  ASSERT_EQ(la.collectives.size(), la_tensor.size());
+  double ex_comm = 0, la_comm = 0;
+  for (size_t i = 0; i < ex_tensor.size(); ++i) {
+    const CollectiveTime& t = ex.collectives[i];
+    EXPECT_EQ(t.record.op, CollectiveOp::all_to_all);
+    EXPECT_EQ(double(t.record.tensor_bytes), ex_tensor[i]) << t.record.tensor;
+    EXPECT_EQ(t.size_bytes, ex_tensor[i]);  // nccl-tests' S of an all-to-all: the per-rank buffer
+    EXPECT_EQ(t.backward, i >= 4);
+    const double want = 1e-6 + ex_tensor[i] * (P - 1) / P / 1e9;
+    EXPECT_NEAR(t.seconds, want, 1e-15) << t.record.tensor;
+    ex_comm += want;
+  }
+  for (size_t i = 0; i < la_tensor.size(); ++i) {
+    const CollectiveTime& t = la.collectives[i];
+    EXPECT_EQ(double(t.record.tensor_bytes), la_tensor[i]) << t.record.tensor;
+    const bool gather = t.record.op == CollectiveOp::all_gather || t.record.op == CollectiveOp::reduce_scatter;
+    EXPECT_EQ(gather, i == 1 || i == 4);
+    // S of an all-gather / reduce-scatter is the whole array, P shards; busbw counts (P−1)/P of it.
+    EXPECT_EQ(t.size_bytes, gather ? P * la_tensor[i] : la_tensor[i]);
+    const double want = 1e-6 + (gather ? (P - 1) * la_tensor[i] : la_tensor[i] * (P - 1) / P) / 1e9;
+    EXPECT_NEAR(t.seconds, want, 1e-15) << t.record.tensor;
+    la_comm += want;
+  }
+  EXPECT_NEAR(ex.comm_s(), ex_comm, 1e-15);
+  EXPECT_NEAR(la.comm_s(), la_comm, 1e-15);
+  // Without overlap every collective is exposed whole, inside the pass that issues it.
+  EXPECT_NEAR(ex.fwd_s() + ex.bwd_s(), ex.total_s(), 1e-15);
+  EXPECT_NEAR(ex.fwd_comm_s, 4e-6 + (q + k + v + o) / 2 / 1e9, 1e-15);
+}
+
+TEST(Model, ComputeIsEachPhaseOverItsClassRate) {
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
+  const Config c = tiny("laga", 16, 2);
+  const FormPrediction p = predict(c, hw);
+  const BlockFlops f = block_flops(*c);
+  double fwd_mm = 0, attn = 0, ew = 0;
+  for (const PhaseTime& t : p.phases) {
+    if (!t.phase.backward && t.phase.op == OpClass::matmul) fwd_mm += t.seconds;
+    if (t.phase.op == OpClass::attention_forward) attn += t.seconds;
+    if (!t.phase.backward && t.phase.op == OpClass::elementwise) ew += t.seconds;
+  }
+  EXPECT_NEAR(attn, f.attention_forward / 2 / 0.5e12, 1e-18);
+  EXPECT_NEAR(fwd_mm, (f.forward - f.attention_forward) / 2 / 1e12, 1e-18);
+  EXPECT_NEAR(p.fwd_compute_s, fwd_mm + attn + ew, 1e-18);
+}
+
+TEST(Model, EveryFormPredictsOverSeveralLayersAndAtOneRank) {
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
+  for (const Form* f : registered_forms())
+    for (int64_t P : {1, 2, 4}) {
+      MlaConfig c = MlaConfig::preset("tiny");
+      c.seq_len = 32, c.sp = P, c.num_layers = 3, c.batch = 2, c.form = std::string(f->name());
+      const FormPrediction p = predict(Config(c), hw);  // crosses nodes at P 4 (2 per node)
+      EXPECT_GT(p.total_s(), 0) << f->name();
+      if (P == 1) EXPECT_EQ(p.comm_s(), 0) << f->name();
+      for (const auto& t : p.collectives) EXPECT_EQ(t.crosses_nodes, P > 2);
+    }
+}
+
+TEST(Model, AcrossNodesRingsRunAtTheSlowerLinkAndAllToAllSplitsItsTraffic) {
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
+  CollectiveRecord r{CollectiveOp::all_gather, "latent", DType::bf16};
+  r.tensor_bytes = 1000;
+  // P 4 over 2 nodes: S = 4000, bus bytes 3000, at min(1, 2 ranks × 0.25) GB/s, latency max(1, 3) µs.
+  EXPECT_NEAR(collective_time(hw, r, 4).seconds, 3e-6 + 3000 / 0.5e9, 1e-15);
+  EXPECT_NEAR(collective_time(hw, r, 2).seconds, 1e-6 + 1000 / 1e9, 1e-15);
+  r.op = CollectiveOp::all_to_all, r.tensor_bytes = 4000;  // S = 4000: 1000 to each rank
+  // 1 peer in the node (1000 B at 1 GB/s) and 2 across (2000 B at 0.25 GB/s), at once.
+  EXPECT_NEAR(collective_time(hw, r, 4).seconds, 3e-6 + std::max(1000 / 1e9, 2000 / 0.25e9), 1e-15);
+  r.op = CollectiveOp::all_reduce, r.tensor_bytes = 4000;
+  EXPECT_NEAR(collective_time(hw, r, 2).seconds, 1e-6 + 4000 * 2 * 0.5 / 1e9, 1e-15);
+  json no_inter = toy_hw();
+  no_inter["link"].erase("inter_node");
+  try {
+    collective_time(HardwareSpec::from_json(no_inter, "one-node.json"), r, 4);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_status(), 2);
+    EXPECT_NE(std::string(e.what()).find("link.inter_node"), std::string::npos) << e.what();
+  }
+}
+
+TEST(LatencyBandwidthFit, RecoversKnownParameters) {
+  std::vector<double> x, y, yn;
+  for (double b = 1 << 12; b <= 1 << 26; b *= 4) {
+    x.push_back(b);
+    y.push_back(7e-6 + b / 23e9);
+    yn.push_back((7e-6 + b / 23e9) * (1 + 0.01 * (x.size() % 2 ? 1 : -1)));  // ±1 % alternating
+  }
+  const LatencyBandwidthFit f = fit_latency_bandwidth(x, y);
+  EXPECT_NEAR(f.latency_s, 7e-6, 1e-12);
+  EXPECT_NEAR(f.busbw_GBps, 23, 1e-6);
+  EXPECT_LT(f.max_rel_residual, 1e-9);
+  const LatencyBandwidthFit g = fit_latency_bandwidth(x, yn);
+  EXPECT_NEAR(g.latency_s, 7e-6, 0.05 * 7e-6);
+  EXPECT_NEAR(g.busbw_GBps, 23, 0.05 * 23);
+  // Pure bandwidth (no latency): a negative intercept is never returned.
+  std::vector<double> z;
+  for (double b : x) z.push_back(b / 10e9 * (b == x.front() ? 0.9 : 1.0));
+  const LatencyBandwidthFit h = fit_latency_bandwidth(x, z);
+  EXPECT_GE(h.latency_s, 0);
+  EXPECT_NEAR(h.busbw_GBps, 10, 0.2);
+}
+
+TEST(LatencyBandwidthFit, ReadsABenchCommFile) {
+  // Rows as laga bench-comm writes them (bytes = nccl-tests' S), P 4: t = lat + S·factor / busbw.
+  const int64_t P = 4;
+  const std::map<std::string, std::pair<double, double>> truth{
+      {"all_gather", {5e-6, 12}}, {"reduce_scatter", {6e-6, 11}}, {"all_to_all", {8e-6, 9}}, {"all_reduce", {9e-6, 10}}};
+  json rows = json::array();
+  for (const auto& [op, lb] : truth)
+    for (double S = 1 << 16; S <= 1 << 24; S *= 2) {
+      const double factor = op == "all_reduce" ? 2.0 * (P - 1) / P : double(P - 1) / P;
+      const double t = lb.first + S * factor / (lb.second * 1e9);
+      rows.push_back({{"op", op}, {"dtype", "bf16"}, {"bytes", S}, {"count", 0}, {"time_s", t}, {"algbw_GBps", S / t / 1e9},
+                      {"busbw_GBps", S * factor / t / 1e9}, {"wrong", 0}});
+    }
+  rows.push_back({{"op", "all_gather"}, {"bytes", 1 << 20}, {"time_s", 1.0}, {"wrong", 3}});  // a wrong result: ignored
+  const LinkSpec l = link_from_bench_comm({{"command", "bench-comm"}, {"sp", P}, {"rows", rows}}, "bc.json");
+  for (const auto& [op, lb] : truth) {
+    CollectiveOp o = CollectiveOp::barrier;
+    for (CollectiveOp c : kModelledOps)
+      if (collective_name(c) == op) o = c;
+    EXPECT_NEAR(l.latency(o), lb.first, 1e-12) << op;
+    EXPECT_NEAR(l.busbw_GBps.at(o), lb.second, 1e-6) << op;
+  }
+}
+
+void expect_refused(const json& j, const std::string& field) {
+  try {
+    HardwareSpec::from_json(j, "bad.json");
+    ADD_FAILURE() << "accepted, wanted an error naming " << field;
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_status(), 2) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'" + field + "'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HardwareSpec, RefusesAMissingOrMistypedFieldNamingIt) {
+  json j = toy_hw();
+  j.erase("ranks_per_node");
+  expect_refused(j, "ranks_per_node");
+  j = toy_hw(), j["compute"]["bf16"].erase("matmul_tflops");
+  expect_refused(j, "compute.bf16.matmul_tflops");
+  j = toy_hw(), j["compute"]["bf16"]["attention_bwd_tflops"] = "fast";
+  expect_refused(j, "compute.bf16.attention_bwd_tflops");
+  j = toy_hw(), j["compute"]["bf16"]["elementwise_GBps"] = -3;
+  expect_refused(j, "compute.bf16.elementwise_GBps");
+  j = toy_hw(), j["link"]["intra_node"]["busbw_GBps"] = {{"all_gather", 1}, {"all_to_all", 1}, {"all_reduce", 1}};
+  expect_refused(j, "link.intra_node.busbw_GBps.reduce_scatter");
+  j = toy_hw(), j["link"].erase("intra_node");
+  expect_refused(j, "link.intra_node");
+  j = toy_hw(), j["compute"]["fp16"] = j["compute"]["bf16"];
+  expect_refused(j, "compute.fp16");
+  j = toy_hw(), j["compute"]["bf16"]["matmul_tflop"] = 3;
+  expect_refused(j, "compute.bf16.matmul_tflop");
+  j = toy_hw(), j["ranks_per_node"] = 2.5;
+  expect_refused(j, "ranks_per_node");
+  // A file without the modelled dtype is refused when that dtype is modelled.
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.seq_len = 16, c.dtype = DType::f32;
+  try {
+    predict(Config(c), HardwareSpec::from_json(toy_hw(), "bf16-only.json"));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'compute.fp32'"), std::string::npos) << e.what();
+  }
+}
+
+TEST(HardwareSpec, RoundTripsThroughJson) {
+  const HardwareSpec a = HardwareSpec::from_json(toy_hw(), "toy.json");
+  const HardwareSpec b = HardwareSpec::from_json(a.to_json(), "again.json");
+  EXPECT_EQ(b.to_json(), a.to_json());
+}
+
+TEST(Model, TheDocsHardwareFilesPredictEveryForm) {
+  for (const char* file : {"ascend-910b.json", "h100-class.json"}) {
+    const HardwareSpec hw = HardwareSpec::load(std::string(LAGA_SOURCE_DIR) + "/docs/hw/" + file);
+    for (int64_t P : {8, 16})
+      for (const Form* f : registered_forms()) {
+        MlaConfig c = MlaConfig::preset("deepseek-v3");
+        c.seq_len = 4096, c.sp = P, c.form = std::string(f->name());
+        const FormPrediction p = predict(Config(c), hw);
+        EXPECT_GT(p.total_s(), 0);
+        EXPECT_GT(p.comm_s(), 0);
+      }
+  }
+}
+
+TEST(Model, ComparesWithABenchFileRowByRow) {
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.seq_len = 16, c.sp = 2;
+  json rows = json::array();
+  for (const char* form : {"explicit", "laga"}) {
+    c.form = form;
+    const FormPrediction p = predict(Config(c), hw);
+    rows.push_back({{"variant", form}, {"seq", 32}, {"sp", 2}, {"fwd_s", 1.0}, {"bwd_s", 2.0}, {"comm_s", 0.5}, {"total_s", 3.0}});
+  }
+  const auto cmp = compare_with_bench({{"command", "bench"}, {"config", c.to_json()}, {"rows", rows}}, "b.json", hw);
+  ASSERT_EQ(cmp.size(), 2u);
+  c.seq_len = 32, c.form = "laga";
+  EXPECT_DOUBLE_EQ(cmp[1].predicted.total_s(), predict(Config(c), hw).total_s());
+  EXPECT_DOUBLE_EQ(cmp[1].rel_error_total(), (cmp[1].predicted.total_s() - 3.0) / 3.0);
+  rows[0].erase("total_s");
+  EXPECT_THROW(compare_with_bench({{"config", c.to_json()}, {"rows", rows}}, "b.json", hw), Error);
+}
+
+}  // namespace
+}  // namespace laga

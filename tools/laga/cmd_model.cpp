@@ -1,0 +1,193 @@
+// laga model: the predicted step time of every form on a hardware file (driver/model.hpp,
+// docs/model.md), its prediction beside a `laga bench --json` measurement, and --calibrate, which
+// writes a hardware file of this machine (driver/calibrate.hpp).
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <algorithm>
+#include <map>
+
+#include "cli.hpp"
+#include "commands.hpp"
+#include "laga/core/error.hpp"
+#include "laga/driver/calibrate.hpp"
+#include "laga/driver/model.hpp"
+
+namespace laga::cli {
+
+namespace {
+
+nlohmann::json read_json(const std::string& path, const char* what) {
+  std::ifstream in(path);
+  LAGA_CHECK(in.good(), "{} {}: cannot open ({}); give a readable JSON file", what, path, std::strerror(errno));
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  LAGA_CHECK(!j.is_discarded(), "{} {}: not valid JSON", what, path);
+  return j;
+}
+
+std::string rates_line(const HardwareSpec& hw, DType dt) {
+  const ComputeSpec& c = hw.compute_for(dt);
+  std::string s = fmt::format("matmul {:.4g} TFLOP/s, attention fwd {:.4g} / bwd {:.4g} TFLOP/s, elementwise {:.4g} GB/s",
+                              c.matmul_tflops, c.attention_tflops.at("attention_fwd_tflops"),
+                              c.attention_tflops.at("attention_bwd_tflops"), c.elementwise_GBps);
+  auto link = [](const LinkSpec& l) {
+    std::string b;
+    for (const auto& [op, v] : l.busbw_GBps) b += fmt::format("{}{} {:.4g}", b.empty() ? "" : ", ", collective_name(op), v);
+    return fmt::format("busbw GB/s {}; latency {:.3g} us", b, l.latency_s * 1e6);
+  };
+  s += fmt::format("\n# intra-node ({} ranks per node): {}", hw.ranks_per_node, link(hw.intra_node));
+  if (hw.inter_node) s += fmt::format("\n# inter-node: {}", link(*hw.inter_node));
+  return s;
+}
+
+int calibrate(const CommonFlags& f, const ModelFlags& m) {
+  auto out = open_output(m.calibrate_out, "--calibrate");
+  auto json_out = open_output(f.json_path, "--json");
+  CalibrationOptions opt;
+  opt.sp = f.sp;
+  opt.link = m.comm_json.empty();
+  LAGA_CHECK(!opt.link || f.sp >= 2, "--calibrate measures the threads link between --sp ranks: give --sp 2 or more, "
+             "or --comm-json FILE from laga bench-comm --json");
+  nlohmann::json comm;
+  LinkSpec from_file;
+  if (!opt.link) {
+    comm = read_json(m.comm_json, "--comm-json");
+    int64_t P = 0;
+    from_file = link_from_bench_comm(comm, m.comm_json, &P);
+    LAGA_CHECK(P == f.sp || f.sp == 1, "--comm-json {} was measured at sp {}, but --sp is {}; give --sp {}", m.comm_json, P,
+               f.sp, P);
+    opt.sp = P;
+  }
+  opt.progress = [&](const std::string& s) { fmt::print("  {}\n", s), std::fflush(stdout); };
+  fmt::print("laga model --calibrate: P {} ranks as threads, laga's kernels, both dtypes\n", opt.sp);
+  HardwareSpec hw = calibrate_machine(opt);
+  if (!opt.link) {
+    hw.intra_node = from_file;
+    hw.notes["link"] = {{"how", "latency + bytes / busbw least squares per op on time_s vs bytes"},
+                        {"bench_comm", m.comm_json}, {"busbw_GBps", hw.to_json()["link"]["intra_node"]["busbw_GBps"]}};
+    hw.source += fmt::format("; link fitted to {}", m.comm_json);
+  }
+  *out << hw.to_json().dump(2) << "\n";
+  fmt::print("wrote {}\n# {}\n", m.calibrate_out, rates_line(hw, DType::bf16));
+  if (json_out) *json_out << nlohmann::json{{"command", "model --calibrate"}, {"hardware", hw.to_json()}}.dump(2) << "\n";
+  return 0;
+}
+
+// The predicted times of every form; the table of totals, then the per-phase table.
+nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const HardwareSpec& hw) {
+  const Config base = build_config(f);
+  const MlaConfig& b = *base;
+  std::vector<std::string> labels;
+  if (m.forms.empty())
+    for (const Form* fm : registered_forms()) labels.emplace_back(fm->name());
+  else
+    for (const auto& name : m.forms) labels.push_back(form_label(name, f.absorbed_kv));
+  std::vector<FormPrediction> preds;
+  for (const auto& l : labels) preds.push_back(predict(base.with([&](MlaConfig& c) { c.form = l; }), hw));
+  fmt::print("laga model: model {} T {} B {} P {} L {} kernel {} dtype {} on '{}' ({}) — per rank, one step "
+             "(forward + backward, no grad sync), no overlap\n", b.model, b.seq_len, b.batch, b.sp, b.num_layers,
+             kernel_name(b.kernel), dtype_name(b.dtype), hw.name, hw.path);
+  fmt::print("# {}\n", rates_line(hw, b.dtype));
+  if (b.sp > hw.ranks_per_node)
+    fmt::print("# P {} > ranks_per_node {}: the collectives cross nodes ({} nodes)\n", b.sp, hw.ranks_per_node,
+               (b.sp + hw.ranks_per_node - 1) / hw.ranks_per_node);
+  fmt::print("# {:<18} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}\n", "form", "fwd", "bwd", "comm", "total",
+             "compute", "comm share", "vs expl.");
+  fmt::print("# {:<18} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}\n", "", "s", "s", "s (exp.)", "s", "s", "%", "×");
+  double explicit_total = 0;
+  for (const auto& p : preds)
+    if (p.form == kBaselineForm) explicit_total = p.total_s();
+  size_t best = 0;
+  nlohmann::json forms;
+  for (size_t i = 0; i < preds.size(); ++i) {
+    const FormPrediction& p = preds[i];
+    if (p.total_s() < preds[best].total_s()) best = i;
+    const std::string ratio = explicit_total > 0 ? fmt::format("{:.3f}", explicit_total / p.total_s()) : "-";
+    fmt::print("  {:<18} {:>11.5g} {:>11.5g} {:>11.5g} {:>11.5g} {:>11.5g} {:>11.1f} {:>9}\n", p.form, p.fwd_s(), p.bwd_s(),
+               p.comm_s(), p.total_s(), p.fwd_compute_s + p.bwd_compute_s, 100 * p.comm_s() / p.total_s(), ratio);
+    forms[p.form] = p.to_json();
+    if (explicit_total > 0) forms[p.form]["speedup_vs_explicit"] = explicit_total / p.total_s();
+  }
+  fmt::print("winner: {} ({:.5g} s{})\n", preds[best].form, preds[best].total_s(),
+             explicit_total > 0 ? fmt::format(", {:.3f}× explicit", explicit_total / preds[best].total_s()) : "");
+  // Per phase: rows (pass, phase or collective), a column per form, seconds. A row one form alone has
+  // goes after that form's previous row, so every form's rows keep their execution order.
+  std::vector<std::string> rows;
+  std::map<std::string, std::map<std::string, double>> cell;
+  for (const auto& p : preds) {
+    std::vector<std::pair<std::string, double>> mine;
+    for (const auto& ph : p.phases) {
+      mine.emplace_back(fmt::format("{} {}", ph.phase.backward ? "bwd" : "fwd", ph.phase.name), ph.seconds);
+      // The collectives after the last forward phase (the pass boundary) and at the end.
+      if (&ph == &p.phases.back() || (!ph.phase.backward && (&ph + 1)->phase.backward))
+        for (const auto& c : p.collectives)
+          if (c.backward == ph.phase.backward)
+            mine.emplace_back(fmt::format("{} {} {}", c.backward ? "bwd" : "fwd", collective_name(c.record.op), c.record.tensor),
+                              c.exposed_s);
+    }
+    size_t at = 0;
+    for (const auto& [row, sec] : mine) {
+      auto it = std::find(rows.begin(), rows.end(), row);
+      if (it == rows.end()) it = rows.insert(rows.begin() + std::ptrdiff_t(std::min(at, rows.size())), row);
+      at = size_t(it - rows.begin()) + 1;
+      cell[row][p.form] += sec;
+    }
+  }
+  fmt::print("# per phase, seconds per rank (all layers; collectives: exposed time)\n# {:<36}", "phase");
+  for (const auto& p : preds) fmt::print(" {:>18}", p.form);
+  fmt::print("\n");
+  for (const auto& r : rows) {
+    fmt::print("  {:<36}", r);
+    for (const auto& p : preds) {
+      auto it = cell[r].find(p.form);
+      if (it == cell[r].end()) fmt::print(" {:>18}", "-");
+      else fmt::print(" {:>18.4g}", it->second);
+    }
+    fmt::print("\n");
+  }
+  return {{"config", b.to_json()}, {"forms", forms}, {"winner", preds[best].form}};
+}
+
+nlohmann::json compare(const ModelFlags& m, const HardwareSpec& hw) {
+  const nlohmann::json bench = read_json(m.bench_json, "--bench-json");
+  const auto rows = compare_with_bench(bench, m.bench_json, hw);
+  fmt::print("laga model --bench-json {}: predicted against measured on '{}' ({})\n", m.bench_json, hw.name, hw.path);
+  fmt::print("# {:>6} {:>3} {:<18} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "seq", "P", "form",
+             "total", "model", "error", "fwd", "model", "bwd", "model", "comm", "model");
+  fmt::print("# {:>6} {:>3} {:<18} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "", "", "", "s", "s", "%",
+             "s", "s", "s", "s", "s", "s");
+  nlohmann::json out = nlohmann::json::array();
+  double max_err = 0, sum_err = 0;
+  for (const auto& r : rows) {
+    const FormPrediction& p = r.predicted;
+    const double e = r.rel_error_total();
+    max_err = std::max(max_err, std::abs(e)), sum_err += std::abs(e);
+    fmt::print("  {:>6} {:>3} {:<18} {:>9.4f} {:>9.4f} {:>+7.1f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f}\n",
+               r.seq, r.sp, r.form, r.measured_total, p.total_s(), 100 * e, r.measured_fwd, p.fwd_s(), r.measured_bwd,
+               p.bwd_s(), r.measured_comm, p.comm_s());
+    out.push_back({{"form", r.form}, {"seq", r.seq}, {"sp", r.sp},
+                   {"measured", {{"fwd_s", r.measured_fwd}, {"bwd_s", r.measured_bwd}, {"comm_s", r.measured_comm}, {"total_s", r.measured_total}}},
+                   {"predicted", {{"fwd_s", p.fwd_s()}, {"bwd_s", p.bwd_s()}, {"comm_s", p.comm_s()}, {"total_s", p.total_s()}}},
+                   {"rel_error_total", e}});
+  }
+  const double mean_err = rows.empty() ? 0 : sum_err / double(rows.size());
+  fmt::print("error of the total: max {:.1f} %, mean {:.1f} % over {} rows\n", 100 * max_err, 100 * mean_err, rows.size());
+  return {{"bench_json", m.bench_json}, {"rows", out}, {"max_abs_rel_error", max_err}, {"mean_abs_rel_error", mean_err}};
+}
+
+}  // namespace
+
+int cmd_model(const CommonFlags& f, const ModelFlags& m) {
+  if (!m.calibrate_out.empty()) return calibrate(f, m);
+  const HardwareSpec hw = HardwareSpec::load(m.hw);
+  auto json_out = open_output(f.json_path, "--json");
+  nlohmann::json j = {{"command", "model"}, {"hardware", hw.to_json()}, {"hw_file", m.hw}};
+  if (f.seq > 0) j.update(predict_all(f, m, hw));
+  if (!m.bench_json.empty()) j["comparison"] = compare(m, hw);
+  if (json_out) *json_out << j.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace laga::cli
