@@ -141,6 +141,16 @@ int cmd_report(const std::string& out_dir, bool quick) {
   steps.push_back({"plan.sweep", "memory over T × P × kernel and traffic over H (DeepSeek-V3 dims)", [&] {
     return std::vector<std::string>{laga, "plan", "--sweep", "--model", "deepseek-v3", "--json", J("plan_sweep.json")};
   }});
+  steps.push_back({"bench-comm.threads", "the collectives in one machine (threads, P 2)", [&] {
+    return std::vector<std::string>{laga, "bench-comm", "--sp", "2", "-b", "4K", "-e", quick ? "16M" : "64M", "-f", "4",
+                                    "--json", J("bench_comm.threads.json")};
+  }});
+  // The performance model calibrated on this machine (its rates per operation class, the in-process link
+  // from bench-comm), just before the benchmarks it is compared with.
+  steps.push_back({"model.calibrate", "the performance model calibrated on this machine (P 2)", [&] {
+    return std::vector<std::string>{laga, "model", "--calibrate", J("hw.here.json"), "--comm-json",
+                                    J("bench_comm.threads.json"), "--sp", "2"};
+  }});
   steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused", [&] {
     return bench("fused", J("bench.threads.fused.json"), seqs);
   }});
@@ -151,10 +161,6 @@ int cmd_report(const std::string& out_dir, bool quick) {
     steps.push_back({"bench.mpi.fused", "throughput in one machine, MPI over shared memory, fused", [&] {
       return cat(mpirun, bench("fused", J("bench.mpi.fused.json"), seqs));
     }});
-  steps.push_back({"bench-comm.threads", "the collectives in one machine (threads, P 2)", [&] {
-    return std::vector<std::string>{laga, "bench-comm", "--sp", "2", "-b", "4K", "-e", quick ? "16M" : "64M", "-f", "4",
-                                    "--json", J("bench_comm.threads.json")};
-  }});
   for (const Rate& r : rates) {
     steps.push_back({fmt::format("bench-comm.link.{}", r.name), fmt::format("the collectives across the link at {}", r.rate),
                      [&, r] {
@@ -168,7 +174,38 @@ int cmd_report(const std::string& out_dir, bool quick) {
                                             "--forms", "explicit,laga,laga-recompute", "--kernel", "fused", "--iters",
                                             iters, "--json", J(fmt::format("bench.link.{}.json", r.name))});
                      }, true});
+    // The model with this link's bench-comm (compute calibrated again, here), against the link's bench rows.
+    steps.push_back({fmt::format("model.vs_bench.link.{}", r.name), fmt::format("the model against the link bench at {}", r.rate),
+                     [&, r] {
+                       const std::string hw = J(fmt::format("hw.link.{}.json", r.name));
+                       return std::vector<std::string>{
+                           "bash", "-c",
+                           fmt::format("set -e; test -s '{0}' || {{ echo 'no link bench-comm to calibrate from'; exit 2; }}; "
+                                       "'{1}' model --calibrate '{2}' --comm-json '{0}' --sp 2; "
+                                       "'{1}' model --hw '{2}' --bench-json '{3}' --json '{4}'",
+                                       J(fmt::format("bench_comm.link.{}.json", r.name)), laga, hw,
+                                       J(fmt::format("bench.link.{}.json", r.name)),
+                                       J(fmt::format("model.vs_bench.link.{}.json", r.name)))};
+                     }, true});
   }
+  for (const char* kernel : {"fused", "eager"})
+    steps.push_back({fmt::format("model.vs_bench.{}", kernel), fmt::format("the model against the {} bench rows", kernel),
+                     [&, kernel] {
+      return std::vector<std::string>{laga, "model", "--hw", J("hw.here.json"), "--bench-json",
+                                      J(fmt::format("bench.threads.{}.json", kernel)), "--json",
+                                      J(fmt::format("model.vs_bench.{}.json", kernel))};
+    }});
+  // The paper's configurations (DeepSeek-V3, fused, bf16): P 8 in one node, P 16 over two, T 4K–16K,
+  // on the hardware files of docs/hw (each number an assumption with its source).
+  for (const char* hw : {"ascend-910b", "h100-class"})
+    for (const char* P : {"8", "16"})
+      for (const char* T : {"4096", "8192", "16384"})
+        steps.push_back({fmt::format("model.paper.{}.p{}.t{}", hw, P, T),
+                         fmt::format("predicted at the paper's P {} T {} on {}", P, T, hw), [&, hw, P, T] {
+          return std::vector<std::string>{laga, "model", "--model", "deepseek-v3", "--seq", T, "--sp", P, "--hw",
+                                          src + "/docs/hw/" + hw + ".json", "--json",
+                                          J(fmt::format("model.paper.{}.p{}.t{}.json", hw, P, T))};
+        }});
   steps.push_back({"train", "training curves (tiny, fp32, P 4)", [&] {
     return std::vector<std::string>{laga, "train", "--model", "tiny", "--seq", "64", "--sp", "4", "--dtype", "fp32",
                                     "--steps", quick ? "100" : "200", "--forms", "explicit,absorbed,laga,laga-recompute",
