@@ -224,7 +224,7 @@ def section_throughput(r):
 
 def section_link(r):
     r.h("5. Throughput across the emulated link")
-    found = [(n, load(r.d, f"bench.link.{n}.json")) for n in ("slow", "matched", "fast")]
+    found = [(n, load(r.d, f"bench.link.{n}.json")) for n in ("slow", "matched", "matched.overlap", "fast")]
     found = [(n, j) for n, j in found if j]
     if not found:
         return r.missing("bench across the link", "bench.link.matched")
@@ -238,6 +238,20 @@ def section_link(r):
         for form in sorted({row["variant"] for row in j["rows"]} - {"explicit"}):
             pts = sorted((row["seq"], row["speedup_vs_explicit"]) for row in j["rows"] if row["variant"] == form)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{form}, {n}")
+        if n == "matched.overlap":
+            off = load(r.d, "bench.link.matched.json")
+            rows = []
+            for row in j["rows"]:
+                c = row.get("collectives", {})
+                hid = [f"{t} {100 * c[t]['hidden_s'] / c[t]['seconds']:.0f} %" for t in ("latent", "k", "v", "dlatent")
+                       if t in c and c[t]["seconds"] > 0]
+                base = [b for b in bench_rows(off) if b["seq"] == row["seq"] and b["variant"] == "explicit"]
+                vs_off = f"{base[0]['total_s'] / row['total_s']:.3f}" if base else "-"
+                rows.append((row["seq"], row["variant"], f"{row['speedup_vs_explicit']:.3f}", vs_off, ", ".join(hid)))
+            r.p("\nWith overlap on: speed against explicit with overlap on (same run), against explicit without "
+                "overlap (the run above: another invocation), and the share of each collective's time hidden behind "
+                "compute (from the ledger's issue, completion and wait times).")
+            r.p(table(["T", "form", "vs explicit-overlap", "vs explicit (off)", "hidden"], rows))
         comm = load(r.d, f"bench_comm.link.{n}.json")
         if comm:
             big = max(comm["rows"], key=lambda x: x["bytes"])

@@ -174,6 +174,14 @@ int cmd_report(const std::string& out_dir, bool quick) {
                                             "--forms", "explicit,laga,laga-recompute", "--kernel", "fused", "--iters",
                                             iters, "--json", J(fmt::format("bench.link.{}.json", r.name))});
                      }, true});
+    // The same forms with their collectives overlapped (--overlap on), at the matched rate.
+    if (std::string(r.name) == "matched")
+      steps.push_back({"bench.link.matched.overlap", fmt::format("throughput across the link at {}, fused, overlap on", r.rate),
+                       [&, r] {
+                         return link(r.rate, {laga, "bench", "--model", "small", "--seq", link_seqs, "--sp", "2",
+                                              "--forms", "explicit,laga,laga-recompute", "--kernel", "fused", "--iters",
+                                              iters, "--overlap", "on", "--json", J("bench.link.matched.overlap.json")});
+                       }, true});
     // The model with this link's bench-comm (compute calibrated again, here), against the link's bench rows.
     steps.push_back({fmt::format("model.vs_bench.link.{}", r.name), fmt::format("the model against the link bench at {}", r.rate),
                      [&, r] {
