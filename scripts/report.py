@@ -231,6 +231,12 @@ def section_link(r):
     r.p("Two network namespaces, one MPI rank each, joined by veth pairs with a tc token bucket per rank "
         "(scripts/link.sh); the matched rate keeps link bandwidth over compute rate as in the paper's two nodes "
         "(docs/throughput.md).")
+    lr = load(r.d, "link_rates.json")
+    if lr:
+        r.p(f"\nMatched rate = {lr['paper_link_Bps'] / 1e9:g} GB/s (the paper's RoCE) × {lr['here_matmul_tflops'] * 1e3:.0f} "
+            f"GFLOP/s (this machine's bf16 matmul per rank, calibrated in this run) / {lr['npu_matmul_tflops']:g} TFLOP/s "
+            f"(a 910B's, docs/hw/ascend-910b.json: an assumed 60 % of its peak) = {lr['matched_Bps'] / 1e6:.2f} MB/s "
+            f"per rank; the other rates are 4× that and a quarter of it.")
     fig, ax = plt.subplots(figsize=(6, 4))
     for n, j in found:
         r.h(f"{n} rate — {j.get('link')}", 3)
