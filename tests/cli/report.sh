@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# scripts/report.py, the writer of `laga report`'s report.md, on the JSON of real (tiny) runs of every
+# command it reads: each section renders its table from those files (every registered form in the
+# memory table, every verify case, every bench row with its #wrong, the model's error per row, the
+# loss curves), the plots are written, and a step recorded as skipped is reported with its reason
+# instead of a number. Also: `laga report` refuses a missing --out and an unknown flag with exit 2
+# (tests/cli/cli_bad_input.sh). Usage: report.sh <laga binary> <source dir>
+set -u
+laga=$1
+src=$2
+d=$(mktemp -d)
+trap 'rm -rf "$d"' EXIT
+failures=0
+fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
+ok() { echo "ok: $*"; }
+run() {  # name, command...: a step of the report, run here at tiny size
+  local name=$1; shift
+  if "$@" >"$d/$name.log" 2>&1; then ok "$name"; else fail "$name: $(tail -3 "$d/$name.log")"; fi
+}
+
+run verify "$laga" verify --model tiny --seq 32 --sp 1,2 --json "$d/verify.json"
+run plan.fused "$laga" plan --model tiny --seq 64 --sp 2 --json "$d/plan.fused.json"
+run plan.sweep "$laga" plan --sweep --model tiny --json "$d/plan_sweep.json"
+run bench "$laga" bench --model tiny --seq 32,64 --sp 2 --forms explicit,laga --iters 1 --json "$d/bench.threads.fused.json"
+run bench-comm "$laga" bench-comm --sp 2 -b 4K -e 64K --json "$d/bench_comm.threads.json"
+run model "$laga" model --hw "$src/docs/hw/ascend-910b.json" --bench-json "$d/bench.threads.fused.json" \
+  --json "$d/model.vs_bench.fused.json"
+run model.paper "$laga" model --model deepseek-v3 --seq 4096 --sp 8 --hw "$src/docs/hw/ascend-910b.json" \
+  --json "$d/model.paper.ascend-910b.p8.t4096.json"
+run train "$laga" train --model tiny --seq 32 --sp 2 --steps 40 --lr 1e-2 --forms explicit,laga --dtype fp32 --json "$d/train.json"
+mkdir -p "$d/logs"
+echo "link.sh: refused: not root (a test)" >"$d/logs/bench.link.matched.log"
+cat >"$d/steps.json" <<'EOF'
+{"quick": true, "steps": [
+ {"name": "verify", "title": "t", "command": "c", "status": "ok", "exit": 0, "seconds": 1.5, "log": "logs/verify.log", "reason": ""},
+ {"name": "bench.link.matched", "title": "t", "command": "c", "status": "skipped", "exit": 2, "seconds": 0.1,
+  "log": "logs/bench.link.matched.log", "reason": "link.sh: refused: not root (a test)"}]}
+EOF
+
+if /usr/bin/python3 "$src/scripts/report.py" "$d" >"$d/report.py.log" 2>&1; then
+  ok "report.py"
+else
+  fail "report.py: $(tail -5 "$d/report.py.log")"
+fi
+md="$d/report.md"
+[ -s "$md" ] || { fail "no report.md"; echo "report: $failures failure(s)"; exit 1; }
+expect() {  # pattern (grep -E), what
+  if grep -qE -- "$1" "$md"; then ok "$2"; else fail "$2: no /$1/ in report.md"; fi
+}
+expect "^Overall: \*\*pass\*\*" "verify's verdict"
+n_cases=$(/usr/bin/python3 -c "import json; print(len(json.load(open('$d/verify.json'))['cases']))")
+n_rows=$(grep -cE "^\| [12] \| [a-z-]+ \| (fp64|explicit@1) \|" "$md")
+[ "$n_rows" -eq "$n_cases" ] && ok "a verify row per case ($n_cases)" || fail "verify rows $n_rows, cases $n_cases"
+for form in $(/usr/bin/python3 -c "import json; print(' '.join(k for k in json.load(open('$d/plan.fused.json'))['forms'] if k != 'absorbed'))"); do
+  expect "^\| fused \| $form \| " "memory row of $form"
+done
+expect "^\| (32|64) \| laga \| .* \| 0 \|$" "bench rows with #wrong"
+expect "^Error of the total over 4 rows: max " "the model's error over every bench row"
+expect "^\| ascend-910b \| 8 \| [0-9.]+ \| - \| - \| 1.05 / 1.06 / 1.04 \|" "a paper configuration predicted"
+expect "bench across the link: no data \(skipped: link.sh: refused: not root \(a test\)\)" "a skipped step's reason"
+expect "^\| laga \| [0-9.]+ \| [0-9.]+ \| " "a training row"
+for png in memory_vs_T comm_vs_H speedup_one_machine model_vs_measured train_loss; do
+  [ -s "$d/$png.png" ] && ok "$png.png" || fail "$png.png not written"
+done
+if [ "$failures" -eq 0 ]; then echo "report: all checks pass"; else echo "report: $failures failure(s)"; exit 1; fi
