@@ -285,9 +285,44 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   for (size_t i = 0; i < comm.attention.size(); ++i) {
     CollectiveTime t = collective_time(hw, comm.attention[i], P);
     t.backward = int64_t(i) >= m.num_layers * per_layer_fwd;
-    (t.backward ? f.bwd_comm_s : f.fwd_comm_s) += t.exposed_s;
     f.collectives.push_back(t);
   }
+  if (m.overlap) {
+    // --overlap on (docs/design.md §2.6): every collective of a form other than q's pair (the latent's,
+    // or explicit's k and v, and their adjoints; what it sends again in backward) needs only the latent,
+    // so it is issued before the query path (L1–L3 and q's RoPE) and waited after it, and in backward
+    // it flies behind the query path's backward. q's and o's all-to-alls hide behind nothing. The
+    // collectives in flight share one link, so per layer and pass the query path hides at most its own
+    // compute time: exposed = max(0, Σ their seconds − query compute), shared in proportion. (Absorbed
+    // also hides the reduce-scatter behind A2's backward; not counted: the model errs towards exposed.)
+    std::set<std::string> behind_fwd, behind_bwd;
+    for (const DeclaredCollective& d : form.collectives())
+      if (d.forward != "q") {
+        behind_fwd.insert(d.forward), behind_bwd.insert(d.backward);
+        if (d.forward_again_in_backward) behind_bwd.insert(d.forward);
+      }
+    const std::set<std::string> query{"wq_a", "rmsnorm q_norm", "wq_b", "wq", "rope q_pe"};
+    double query_fwd = 0, query_bwd = 0;  // per layer
+    for (const PhaseTime& ph : f.phases)
+      if (query.count(ph.phase.name)) (ph.phase.backward ? query_bwd : query_fwd) += ph.seconds / double(m.num_layers);
+    for (bool backward : {false, true}) {
+      const int64_t per_layer = backward ? per_layer_bwd : per_layer_fwd, first = backward ? m.num_layers * per_layer_fwd : 0;
+      const std::set<std::string>& behind = backward ? behind_bwd : behind_fwd;
+      for (int64_t l = 0; l < m.num_layers; ++l) {
+        double flying = 0;
+        for (int64_t k = 0; k < per_layer; ++k) {
+          const CollectiveTime& t = f.collectives[size_t(first + l * per_layer + k)];
+          if (behind.count(t.record.tensor)) flying += t.seconds;
+        }
+        const double keep = flying > 0 ? std::max(0.0, flying - (backward ? query_bwd : query_fwd)) / flying : 1.0;
+        for (int64_t k = 0; k < per_layer; ++k) {
+          CollectiveTime& t = f.collectives[size_t(first + l * per_layer + k)];
+          if (behind.count(t.record.tensor)) t.exposed_s = t.seconds * keep;
+        }
+      }
+    }
+  }
+  for (const CollectiveTime& t : f.collectives) (t.backward ? f.bwd_comm_s : f.fwd_comm_s) += t.exposed_s;
   return f;
 }
 

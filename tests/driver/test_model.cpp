@@ -82,6 +82,47 @@ TEST(Model, CommunicationIsThePlannersBytesCheckedByHand) {
   EXPECT_NEAR(ex.fwd_comm_s, 4e-6 + (q + k + v + o) / 2 / 1e9, 1e-15);
 }
 
+// --overlap on: the collectives that need only the latent (laga's all-gather and reduce-scatter,
+// explicit's k, v, dk, dv) fly behind the query path and its backward, sharing the link: per layer
+// and pass, exposed = max(0, their seconds − the query path's compute), in proportion; q's, o's and
+// their adjoints' all-to-alls stay exposed whole. The query path's compute is summed here from the
+// phase names of L1–L3 and q's RoPE (docs/block.md), independently of how model.cpp selects them.
+TEST(Model, OverlapHidesTheLatentsCollectivesBehindTheQueryPathOnly) {
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
+  for (const char* form : {"laga", "explicit", "laga-recompute", "explicit-recompute", "absorbed-shared"})
+    for (int64_t L : {1, 2}) {
+      SCOPED_TRACE(std::string(form) + " L" + std::to_string(L));
+      MlaConfig c = *tiny(form, 16, 2);
+      c.num_layers = L;
+      const FormPrediction off = predict(c, hw);
+      c.overlap = true;
+      const FormPrediction on = predict(c, hw);
+      ASSERT_EQ(on.collectives.size(), off.collectives.size());
+      double qf = 0, qb = 0;
+      for (const PhaseTime& p : on.phases)
+        for (const char* name : {"wq_a", "rmsnorm q_norm", "wq_b", "wq", "rope q_pe"})
+          if (p.phase.name == name) (p.phase.backward ? qb : qf) += p.seconds / double(L);
+      EXPECT_GT(qf, 0);
+      EXPECT_GT(qb, 0);
+      const std::set<std::string> behind{"latent", "dlatent", "k", "v", "dk", "dv"};
+      double flying[2] = {0, 0}, exposed[2] = {0, 0};
+      for (size_t i = 0; i < on.collectives.size(); ++i) {
+        const CollectiveTime &a = on.collectives[i], &b = off.collectives[i];
+        EXPECT_EQ(b.exposed_s, b.seconds) << "without overlap every collective is exposed whole";
+        EXPECT_EQ(a.seconds, b.seconds);
+        if (behind.count(a.record.tensor)) {
+          flying[a.backward] += a.seconds, exposed[a.backward] += a.exposed_s;
+        } else {
+          EXPECT_EQ(a.exposed_s, a.seconds) << a.record.tensor << " hides behind nothing";
+        }
+      }
+      EXPECT_NEAR(exposed[0], std::max(0.0, flying[0] - L * qf), 1e-15);
+      EXPECT_NEAR(exposed[1], std::max(0.0, flying[1] - L * qb), 1e-15);
+      EXPECT_LT(on.comm_s(), off.comm_s());
+      EXPECT_NEAR(on.fwd_compute_s + on.bwd_compute_s, off.fwd_compute_s + off.bwd_compute_s, 1e-15);
+    }
+}
+
 TEST(Model, ComputeIsEachPhaseOverItsClassRate) {
   const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
   const Config c = tiny("laga", 16, 2);

@@ -190,7 +190,7 @@ int cmd_report(const std::string& out_dir, bool quick) {
   for (const Rate& r : rates) {
     steps.push_back({fmt::format("bench-comm.link.{}", r.name), fmt::format("the collectives across the link at the {} rate", r.name),
                      [&, r] {
-                       return link(r.factor, {laga, "bench-comm", "-b", "16K", "-e", quick ? "1M" : "4M", "-f", "4",
+                       return link(r.factor, {laga, "bench-comm", "-b", "128K", "-e", quick ? "1M" : "4M", "-f", "2",
                                             "-n", "5", "--json",
                                             J(fmt::format("bench_comm.link.{}.json", r.name))});
                      }, true});

@@ -85,7 +85,7 @@ struct CollectiveTime {
   double busbw_GBps = 0;  // the effective bus bandwidth used
   double latency_s = 0;
   double seconds = 0;    // latency + S · bus_factor / busbw
-  double exposed_s = 0;  // = seconds without overlap (the hook for an overlap model)
+  double exposed_s = 0;  // = seconds without overlap; with it, what the query path does not hide (model.cpp)
 };
 
 struct FormPrediction {
