@@ -94,7 +94,7 @@ void build_app(CLI::App& app, Invocation& inv) {
 
   auto* report = app.add_subcommand("report", "every measurement in one run: DIR/report.md with tables and plots");
   report->add_option("--out", inv.out_dir, "the directory for report.md, its plots, JSON and logs")->required();
-  report->add_flag("--quick", inv.quick, "fewer and shorter measurements (under 10 minutes on two cores)");
+  report->add_flag("--quick", inv.quick, "fewer and shorter measurements (about 8 minutes on two quiet cores)");
   auto* model = app.add_subcommand("model", "predicted step time of every form on a hardware file; --calibrate writes "
                                    "one for this machine (docs/model.md)");
   add_common(model, flags, false);
