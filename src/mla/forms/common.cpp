@@ -65,6 +65,18 @@ AttentionBwdParams dense_attention_backward(const AttentionFwdParams& fwd, const
   return p;
 }
 
+Tensor explicit_backward_tail(const RankCtx& ctx, const LayerWeights& w, const Tensor& latent, Tensor dq, Tensor dk,
+                              Tensor dv, LayerWeights& g, const QueryPathBackward& query_backward) {
+  InFlight dq_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local"));
+  InFlight dk_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dk), "dk", "grad.k_local"));
+  InFlight dv_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dv), "dv", "grad.v_local"));
+  query_backward(dq_local.wait());
+  const Tensor dk_l = dk_local.wait(), dv_l = dv_local.wait();
+  Tensor dlatent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "grad.latent");        // E1 backward
+  up_project_backward(ctx, latent, w.wkv_b, 0, ctx.H, dk_l, dv_l, dlatent, g.wkv_b);
+  return dlatent;
+}
+
 HeadGrads dense_attention_grads(const RankCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                 const AttentionSaved& saved, const Tensor& dout) {
   HeadGrads g;

@@ -46,6 +46,13 @@ AttentionBwdParams dense_attention_backward(const AttentionFwdParams& fwd, const
 struct HeadGrads {
   Tensor dq, dk, dv;
 };
+// The end of explicit's backward (and explicit-recompute's): E2's adjoint brings dq, dk, dv back to
+// this rank's tokens, dk's and dv's all-to-alls in flight behind dq's and the block's query-path
+// backward (query_backward, run on dq_local); then E1's backward from the local latent [N, B, Dl]:
+// returns dlatent (grad.latent) and adds the dwkv_b of every head into g.
+Tensor explicit_backward_tail(const RankCtx& ctx, const LayerWeights& w, const Tensor& latent, Tensor dq, Tensor dk,
+                              Tensor dv, LayerWeights& g, const QueryPathBackward& query_backward);
+
 HeadGrads dense_attention_grads(const RankCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
                                 const AttentionSaved& saved, const Tensor& dout);
 

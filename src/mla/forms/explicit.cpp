@@ -61,14 +61,7 @@ class Explicit final : public Form {
     s.q = s.k = s.v = s.o = Tensor();
     // E2 scatter_heads q, k, v:  its adjoint brings dq, dk, dv back to the local tokens; dk's and dv's
     // all-to-alls in flight behind dq's and the block's query-path backward
-    InFlight dq_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local"));
-    InFlight dk_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dk), "dk", "grad.k_local"));
-    InFlight dv_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dv), "dv", "grad.v_local"));
-    query_backward(dq_local.wait());
-    const Tensor dk_l = dk_local.wait(), dv_l = dv_local.wait();
-    Tensor dlatent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "grad.latent");        // E1 backward
-    up_project_backward(ctx, s.latent, w.wkv_b, 0, ctx.H, dk_l, dv_l, dlatent, g.wkv_b);
-    return dlatent;
+    return explicit_backward_tail(ctx, w, s.latent, std::move(dq), std::move(dk), std::move(dv), g, query_backward);
   }
 
   std::vector<DeclaredCollective> collectives() const override {
