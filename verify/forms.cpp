@@ -31,6 +31,13 @@ struct Run {
 
 }  // namespace
 
+Tensors run_tensors(const Config& c) {
+  RunOptions opt;
+  opt.gather_tensors = true;
+  const std::vector<RankResult> ranks = run_group(c, opt);
+  return tensors_of(ranks.front().y, ranks.front().dx, ranks.front().grads);
+}
+
 FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,
                         const FormsOptions& opt) {
   RunOptions run_opt;

@@ -45,6 +45,10 @@ struct FormsOptions {
   double timeout_s = 0;
 };
 
+// One run of c on c->sp threads (run_group, the default seed): its whole y, dx and synced weight
+// gradients, gathered to rank 0. What the bitwise claims of the tests compare.
+Tensors run_tensors(const Config& c);
+
 // base: the configuration (its sp and form are replaced by each case's). sps: the rank counts.
 FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,
                         const FormsOptions& opt);

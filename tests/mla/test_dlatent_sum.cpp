@@ -13,17 +13,13 @@
 #include "laga/driver/run.hpp"
 #include "laga/mla/form.hpp"
 #include "verify/compare.hpp"
+#include "verify/forms.hpp"
 
 using namespace laga;
 
 namespace {
 
-verify::Tensors run_tensors(const MlaConfig& c) {
-  RunOptions opt;
-  opt.gather_tensors = true;
-  const std::vector<RankResult> ranks = run_group(c, opt);
-  return verify::tensors_of(ranks.front().y, ranks.front().dx, ranks.front().grads);
-}
+using verify::run_tensors;
 
 // The forms whose backward reduce-scatters dlatent: those that declare that collective.
 std::vector<std::string> reducing_forms() {

@@ -14,17 +14,13 @@
 #include "laga/driver/run.hpp"
 #include "laga/mla/form.hpp"
 #include "verify/compare.hpp"
+#include "verify/forms.hpp"
 
 using namespace laga;
 
 namespace {
 
-verify::Tensors run_tensors(const MlaConfig& c) {
-  RunOptions opt;
-  opt.gather_tensors = true;
-  const std::vector<RankResult> ranks = run_group(c, opt);
-  return verify::tensors_of(ranks.front().y, ranks.front().dx, ranks.front().grads);
-}
+using verify::run_tensors;
 
 MlaConfig tiny(const std::string& form, int64_t P, bool overlap) {
   MlaConfig c = MlaConfig::preset("tiny");

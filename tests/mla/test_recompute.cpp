@@ -10,17 +10,13 @@
 #include "laga/driver/run.hpp"
 #include "laga/mla/form.hpp"
 #include "verify/compare.hpp"
+#include "verify/forms.hpp"
 
 using namespace laga;
 
 namespace {
 
-verify::Tensors run_tensors(const MlaConfig& c) {
-  RunOptions opt;
-  opt.gather_tensors = true;
-  const std::vector<RankResult> ranks = run_group(c, opt);
-  return verify::tensors_of(ranks.front().y, ranks.front().dx, ranks.front().grads);
-}
+using verify::run_tensors;
 
 // `form` against `of` on the same weights and inputs: tiny, L 2, B 2, T 24 and 40, P 1, 2, 4, 8, both
 // kernels and dtypes.
