@@ -76,7 +76,7 @@ prefix=${subnet%.0/24}
 
 id=laga-$$
 head=$id-head
-work=$(mktemp -d /tmp/laga-link.XXXXXX)
+work=$(mktemp -d /tmp/laga-link.$$.XXXXXX)  # its pid in the name: what a run leaves is its own
 made=()  # namespaces created, for cleanup
 mpirun_pid=""
 
