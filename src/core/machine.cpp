@@ -42,18 +42,21 @@ MachineInfo machine_info() {
     if (flags.count(f)) m.features += (m.features.empty() ? "" : " ") + std::string(f);
   cpu_set_t set;
   CPU_ZERO(&set);
-  m.cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : int(sysconf(_SC_NPROCESSORS_ONLN));
+  m.online = int(sysconf(_SC_NPROCESSORS_ONLN));
+  m.cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : m.online;
   m.commit = build_commit();
   return m;
 }
 
 std::string MachineInfo::line() const {
-  return fmt::format("{}, {} ({} cores; {}), commit {}", host, cpu_model, cores, features.empty() ? "no avx512" : features,
+  const std::string n = cores < online ? fmt::format("{} of {}", cores, online) : std::to_string(cores);
+  return fmt::format("{}, {} ({} cores; {}), commit {}", host, cpu_model, n, features.empty() ? "no avx512" : features,
                      commit);
 }
 
 nlohmann::json MachineInfo::to_json() const {
-  return {{"host", host}, {"cpu_model", cpu_model}, {"cores", cores}, {"features", features}, {"commit", commit}};
+  return {{"host", host},         {"cpu_model", cpu_model}, {"cores", cores},
+          {"online_cores", online}, {"features", features},   {"commit", commit}};
 }
 
 }  // namespace laga

@@ -12,10 +12,13 @@ namespace laga {
 struct MachineInfo {
   std::string host;       // gethostname
   std::string cpu_model;  // /proc/cpuinfo "model name" (e.g. "AMD EPYC 9R14 96-Core Processor"); "unknown" elsewhere
-  int cores = 0;          // CPUs this process may run on (sched_getaffinity)
+  int cores = 0;          // CPUs this process may run on (sched_getaffinity: 1 for an MPI rank bound to a core)
+  int online = 0;         // CPUs the machine has online (sysconf)
   std::string features;   // the ones present of: avx512f avx512_bf16 amx_bf16 amx_tile ("" when none)
   std::string commit;     // build_commit()
-  std::string line() const;  // "HOST, CPU (N cores; features), commit C"
+  // "HOST, CPU (N cores; features), commit C"; "(1 of 2 cores; ...)" when this process may use fewer
+  // than the machine has.
+  std::string line() const;
   nlohmann::json to_json() const;
 };
 
