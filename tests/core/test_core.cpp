@@ -36,6 +36,42 @@ TEST(Memory, TracksLivePeakAndTags) {
   EXPECT_EQ(at_peak.count("c"), 0u);
 }
 
+// The caching allocator keeps a released large block and hands it to the next allocation of about its
+// size (across trackers), while every tracker still counts the bytes requested; a small block and one
+// much smaller than any cached block come from the OS.
+TEST(Memory, CachingAllocatorReusesLargeBlocksAndTrackersCountRequestedBytes) {
+  if (!pool_stats().enabled) GTEST_SKIP() << "LAGA_ALLOC_CACHE=off";
+  pool_empty_cache();
+  const int64_t n = 3 * kPoolMinBytes / 4 + 5;  // f32 elements: 3 MiB + 20 bytes
+  void* first = nullptr;
+  {
+    MemoryTracker tracker;
+    TrackerScope scope(tracker);
+    Tensor a = Tensor::empty({n}, DType::f32, "a");
+    first = a.raw();
+    EXPECT_EQ(tracker.live_bytes(), n * 4);
+  }
+  const PoolStats released = pool_stats();
+  EXPECT_GE(released.cached_bytes, n * 4);
+  EXPECT_GE(released.reserved_bytes, released.cached_bytes);
+  {
+    MemoryTracker tracker;  // another tracker: the cache is the process's
+    TrackerScope scope(tracker);
+    Tensor b = Tensor::empty({n - 1000}, DType::f32, "b");  // a little smaller: the same block
+    EXPECT_EQ(b.raw(), first);
+    EXPECT_EQ(tracker.live_bytes(), (n - 1000) * 4);
+    EXPECT_EQ(pool_stats().hits, released.hits + 1);
+    EXPECT_EQ(pool_stats().cached_bytes, released.cached_bytes - (n * 4 + (int64_t(1) << 16) - 1) / (int64_t(1) << 16) * (int64_t(1) << 16));
+    Tensor c = Tensor::empty({n / 2}, DType::f32, "c");  // half the size: not the cached block's
+    EXPECT_NE(c.raw(), first);
+    EXPECT_EQ(pool_stats().misses, released.misses + 1);
+    Tensor small = Tensor::empty({100}, DType::f32, "small");  // below kPoolMinBytes: malloc, not counted
+    EXPECT_EQ(pool_stats().hits + pool_stats().misses, released.hits + released.misses + 2);
+  }
+  pool_empty_cache();
+  EXPECT_EQ(pool_stats().cached_bytes, 0);
+}
+
 TEST(Tensor, RowsViewSharesStorage) {
   MemoryTracker tracker;
   TrackerScope scope(tracker);

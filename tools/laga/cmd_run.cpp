@@ -59,6 +59,13 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
   fmt::print("  rank {}: activation peak {}, saved {}, baseline {}\n", r0.rank,
              human_bytes(r0.memory.activation_peak_bytes), human_bytes(r0.memory.saved_bytes),
              human_bytes(r0.memory.baseline_bytes));
+  const PoolStats pool = pool_stats();  // this process: every rank under threads, rank 0 under MPI
+  if (pool.enabled)
+    fmt::print("  caching allocator (this process, beside the tracked bytes above): reserved peak {}, cached now {}, "
+               "{} of {} large allocations reused\n",
+               human_bytes(pool.peak_reserved_bytes), human_bytes(pool.cached_bytes), pool.hits, pool.hits + pool.misses);
+  else
+    fmt::print("  caching allocator: off (LAGA_ALLOC_CACHE=off)\n");
   if (!ranks.empty()) print_collectives(ranks.front(), c.overlap);
   if (!dump_dir.empty()) {
     write_dump(dump_dir, c, r0.x, r0.dy, r0.y, r0.dx, r0.weights, r0.grads);
@@ -67,7 +74,11 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
   if (json_out) {
     nlohmann::json j = {{"command", "run"}, {"form", find_form(c.form).family()}, {"variant", c.form}, {"sp", c.sp},
                         {"backend", backend},
-                        {"config", c.to_json()}, {"ranks", ranks}};
+                        {"config", c.to_json()}, {"ranks", ranks},
+                        {"allocator", {{"cache", pool.enabled}, {"process", backend == "mpi" ? "rank 0's" : "all ranks'"},
+                                       {"peak_reserved_bytes", pool.peak_reserved_bytes},
+                                       {"cached_bytes", pool.cached_bytes}, {"reused", pool.hits},
+                                       {"large_allocations", pool.hits + pool.misses}}}};
     *json_out << j.dump(2) << "\n";
   }
 }

@@ -6,6 +6,14 @@
 // Each rank has its own tracker. A thread uses the tracker installed by the innermost
 // TrackerScope, or the process-wide default one. Trackers must outlive the tensors they allocated.
 //
+// Storage itself comes from the process's caching allocator (PyTorch's CUDA caching allocator, on the
+// host): a released block of kPoolMinBytes or more is kept and handed to a later allocation of about
+// its size instead of going back to the OS, so a large buffer allocated again (the eager kernel's T×T
+// scores, every layer, every step) does not pay its first-touch page faults again. Trackers count
+// logical (requested) bytes and never see the cache; what the process holds is reported beside them
+// (pool_stats(): reserved = in use + cached, as torch reports reserved beside allocated).
+// LAGA_ALLOC_CACHE=off in the environment turns the cache off (every block goes back at release).
+//
 // A meta tracker (PyTorch's meta device) counts exactly as a real one but allocates no storage: each
 // allocation gets a distinct address in an unmapped range, never dereferenced, so that pointer
 // arithmetic and overlap checks behave as on real buffers. Every kernel returns after its own
@@ -41,6 +49,19 @@ class MemoryTracker {
   int64_t live_ = 0, peak_ = 0, allocations_ = 0;
   std::map<std::string, int64_t> live_by_tag_, peak_by_tag_;
 };
+
+// The process's caching allocator, across all trackers and threads.
+struct PoolStats {
+  bool enabled = true;          // false under LAGA_ALLOC_CACHE=off
+  int64_t reserved_bytes = 0;   // held from the OS now: blocks in use (rounded) + cached
+  int64_t cached_bytes = 0;     // released blocks kept for reuse
+  int64_t peak_reserved_bytes = 0;
+  int64_t hits = 0, misses = 0; // allocations of a poolable size served from the cache / from the OS
+};
+inline constexpr int64_t kPoolMinBytes = int64_t(1) << 20;  // smaller blocks go to malloc and back at once
+PoolStats pool_stats();
+// Returns every cached block to the OS (torch.cuda.empty_cache); blocks in use are unaffected.
+void pool_empty_cache();
 
 MemoryTracker& default_tracker();
 MemoryTracker& current_tracker();
