@@ -19,7 +19,7 @@ thread_local MemoryTracker* tls_tracker = nullptr;
 // The caching allocator. Poolable blocks (≥ kPoolMinBytes) are rounded up to kPoolGranule and a cached
 // block is reused for a request of at most its size and at least 7/8 of it (best fit), so a block is
 // never much larger than what uses it. The cache is bounded: when it would hold more than kCacheCap of
-// physical memory (a quarter), the largest cached blocks go back first.
+// physical memory (an eighth), the largest cached blocks go back first.
 constexpr int64_t kPoolGranule = int64_t(1) << 16;
 
 class Pool {
@@ -98,7 +98,7 @@ class Pool {
     const char* env = std::getenv("LAGA_ALLOC_CACHE");
     enabled_ = !(env && std::string(env) == "off");
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    cap_ = pages > 0 && page > 0 ? int64_t(pages) * page / 4 : int64_t(4) << 30;
+    cap_ = pages > 0 && page > 0 ? int64_t(pages) * page / 8 : int64_t(2) << 30;
   }
   static size_t round(size_t bytes) { return (bytes + kPoolGranule - 1) / kPoolGranule * kPoolGranule; }
   bool enabled_ = true;
