@@ -10,6 +10,7 @@
 #   scripts/verify_sweep.sh --sample N      N cases drawn at random (seed printed; LAGA_SWEEP_SEED fixes it)
 #   scripts/verify_sweep.sh --quick ...     the tiny preset only (seconds per case): what the test suite
 #                                           samples every run (tests/cli/verify_sample.sh)
+#   scripts/verify_sweep.sh --models small  these presets only (comma-separated)
 #   LAGA=path/to/laga                       the binary (default build/laga)
 # Exit status: 0 every case passed, 1 some failed, 2 bad usage.
 set -u
@@ -21,10 +22,13 @@ models="tiny small deepseek-v2-lite"
 while [ $# -gt 0 ]; do
   case $1 in
     --quick) models=tiny; shift ;;
+    --models)
+      [ $# -ge 2 ] && [ -n "$2" ] || { echo "usage: $0 [--quick] [--models tiny,small,deepseek-v2-lite] [--sample N]" >&2; exit 2; }
+      models=${2//,/ }; shift 2 ;;
     --sample)
       [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+$ ]] || { echo "usage: $0 [--quick] [--sample N]" >&2; exit 2; }
       sample=$2; shift 2 ;;
-    *) echo "usage: $0 [--quick] [--sample N] (unknown argument '$1')" >&2; exit 2 ;;
+    *) echo "usage: $0 [--quick] [--models LIST] [--sample N] (unknown argument '$1')" >&2; exit 2 ;;
   esac
 done
 
