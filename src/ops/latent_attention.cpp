@@ -13,7 +13,8 @@
 //                                storage dtype into the tile's [dk_nope | dv] and dkpe buffers
 //   latent task (b, col block):  dlatent rows of tile j = [dk_nope | dv]·W (+ Σ_h dkpe), rounded once
 //          task (h, col block):  dwkv_sum rows of head h += [dk_nope | dv]ᵀ·ckv_j (fp32)
-// then dq = scale·dq_sum and dwkv += dwkv_sum, each rounded once.
+// then dwkv += dwkv_sum, rounded once; dq = scale·dq_sum (latent_attention_dq, once the caller has
+// released what it no longer needs, so dq and the inputs are never live beside dq_sum together).
 // Each task writes what no other task of its region writes, each sum runs in the fixed order of the
 // key tiles, and every product runs single-threaded in its task: bitwise the same for any thread count.
 // Row operations (online softmax, the gradient of the probabilities) are attention_internal.hpp's, the
@@ -90,7 +91,7 @@ AttentionSaved meta_walk(const LatentAttentionParams& p, bool backward) {
     else live[e.tag] = Tensor::empty(e.shape, e.dtype, e.tag);
   }
   AttentionSaved saved;
-  if (!backward) saved.lse = live.at("attn.lse");
+  saved.lse = live.at(backward ? "attn.dq_sum" : "attn.lse");  // (backward: what it leaves allocated)
   return saved;
 }
 
@@ -296,7 +297,7 @@ struct LatentKernel {
                    dw_sum + h * W * p.Lkv + col, p.Lkv, DType::f32, true));
   }
 
-  void backward(const LatentAttentionBwdParams& bp, const AttentionSaved& saved) const {
+  Tensor backward(const LatentAttentionBwdParams& bp, const AttentionSaved& saved) const {
     attn::MemoryPlanWalker plan(latent_attention_memory_events(p, true));
     Tensor delta_t = plan.allocate("attn.delta");        // [B, H, T] fp32
     Tensor dq_t = plan.allocate("attn.dq_sum");          // [B, H, T, Dqk] fp32
@@ -355,12 +356,6 @@ struct LatentKernel {
         }
       });
     }
-    // dq = scale · dq_sum, back to [T, B, H, Dqk]
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t t = r % p.T, h = (r / p.T) % p.H, b = r / (p.T * p.H);
-      attn::scale_row(dq_sum + r * Dqk, static_cast<T*>(bp.dq) + ((t * p.B + b) * p.H + h) * Dqk, Dqk, p.scale);
-    }
     dispatch_dtype(bp.dwkv_dtype, [&](auto* tag) {  // dwkv += dwkv_sum, rounded once
       using G = std::remove_pointer_t<decltype(tag)>;
       G* g = static_cast<G*>(bp.dwkv);
@@ -380,9 +375,9 @@ struct LatentKernel {
     plan.release("attn.v_tile", v_tile);
     plan.release("attn.k_tile", k_tile);
     plan.release("attn.dwkv_sum", dw_t);
-    plan.release("attn.dq_sum", dq_t);
     plan.release("attn.delta", delta_t);
     plan.finish();
+    return dq_t;
   }
 };
 
@@ -404,9 +399,8 @@ void check_latent_attention_params(const LatentAttentionParams& p) {
 
 void check_latent_attention_params(const LatentAttentionBwdParams& p) {
   check_latent_attention_params(static_cast<const LatentAttentionParams&>(p));
-  LAGA_CHECK(p.dout && p.dq && p.dlatent && p.dwkv, "latent attention backward needs dout, dq, dlatent and dwkv; "
-             "missing {}{}{}{}", p.dout ? "" : "dout ", p.dq ? "" : "dq ", p.dlatent ? "" : "dlatent ",
-             p.dwkv ? "" : "dwkv");
+  LAGA_CHECK(p.dout && p.dlatent && p.dwkv, "latent attention backward needs dout, dlatent and dwkv; missing {}{}{}",
+             p.dout ? "" : "dout ", p.dlatent ? "" : "dlatent ", p.dwkv ? "" : "dwkv");
   LAGA_CHECK(p.dlatent_dtype == p.dtype || p.dlatent_dtype == DType::f32, "latent attention's dlatent is {}; it is "
              "the storage dtype ({}) or fp32", dtype_name(p.dlatent_dtype), dtype_name(p.dtype));
 }
@@ -419,14 +413,33 @@ AttentionSaved latent_attention_forward(const LatentAttentionParams& p) {
   });
 }
 
-void latent_attention_backward(const LatentAttentionBwdParams& p, const AttentionSaved& saved) {
+Tensor latent_attention_backward(const LatentAttentionBwdParams& p, const AttentionSaved& saved) {
   check_latent_attention_params(p);
   check_shape(saved.lse, {p.B, p.H, p.T}, "saved.lse (latent attention)");
   check_dtype(saved.lse, DType::f32, "saved.lse (latent attention)");
-  if (meta_mode()) return (void)meta_walk(p, true);
-  dispatch_dtype(p.dtype, [&](auto* tag) {
-    LatentKernel<std::remove_pointer_t<decltype(tag)>>(p, true).backward(p, saved);
+  if (meta_mode()) return meta_walk(p, true).lse;
+  return dispatch_dtype(p.dtype, [&](auto* tag) {
+    return LatentKernel<std::remove_pointer_t<decltype(tag)>>(p, true).backward(p, saved);
   });
+}
+
+void latent_attention_dq(const LatentAttentionParams& p, Tensor& dq_sum, void* dq) {
+  check_shape(dq_sum, {p.B, p.H, p.T, p.Dqk()}, "dq_sum (latent attention)");
+  check_dtype(dq_sum, DType::f32, "dq_sum (latent attention)");
+  LAGA_CHECK(dq, "latent attention's dq is missing");
+  LAGA_ASSERT(dq_sum.tag() == "attn.dq_sum", "latent_attention_dq releases 'attn.dq_sum' but holds '{}'", dq_sum.tag());
+  if (!meta_mode())
+    dispatch_dtype(p.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      const float* s = dq_sum.data<float>();
+      const int64_t rows = p.B * p.H * p.T, Dqk = p.Dqk();
+#pragma omp parallel for schedule(static)
+      for (int64_t r = 0; r < rows; ++r) {  // [B, H, T] rows back to [T, B, H, Dqk]
+        const int64_t t = r % p.T, h = (r / p.T) % p.H, b = r / (p.T * p.H);
+        attn::scale_row(s + r * Dqk, static_cast<T*>(dq) + ((t * p.B + b) * p.H + h) * Dqk, Dqk, p.scale);
+      }
+    });
+  dq_sum = Tensor();
 }
 
 double latent_up_projection_flops(const LatentAttentionParams& p) {
@@ -467,8 +480,10 @@ std::vector<AttentionMemoryEvent> latent_attention_memory_events(const LatentAtt
     alloc("attn.row_stats", {S, 2, bq}, f32);
     alloc("attn.grad_acc", {S, bk * (Dqk + p.Dv)}, f32);
   }
-  // Released in reverse order of allocation (the kernels above release in this order).
-  for (size_t i = ev.size(); i-- > keep;) ev.push_back({true, ev[i].tag, ev[i].shape, ev[i].dtype});
+  // Released in reverse order of allocation (the kernels above release in this order); backward keeps
+  // attn.dq_sum for latent_attention_dq.
+  for (size_t i = ev.size(); i-- > keep;)
+    if (ev[i].tag != "attn.dq_sum") ev.push_back({true, ev[i].tag, ev[i].shape, ev[i].dtype});
   return ev;
 }
 

@@ -84,10 +84,11 @@ Outputs run_latent(const Inputs& in, DType dlatent_dt) {
   r.dwkv = Tensor::zeros({c.H * in.W(), c.Lkv}, in.dt, "dwkv");
   LatentAttentionBwdParams bp;
   static_cast<LatentAttentionParams&>(bp) = params(in, r.o);
-  bp.dout = in.dout.raw(), bp.dq = r.dq.raw();
+  bp.dout = in.dout.raw();
   bp.dlatent = r.dlatent.raw(), bp.dlatent_dtype = dlatent_dt;
   bp.dwkv = r.dwkv.raw(), bp.dwkv_dtype = in.dt;
-  latent_attention_backward(bp, saved);
+  Tensor dq_sum = latent_attention_backward(bp, saved);
+  latent_attention_dq(bp, dq_sum, r.dq.raw());
   return r;
 }
 
@@ -283,7 +284,7 @@ TEST(LatentAttention, AllocatesExactlyItsPlanAndNoWholeSequenceKOrV) {
       };
       int64_t fwd_peak = 0, bwd_peak = 0;
       const int64_t saved_bytes = replay(latent_attention_memory_events(p, false), fwd_peak);
-      EXPECT_EQ(replay(latent_attention_memory_events(p, true), bwd_peak), 0) << what;
+      EXPECT_EQ(replay(latent_attention_memory_events(p, true), bwd_peak), c.B * c.H * c.T * in.Dqk() * 4) << what;
       EXPECT_EQ(saved_bytes, c.B * c.H * c.T * 4) << what;  // lse only
       // No whole-sequence K, V, dK or dV: the kernel's storage-dtype buffers of key rows hold one key tile
       // (fewer than T key rows), and nothing in the storage dtype is sequence-long.
@@ -312,10 +313,12 @@ TEST(LatentAttention, AllocatesExactlyItsPlanAndNoWholeSequenceKOrV) {
         tracker.reset_peak();
         LatentAttentionBwdParams bp;
         static_cast<LatentAttentionParams&>(bp) = p;
-        bp.dout = in.dout.raw(), bp.dq = dq.raw(), bp.dlatent = dl.raw(), bp.dlatent_dtype = DType::f32;
+        bp.dout = in.dout.raw(), bp.dlatent = dl.raw(), bp.dlatent_dtype = DType::f32;
         bp.dwkv = dw.raw(), bp.dwkv_dtype = dt;
-        latent_attention_backward(bp, saved);
+        Tensor dq_sum = latent_attention_backward(bp, saved);
         EXPECT_EQ(tracker.peak_bytes() - saved_bytes, bwd_peak) << what << " meta " << meta;
+        EXPECT_EQ(tracker.live_bytes(), saved_bytes + c.B * c.H * c.T * in.Dqk() * 4) << what << ": dq_sum left";
+        latent_attention_dq(bp, dq_sum, dq.raw());
         EXPECT_EQ(tracker.live_bytes(), saved_bytes) << what;
         for (const auto& [tag, bytes] : tracker.peak_by_tag()) EXPECT_EQ(tag.rfind("attn.", 0), 0u) << what << " " << tag;
       }

@@ -43,7 +43,6 @@ struct LatentAttentionParams {
 
 struct LatentAttentionBwdParams : LatentAttentionParams {
   const void* dout = nullptr;           // [T, B, H, Dv]
-  void* dq = nullptr;                   // [T, B, H, Dn + Dr] (=), the storage dtype
   void* dlatent = nullptr;              // [T, B, Lkv + Dr] (=), summed over the shard's heads
   DType dlatent_dtype = DType::f32;     //   the storage dtype or fp32, rounded once from fp32 sums
   void* dwkv = nullptr;                 // [H, Dn + Dv, Lkv] (+=)
@@ -56,15 +55,19 @@ void check_latent_attention_params(const LatentAttentionBwdParams& p);
 
 // o (=) and the saved log-sum-exp (AttentionSaved::lse, [B, H, T] fp32, tag "attn.lse").
 AttentionSaved latent_attention_forward(const LatentAttentionParams& p);
-// p.o must hold forward's output (for rowsum(dO∘O)); saved is forward's.
-void latent_attention_backward(const LatentAttentionBwdParams& p, const AttentionSaved& saved);
+// p.o must hold forward's output (for rowsum(dO∘O)); saved is forward's. Writes dlatent and adds into
+// dwkv; returns dq's fp32 sum [B, H, T, Dqk] (tag attn.dq_sum, unscaled), still allocated, so that the
+// caller can release q, o, dout and the latent before dq itself is allocated: then latent_attention_dq.
+Tensor latent_attention_backward(const LatentAttentionBwdParams& p, const AttentionSaved& saved);
+// dq [T, B, H, Dqk] (=) = scale · dq_sum in the storage dtype (p's sizes, dtype and scale); releases dq_sum.
+void latent_attention_dq(const LatentAttentionParams& p, Tensor& dq_sum, void* dq);
 
 // The up-projection the kernel executes once in forward (and once more in backward):
 // 2·T·B·Lkv·H·(Dn + Dv).
 double latent_up_projection_flops(const LatentAttentionParams& p);
 
 // Every buffer forward or backward allocates, in order, with its exact size (forward leaves attn.lse
-// allocated). For the planner and the kernel's own MemoryPlanWalker.
+// allocated, backward attn.dq_sum, which latent_attention_dq releases). For the planner and the kernel's own MemoryPlanWalker.
 std::vector<AttentionMemoryEvent> latent_attention_memory_events(const LatentAttentionParams& p, bool backward);
 
 }  // namespace laga

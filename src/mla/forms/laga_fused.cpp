@@ -69,17 +69,19 @@ class LagaFused final : public Form {
   Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
                   LayerWeights& g, const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<LagaFusedSaved&>(*saved);
-    Tensor dq = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.q");
     Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, ctx.c.dlatent_sum_dtype(), "grad.latent_g");
     LatentAttentionBwdParams p;
     static_cast<LatentAttentionParams&>(p) = latent_params(ctx, w, s.latent_g, s.q, s.o);
-    p.dout = dout.raw(), p.dq = dq.raw();
+    p.dout = dout.raw();
     p.dlatent = dlatent_g.raw(), p.dlatent_dtype = dlatent_g.dtype();
     p.dwkv = at(g.wkv_b, ctx.r * ctx.Hr * (ctx.Dn + ctx.Dv) * ctx.Lkv), p.dwkv_dtype = g.wkv_b.dtype();
-    latent_attention_backward(p, s.attn);  // G3 and G2 backward, key tile by key tile
+    Tensor dq_sum = latent_attention_backward(p, s.attn);  // G3 and G2 backward, key tile by key tile
+    // Everything the kernel read is released before dq is allocated beside its fp32 sum.
     dout = Tensor();
     s.attn = {};
     s.q = s.o = s.latent_g = Tensor();
+    Tensor dq = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dqk}, ctx.dt, "grad.q");
+    latent_attention_dq(p, dq_sum, dq.raw());
     // G1's adjoints: dq's all-to-all, then the all-gather's, in flight behind the block's query-path backward
     InFlight dq_local = issue(ctx, gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local"));
     InFlight dlatent =
