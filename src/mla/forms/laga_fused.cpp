@@ -90,6 +90,8 @@ class LagaFused final : public Form {
     return dlatent.wait();
   }
 
+  std::string_view own_kernel() const override { return "latent"; }
+
   std::vector<DeclaredCollective> collectives() const override {
     using Op = CollectiveOp;
     return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"}, {Op::all_to_all, "q", Op::all_to_all, "dq"}};
