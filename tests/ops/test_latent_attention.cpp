@@ -255,6 +255,29 @@ TEST(LatentAttention, DlatentInTheStorageDtypeMatchesLagas) {
   EXPECT_LE(errors(lat, ref).dlatent, 2 * errors(laga, ref).dlatent + 1e-3);
 }
 
+TEST(LatentAttention, AddsIntoDwkvAndOverwritesDlatentAndDq) {
+  const Inputs in = make(cases()[1], DType::f32);
+  const Case& c = in.c;
+  const Outputs zero = run_latent(in, DType::f32);
+  // Again with garbage in dq and dlatent (overwritten) and a nonzero dwkv (added into).
+  Tensor o = Tensor::zeros({c.T, c.B, c.H, c.Dv}, in.dt, "o");
+  AttentionSaved saved = latent_attention_forward(params(in, o));
+  Tensor dq = laga::testing::random_tensor({c.T, c.B, c.H, in.Dqk()}, in.dt, 11, "dq");
+  Tensor dl = laga::testing::random_tensor({c.T, c.B, in.Dl()}, DType::f32, 12, "dl");
+  Tensor dw0 = laga::testing::random_tensor({c.H * in.W(), c.Lkv}, in.dt, 13, "dw");
+  Tensor dw = Tensor::empty(dw0.shape(), in.dt, "dw");
+  std::memcpy(dw.raw(), dw0.raw(), size_t(dw0.nbytes()));
+  LatentAttentionBwdParams bp;
+  static_cast<LatentAttentionParams&>(bp) = params(in, o);
+  bp.dout = in.dout.raw(), bp.dlatent = dl.raw(), bp.dlatent_dtype = DType::f32, bp.dwkv = dw.raw(), bp.dwkv_dtype = in.dt;
+  Tensor dq_sum = latent_attention_backward(bp, saved);
+  latent_attention_dq(bp, dq_sum, dq.raw());
+  EXPECT_TRUE(bitwise(dq, zero.dq));
+  EXPECT_TRUE(bitwise(dl, zero.dlatent));
+  for (int64_t i = 0; i < dw.numel(); ++i)
+    ASSERT_EQ(dw.get(i), float(dw0.get(i) + zero.dwkv.get(i))) << i;  // fp32: one rounding of the same sum
+}
+
 TEST(LatentAttention, BitwiseTheSameForOneAndTwoThreads) {
   const int before = omp_get_max_threads();
   for (DType dt : {DType::f32, DType::bf16})
