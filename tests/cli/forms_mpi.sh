@@ -37,7 +37,7 @@ done
 
 # --overlap on under MPI (collectives in flight across MPI processes) against off under threads.
 for P in 2 4; do
-  for form in explicit explicit-recompute laga laga-recompute absorbed-shared absorbed-expanded; do
+  for form in explicit explicit-recompute laga laga-recompute laga-fused absorbed-shared absorbed-expanded; do
     tag="$P.$form.overlap"
     "$laga" run "${common[@]}" --sp "$P" --form "$form" --overlap off --comm threads --dump "$work/t.$tag" >/dev/null \
       || { fail "threads run $tag"; continue; }

@@ -97,7 +97,9 @@ ClosedForm closed_form(const MlaConfig& c) {
   const int64_t Dr = c.qk_rope_head_dim, Dqk = c.qk_head_dim(), Dv = c.v_head_dim, Dl = Lkv + Dr, T = c.seq_len;
   // Every form: xn, cq and cqn, kv, o (wo's input), y; and the attention kernel's own saved tensor.
   int64_t saved = (2 * E * D + 2 * E * Lq + E * (Lkv + Dr) + E * H * Dv) * s;
-  saved += c.kernel == Kernel::eager ? c.batch * Hr * T * T * s : c.batch * Hr * T * 4;
+  // (laga-fused runs its own latent kernel whatever the kernel: its lse.)
+  const bool probs = c.kernel == Kernel::eager && c.form != "laga-fused";
+  saved += probs ? c.batch * Hr * T * T * s : c.batch * Hr * T * 4;
   int64_t a2a_width = 0, shard = 0;  // per layer and direction: all-to-all'd head widths; all-gathered latent rows
   int64_t again_width = 0;           // per layer: head widths all-to-all'd once more in backward (recomputed)
   if (c.form == "explicit") {
@@ -110,6 +112,9 @@ ClosedForm closed_form(const MlaConfig& c) {
     saved += (G * Dl + E * H * (2 * Dqk + 2 * Dv)) * s;
     a2a_width = Dqk + Dv, shard = E * Dl;
   } else if (c.form == "laga-recompute") {  // the gathered latent, q and o_att; k and v rebuilt locally
+    saved += (G * Dl + E * H * (Dqk + Dv)) * s;
+    a2a_width = Dqk + Dv, shard = E * Dl;
+  } else if (c.form == "laga-fused") {  // laga-recompute's set: the gathered latent, q and o_att
     saved += (G * Dl + E * H * (Dqk + Dv)) * s;
     a2a_width = Dqk + Dv, shard = E * Dl;
   } else if (c.form == "absorbed-shared") {

@@ -31,6 +31,10 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps) {
   const MlaConfig& c = *base;
   fmt::print("laga verify: model {} T {} B {} L {} kernel {} dtype {} ({}; rule: {})\n", c.model, c.seq_len, c.batch,
              c.num_layers, kernel_name(c.kernel), dtype_name(c.dtype), report.backend, report.rule);
+  for (const Form* f : registered_forms())
+    if (!f->own_kernel().empty())
+      fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n", f->name(), f->own_kernel(),
+                 kernel_name(c.kernel));
   fmt::print("# {:>3} {:<18} {:<14} {:>11} {:>11} {:>11} {:>11} {:<14} {:>8} {:>6}\n", "sp", "form", "vs", "y", "dx",
              "dwkv_b", "worst", "worst tensor", "bitwise", "pass");
   fmt::print("# {:>3} {:<18} {:<14} {:>11} {:>11} {:>11} {:>11} {:<14} {:>8} {:>6}\n", "", "", "", "max abs err",

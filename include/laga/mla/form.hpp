@@ -99,6 +99,10 @@ class Form {
   // True when at P = 1 the form runs explicit's operations exactly (its collectives are identities):
   // its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }
+  // The attention kernel the form runs whatever the config's kernel says (laga-fused: "latent", its own
+  // kernel with the up-projection inside); empty for the forms that run the config's kernel. Commands
+  // print it where they print the kernel, so the config's kernel is never silently ignored.
+  virtual std::string_view own_kernel() const { return {}; }
   // Configurations this form cannot run, as messages naming the value and a valid alternative.
   virtual void add_problems(const MlaConfig& c, std::vector<std::string>& problems) const {}
 };
