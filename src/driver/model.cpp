@@ -273,11 +273,16 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
     (ph.backward ? f.bwd_compute_s : f.fwd_compute_s) += t.seconds;
     f.phases.push_back(t);
   }
-  // The planner's ledger: every layer's forward collectives (the form's declared ones and the block's
-  // o), then every layer's backward ones (do, the adjoints, and what the form sends again).
+  // The planner's ledger: every layer's forward collectives (the form's declared ones, a ring pair
+  // once per hop, and the block's o for a form whose output is on its heads), then every layer's
+  // backward ones (do, the adjoints, and what the form sends again).
   const Form& form = find_form(m.form);
-  int64_t per_layer_fwd = 1, per_layer_bwd = 1;
-  for (const DeclaredCollective& d : form.collectives()) ++per_layer_fwd, per_layer_bwd += d.forward_again_in_backward ? 2 : 1;
+  const int64_t o_pair = form.output() == Form::Output::heads ? 1 : 0;
+  int64_t per_layer_fwd = o_pair, per_layer_bwd = o_pair;
+  for (const DeclaredCollective& d : form.collectives()) {
+    const int64_t hops = d.per_ring_hop ? P - 1 : 1;
+    per_layer_fwd += hops, per_layer_bwd += hops * (d.forward_again_in_backward ? 2 : 1);
+  }
   const PlannedComm comm = plan_comm(c);
   LAGA_ASSERT(int64_t(comm.attention.size()) == m.num_layers * (per_layer_fwd + per_layer_bwd),
               "{}: the plan recorded {} collectives, the form declares {} per layer forward and {} backward", m.form,

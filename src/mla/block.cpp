@@ -68,7 +68,10 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
   Tensor o_g = form.forward(ctx, w, std::move(latent), query, s.core);                // the form's core
   LAGA_ASSERT(query_runs == 1, "form {} ran the query path {} times; once is the contract", form.name(), query_runs);
   fault_point("forward", int(ctx.r));
-  s.o = gather_heads(ctx.comm, o_g, "o", "act.o").reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});    // o back to the tokens
+  if (form.output() == Form::Output::heads)
+    s.o = gather_heads(ctx.comm, o_g, "o", "act.o").reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});  // o back to the tokens
+  else
+    s.o = o_g.reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});                                        // already on them
   o_g = Tensor();
   Tensor y = linear_forward(s.o, w.wo, "act.y");                                     // y = o·woᵀ
   add_into(y, in);                                                                   // y = x + y
@@ -90,14 +93,18 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
   const std::string step = fmt::format("layer {} backward, rank {}", layer, ctx.r);
   check_finite(dy, "dy", step);
   const MlaConfig& c = ctx.c;
-  // y = x + o·woᵀ:  do = dy·wo,  dwo += dyᵀ·o;  then the all-to-all of do (the adjoint of o's)
+  // y = x + o·woᵀ:  do = dy·wo,  dwo += dyᵀ·o;  then the all-to-all of do (the adjoint of o's) for a
+  // form whose output is on its heads
   Tensor dout;
   {
     Tensor do_local = Tensor::empty({ctx.N, ctx.B, ctx.H * ctx.Dv}, ctx.dt, "grad.o_local");
     linear_backward(s.o, w.wo, dy, &do_local, false, g.wo);
     s.o = Tensor();
     check_finite(do_local, "do", step);
-    dout = scatter_heads(ctx.comm, do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv}), "do", "grad.o");
+    if (form.output() == Form::Output::heads)
+      dout = scatter_heads(ctx.comm, do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv}), "do", "grad.o");
+    else
+      dout = do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv});
   }
   // The query path's gradient into xn, added after L4's: dcq [N, B, Lq] for L1 (dq [N, B, H·Dqk] for L3').
   Tensor dq_path;

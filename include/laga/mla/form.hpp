@@ -54,6 +54,10 @@ struct DeclaredCollective {
   CollectiveOp backward_op;
   std::string backward;
   bool forward_again_in_backward = false;
+  // A ring pair (send_recv): issued once per hop, P − 1 times per layer (its forward_again_in_backward
+  // and its adjoint too). The forward issues the plain pairs first, then the ring pairs hop by hop,
+  // each hop in the declared order.
+  bool per_ring_hop = false;
 };
 
 // The block's query path, run by the core's forward where it wants q: returns q_local [N, B, H, Dqk]
@@ -87,8 +91,15 @@ class Form {
   virtual Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
                           LayerWeights& g, const QueryPathBackward& query_backward) const = 0;
 
-  // The collectives of one layer's core, in the forward's issue order; the block adds the o/do pair
-  // around it.
+  // Where the core's output lives. heads: o [T, B, Hr, Dv], this rank's heads over the whole sequence
+  // (the head-scatter forms), and the block adds the o/do all-to-all pair (gather_heads / its adjoint)
+  // around the core. tokens: o [N, B, H, Dv], this rank's tokens with all H heads (the ring forms),
+  // and the block uses it as is (and hands the core dout [N, B, H, Dv]).
+  enum class Output { heads, tokens };
+  virtual Output output() const { return Output::heads; }
+
+  // The collectives of one layer's core, in the forward's issue order; for Output::heads the block
+  // adds the o/do pair around it.
   virtual std::vector<DeclaredCollective> collectives() const = 0;
   // Executed FLOPs of the core's attention forward over the whole sequence, all ranks
   // (FlashAttention-3's convention, attention_forward_flops); the backward is 2.5× this.
@@ -99,8 +110,13 @@ class Form {
   // True when at P = 1 the form runs explicit's operations exactly (its collectives are identities):
   // its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }
-  // Configurations this form cannot run, as messages naming the value and a valid alternative.
-  virtual void add_problems(const MlaConfig& c, std::vector<std::string>& problems) const {}
+  // Configurations this form cannot run, as messages naming the value and a valid alternative. By
+  // default the head-scatter forms' own condition: P divides H (add_head_scatter_problems).
+  virtual void add_problems(const MlaConfig& c, std::vector<std::string>& problems) const {
+    add_head_scatter_problems(c, problems);
+  }
+  // A form that scatters heads (Output::heads) needs P | H.
+  static void add_head_scatter_problems(const MlaConfig& c, std::vector<std::string>& problems);
 };
 
 // Every registered form, in registry order (explicit first: the baseline every other is compared to).

@@ -61,6 +61,12 @@ std::string resolve_form_label(std::string_view form, std::string_view regime) {
   return label;
 }
 
+void Form::add_head_scatter_problems(const MlaConfig& c, std::vector<std::string>& p) {
+  if (c.sp > 0 && c.num_attention_heads > 0 && c.num_attention_heads % c.sp)
+    p.push_back(fmt::format("--sp {} does not divide num_attention_heads {}; try {}", c.sp, c.num_attention_heads,
+                            divisors_str(c.num_attention_heads)));
+}
+
 RankCtx::RankCtx(const Config& cfg, Communicator& cm)
     : c(*cfg), comm(cm), P(cm.size()), r(cm.rank()), N(cfg->tokens_per_rank()), T(cfg->seq_len), B(cfg->batch),
       D(cfg->hidden_size), H(cfg->num_attention_heads), Hr(cfg->heads_per_rank()), Lq(cfg->q_lora_rank),
