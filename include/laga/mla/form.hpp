@@ -24,6 +24,21 @@
 
 namespace laga {
 
+// Which global tokens a rank holds. contiguous: rank r holds [r·N, (r+1)·N) (the head-scatter forms).
+// zigzag: the sequence cut into 2P chunks of C = T/(2P), rank r holds chunks r and 2P−1−r, in that
+// order (the ring forms: under causal attention every rank then has the same work).
+enum class TokenLayout { contiguous, zigzag };
+std::string_view token_layout_name(TokenLayout layout);
+
+// A run of global token positions [pos0, pos0 + len) held by one rank, as len consecutive local rows.
+struct TokenSegment {
+  int64_t pos0 = 0, len = 0;
+};
+// The segments of rank `rank` for config c (its form's layout), in local order: the one mechanism by
+// which every local token maps to its global position (RoPE in the block; the driver's inputs,
+// gathered outputs and dumps). Their lengths add up to N = T/P.
+std::vector<TokenSegment> token_segments(const MlaConfig& c, int64_t rank);
+
 // One rank's view of a layer's work: the validated config, the group, and the dimension letters of
 // docs/design.md §1 for this rank.
 struct RankCtx {
@@ -31,7 +46,8 @@ struct RankCtx {
   Communicator& comm;
   int64_t P, r;  // ranks, this rank
   int64_t N, T, B, D, H, Hr, Lq, Lkv, Dn, Dr, Dqk, Dv, Dl;
-  int64_t pos0;  // global position of this rank's first token: r·N
+  int64_t pos0;  // global position of this rank's first token: r·N (contiguous layout)
+  std::vector<TokenSegment> segments;  // token_segments(c, r)
   DType dt;
   RankCtx(const Config& c, Communicator& comm);  // the group must have c->sp ranks
 };
@@ -97,6 +113,8 @@ class Form {
   // and the block uses it as is (and hands the core dout [N, B, H, Dv]).
   enum class Output { heads, tokens };
   virtual Output output() const { return Output::heads; }
+  // Which global tokens each rank holds (token_segments).
+  virtual TokenLayout layout() const { return TokenLayout::contiguous; }
 
   // The collectives of one layer's core, in the forward's issue order; for Output::heads the block
   // adds the o/do pair around it.
