@@ -47,6 +47,10 @@ struct AttentionFwdParams {
   const void* k = nullptr;  AttentionStrides k_stride;  // [T, B, Hkv, Dqk]
   const void* v = nullptr;  AttentionStrides v_stride;  // [T, B, Hkv, Dv]
   void* o = nullptr;        AttentionStrides o_stride;  // [T, B, Hq, Dv] (=)
+  // o in fp32 instead of the storage dtype (q, k, v stay in dtype): a partial attention that is merged
+  // with others by log-sum-exp sees no rounding. In backward o is then read as fp32 too. Fused kernel
+  // only; the eager kernel refuses it.
+  bool o_f32 = false;
 };
 
 // What forward keeps for backward. Exactly one of probs (eager) and lse (fused) is defined.
@@ -60,6 +64,9 @@ struct AttentionBwdParams : AttentionFwdParams {
   void* dq = nullptr;          AttentionStrides dq_stride;    // [T, B, Hq, Dqk] (=)
   void* dk = nullptr;          AttentionStrides dk_stride;    // [T, B, Hkv, Dqk] (=)
   void* dv = nullptr;          AttentionStrides dv_stride;    // [T, B, Hkv, Dv] (=)
+  // dq, dk, dv in fp32 instead of the storage dtype (dout stays in dtype): partial gradients that are
+  // summed over several calls see no rounding. Fused kernel only; the eager kernel refuses it.
+  bool grads_f32 = false;
 };
 
 // Checks the params (sizes, head grouping, scale, pointers, strides non-negative) and names what is
