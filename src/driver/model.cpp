@@ -219,6 +219,28 @@ const ComputeSpec& HardwareSpec::compute_for(DType d) const {
 CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r, int64_t P) {
   CollectiveTime t;
   t.record = r;
+  if (r.op == CollectiveOp::send_recv) {
+    // One hop of a ring: every rank sends its tensor bytes to one neighbour at once, as one step of the
+    // all-to-all's pairwise exchange, so at that link's all_to_all rate and latency: latency + bytes /
+    // bandwidth per hop. Over several nodes the hop is as slow as its node crossing (one rank's own
+    // inter-node bandwidth: only that rank's pair crosses).
+    t.size_bytes = double(r.tensor_bytes);
+    if (P <= 1) return t;
+    const CollectiveOp as = CollectiveOp::all_to_all;
+    const LinkSpec& in = hw.intra_node;
+    t.busbw_GBps = in.busbw_GBps.at(as), t.latency_s = in.latency(as);
+    if (P > hw.ranks_per_node) {
+      LAGA_CHECK(hw.inter_node.has_value(),
+                 "hardware file {}: field 'link.inter_node' is missing; it is needed for --sp {} over ranks_per_node {}",
+                 hw.path, P, hw.ranks_per_node);
+      t.crosses_nodes = true;
+      t.busbw_GBps = std::min(t.busbw_GBps, hw.inter_node->busbw_GBps.at(as));
+      t.latency_s = std::max(t.latency_s, hw.inter_node->latency(as));
+    }
+    t.seconds = t.latency_s + t.size_bytes / (t.busbw_GBps * 1e9);
+    t.exposed_s = t.seconds;
+    return t;
+  }
   LAGA_ASSERT(parse_op(collective_name(r.op)), "the model has no rate for {}", collective_name(r.op));
   t.size_bytes = nccl_size_bytes(r.op, P, double(r.tensor_bytes));
   if (P <= 1) return t;  // an identity: no traffic, no latency

@@ -97,6 +97,15 @@ ClosedForm closed_form(const MlaConfig& c) {
   const int64_t Dr = c.qk_rope_head_dim, Dqk = c.qk_head_dim(), Dv = c.v_head_dim, Dl = Lkv + Dr, T = c.seq_len;
   // Every form: xn, cq and cqn, kv, o (wo's input), y; and the attention kernel's own saved tensor.
   int64_t saved = (2 * E * D + 2 * E * Lq + E * (Lkv + Dr) + E * H * Dv) * s;
+  if (c.form == "ring-kv") {
+    // The local latent, q, k, v, and o (the block's o: the same storage) and each local chunk's fp32
+    // lse (the fused kernel's whatever --kernel says); per layer and rank, P − 1 hops of k and v
+    // forward, again in backward, and of fp32 dk and dv: tensor = wire bytes.
+    ClosedForm f;
+    f.saved = c.num_layers * (saved + (E * Dl + E * H * (2 * Dqk + Dv)) * s + c.batch * H * N * 4);
+    f.tensor = f.wire = c.num_layers * (P - 1) * E * H * (Dqk + Dv) * (2 * s + 4);
+    return f;
+  }
   saved += c.kernel == Kernel::eager ? c.batch * Hr * T * T * s : c.batch * Hr * T * 4;
   int64_t a2a_width = 0, shard = 0;  // per layer and direction: all-to-all'd head widths; all-gathered latent rows
   int64_t again_width = 0;           // per layer: head widths all-to-all'd once more in backward (recomputed)

@@ -78,6 +78,13 @@ AttentionSaved attention_forward(Kernel kernel, const AttentionFwdParams& p);
 // p.o must hold forward's output (fused uses it for rowsum(dO·O)).
 void attention_backward(Kernel kernel, const AttentionBwdParams& p, const AttentionSaved& saved);
 
+// Merges a partial attention of the same queries over other keys into a running one, in fp32 (the
+// ring forms' log-sum-exp merge): with o_part [T, B, H, Dv] and lse_part [B, H, T] (fp32, dense),
+//   lse' = m + log(e^(lse_acc − m) + e^(lse_part − m)),  m = max(lse_acc, lse_part)
+//   o_acc' = e^(lse_acc − lse') · o_acc + e^(lse_part − lse') · o_part
+// o_acc [T, B, H, Dv], lse_acc [B, H, T] fp32 (+= in that sense). first: (o_acc, lse_acc) = the partial.
+void attention_merge(const Tensor& o_part, const Tensor& lse_part, Tensor& o_acc, Tensor& lse_acc, bool first);
+
 // FLOPs by FlashAttention-3's convention: forward 2·B·Hq·T·avg_kv·(Dqk+Dv), causal avg_kv = (T+1)/2;
 // backward 2.5× forward.
 double attention_forward_flops(int64_t B, int64_t Hq, int64_t T, int64_t Dqk, int64_t Dv, bool causal);

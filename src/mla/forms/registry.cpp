@@ -13,6 +13,7 @@ const Form& absorbed_shared_form();
 const Form& laga_form();
 const Form& explicit_recompute_form();
 const Form& laga_recompute_form();
+const Form& ring_kv_form();
 }  // namespace forms
 
 const std::vector<const Form*>& registered_forms() {
@@ -23,6 +24,7 @@ const std::vector<const Form*>& registered_forms() {
       &forms::laga_form(),
       &forms::explicit_recompute_form(),
       &forms::laga_recompute_form(),
+      &forms::ring_kv_form(),
   };
   return all;
 }
