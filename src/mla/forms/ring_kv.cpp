@@ -178,8 +178,8 @@ class RingKv final : public Form {
       }
       if (hop + 1 < ctx.P) k = k_next.wait(), v = v_next.wait();
       if (hop >= 1) {  // the travelling block's dk, dv on to the next rank (after the last hop: its owner)
-        InFlight dk_next = ring_shift_start(ctx.comm, std::move(dk_tr), "dk", "grad.k_ring");
-        InFlight dv_next = ring_shift_start(ctx.comm, std::move(dv_tr), "dv", "grad.v_ring");
+        InFlight dk_next = issue(ctx, ring_shift_start(ctx.comm, std::move(dk_tr), "dk", "grad.k_ring"));
+        InFlight dv_next = issue(ctx, ring_shift_start(ctx.comm, std::move(dv_tr), "dv", "grad.v_ring"));
         dk_tr = dk_next.wait(), dv_tr = dv_next.wait();
       }
     }
