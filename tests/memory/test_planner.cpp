@@ -106,6 +106,14 @@ ClosedForm closed_form(const MlaConfig& c) {
     f.tensor = f.wire = c.num_layers * (P - 1) * E * H * (Dqk + Dv) * (2 * s + 4);
     return f;
   }
+  if (c.form == "ring-latent") {
+    // The local latent, q, o (shared with the block's) and the fp32 lse; P − 1 hops of the latent
+    // forward, again in backward, and of the fp32 dlatent.
+    ClosedForm f;
+    f.saved = c.num_layers * (saved + (E * Dl + E * H * Dqk) * s + c.batch * H * N * 4);
+    f.tensor = f.wire = c.num_layers * (P - 1) * E * Dl * (2 * s + 4);
+    return f;
+  }
   saved += c.kernel == Kernel::eager ? c.batch * Hr * T * T * s : c.batch * Hr * T * 4;
   int64_t a2a_width = 0, shard = 0;  // per layer and direction: all-to-all'd head widths; all-gathered latent rows
   int64_t again_width = 0;           // per layer: head widths all-to-all'd once more in backward (recomputed)

@@ -1,6 +1,7 @@
 // The ring forms' own claims: the zigzag layout (token segments cover the sequence once, balanced);
-// ring-kv runs with more ranks than heads and matches explicit in fp32 within 1e-5 relative; its
-// tokens stay home (no all-to-all) and every hop sends exactly its tensor bytes. The sweeps over every
+// ring-kv and ring-latent run with more ranks than heads and match explicit in fp32 within 1e-5
+// relative; their tokens stay home (no all-to-all) and every hop sends exactly its tensor bytes;
+// ring-latent moves Dl per token instead of H·(Dqk + Dv), at the price of every rank's up-projections. The sweeps over every
 // registered form (test_forms.cpp, test_overlap.cpp, the planner) cover the rest.
 #include <gtest/gtest.h>
 
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "laga/driver/plan.hpp"
+#include "laga/mla/flops.hpp"
 #include "laga/mla/form.hpp"
 #include "verify/compare.hpp"
 #include "verify/forms.hpp"
@@ -51,6 +53,33 @@ TEST(Ring, RingKvMatchesExplicitInFp32WithMoreRanksThanHeads) {
     for (const auto& [name, e] : verify::errors(got, want))
       EXPECT_LE(e.max_abs, 1e-5 * e.scale) << "P " << P << " " << name;
   }
+}
+
+TEST(Ring, RingLatentMatchesExplicitInFp32WithMoreRanksThanHeads) {
+  const verify::Tensors want = verify::run_tensors(Config(tiny("explicit", 32, 1)));
+  for (int64_t P : {2, 16}) {
+    const verify::Tensors got = verify::run_tensors(Config(tiny("ring-latent", 32, P)));
+    for (const auto& [name, e] : verify::errors(got, want))
+      EXPECT_LE(e.max_abs, 1e-5 * e.scale) << "P " << P << " " << name;
+  }
+}
+
+// The latent's hops move Dl per token where ring-kv's move H·(Dqk + Dv): 576 vs 320·H at DeepSeek's
+// dimensions. The price is FLOPs: every rank up-projects every block, forward and backward.
+TEST(Ring, RingLatentTradesTrafficForUpProjections) {
+  MlaConfig c = MlaConfig::preset("deepseek-v3");
+  c.seq_len = 4096, c.sp = 8, c.batch = 1, c.num_layers = 1, c.dtype = DType::bf16;
+  c.form = "ring-kv";
+  const PlannedComm kv = plan_comm(Config(c));
+  const BlockFlops kv_flops = block_flops(c);
+  c.form = "ring-latent";
+  const PlannedComm lat = plan_comm(Config(c));
+  const BlockFlops lat_flops = block_flops(c);
+  EXPECT_EQ(kv.tensor_bytes() * c.latent_dim(), lat.tensor_bytes() * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim));
+  const double up = 2.0 * double(c.seq_len) * double(c.kv_lora_rank * c.num_attention_heads *
+                                                     (c.qk_nope_head_dim + c.v_head_dim));
+  EXPECT_DOUBLE_EQ(lat_flops.forward - kv_flops.forward, 7 * up);
+  EXPECT_DOUBLE_EQ(lat_flops.backward - kv_flops.backward, 8 * up + 14 * up);
 }
 
 TEST(Ring, RingKvSendsOnlyItsHopsAndAcceptsMoreRanksThanHeads) {

@@ -37,7 +37,10 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps) {
              "max abs err", "max abs err", "of allowed", "", "", "");
   nlohmann::json cases = nlohmann::json::array();
   for (const auto& k : report.cases) {
-    fmt::print("  {:>3} {:<18} {:<14} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3f} {:<14} {:>8} {:>6}\n", k.sp, k.form, k.vs,
+    if (k.vs == "not run")
+      fmt::print("  {:>3} {:<18} not run: {}\n", k.sp, k.form, k.criterion);
+    else
+      fmt::print("  {:>3} {:<18} {:<14} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3f} {:<14} {:>8} {:>6}\n", k.sp, k.form, k.vs,
                k.max_abs.at("y"), k.max_abs.at("dx"), k.max_abs.at("dwkv_b"), k.worst_ratio, k.worst,
                k.bitwise ? "yes" : "no", k.pass ? "ok" : "FAIL");
     cases.push_back({{"sp", k.sp},

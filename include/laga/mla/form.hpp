@@ -125,6 +125,10 @@ class Form {
   // FLOPs the backward re-executes from forward, whole sequence, all ranks (a recomputed
   // up-projection); block_flops counts them into backward. 0 for forms that recompute nothing.
   virtual double recompute_flops(const MlaConfig& c) const { return 0; }
+  // Executed FLOPs beyond the block's own count (whole sequence, all ranks), forward and backward: a
+  // form that up-projects every rank's latent on every rank (ring-latent). block_flops adds them.
+  virtual double extra_forward_flops(const MlaConfig& c) const { return 0; }
+  virtual double extra_backward_flops(const MlaConfig& c) const { return 0; }
   // True when at P = 1 the form runs explicit's operations exactly (its collectives are identities):
   // its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }

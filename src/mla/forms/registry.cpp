@@ -14,6 +14,7 @@ const Form& laga_form();
 const Form& explicit_recompute_form();
 const Form& laga_recompute_form();
 const Form& ring_kv_form();
+const Form& ring_latent_form();
 }  // namespace forms
 
 const std::vector<const Form*>& registered_forms() {
@@ -25,6 +26,7 @@ const std::vector<const Form*>& registered_forms() {
       &forms::explicit_recompute_form(),
       &forms::laga_recompute_form(),
       &forms::ring_kv_form(),
+      &forms::ring_latent_form(),
   };
   return all;
 }
