@@ -42,7 +42,9 @@ std::vector<Case> sweep() {
       for (DType dt : {DType::f32, DType::bf16}) {
         // Vary the shape with the case so the sweep covers T, P, H, L, Lq and B without a full product.
         const int64_t Ts[] = {16, 40, 64, 24}, Ps[] = {1, 2, 4, 8}, Hs[] = {8, 8, 16, 8};
-        const int64_t T = Ts[i % 4], P = Ps[(i / 2) % 4], H = Hs[i % 4];
+        const int64_t P = Ps[(i / 2) % 4], H = Hs[i % 4];
+        // A zigzag form needs T a multiple of 2P: the next one up.
+        const int64_t T = form->layout() == TokenLayout::zigzag ? (Ts[i % 4] + 2 * P - 1) / (2 * P) * (2 * P) : Ts[i % 4];
         cases.push_back({std::string(form->name()), kernel, dt, T, P, H, 1 + i % 2, (i % 3 == 2) ? 0 : 48, 1 + (i % 5 == 4),
                          i % 3 == 1 ? DlatentSum::storage : DlatentSum::fp32});
         ++i;
