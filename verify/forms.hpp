@@ -20,7 +20,8 @@ namespace laga::verify {
 struct FormCase {
   int64_t sp = 1;
   std::string form;                       // registry label
-  std::string vs;                         // "fp64" (the rule), or "explicit@1" (the bitwise claim)
+  std::string vs;                         // "fp64" (the rule), "explicit@1" (the bitwise claim), or
+                                          // "not run" (the form refuses this P; criterion says why)
   bool bitwise = false;                   // vs explicit at P = 1, bit for bit
   bool pass = false;
   std::string criterion;                  // the rule applied, in words

@@ -28,6 +28,7 @@ std::string_view collective_name(CollectiveOp op) {
     case CollectiveOp::all_reduce: return "all_reduce";
     case CollectiveOp::barrier: return "barrier";
     case CollectiveOp::broadcast: return "broadcast";
+    case CollectiveOp::send_recv: return "send_recv";
   }
   return "unknown";
 }
@@ -453,6 +454,17 @@ CollectiveHandle Communicator::broadcast_start(void* buf, int64_t bytes, int roo
   return issue(std::move(p), op, bytes, rank() == root ? int64_t(P - 1) * bytes : 0);
 }
 
+CollectiveHandle Communicator::send_recv_start(const void* in, void* out, int64_t n, DType dtype,
+                                               const std::string& tensor) {
+  check_count(*this, "send_recv", tensor, n, in, out);
+  const int64_t bytes = n * dtype_size(dtype);
+  LAGA_CHECK(!moves_data() || !overlaps(in, bytes, out, bytes), "send_recv of '{}' on rank {}: input and output overlap",
+             tensor, rank());
+  auto p = pending(CollectiveOp::send_recv, tensor, dtype);
+  const RawOp op{RawKind::send_recv, in, out, bytes, 0, 0, p->what};
+  return issue(std::move(p), op, bytes, bytes);
+}
+
 CollectiveHandle Communicator::barrier_start() {
   auto p = pending(CollectiveOp::barrier, "barrier", DType::f32);
   const RawOp op{RawKind::barrier, nullptr, nullptr, 0, 0, 0, p->what};
@@ -481,6 +493,11 @@ void Communicator::all_reduce(void* buf, int64_t n, DType dtype, const std::stri
 
 void Communicator::broadcast(void* buf, int64_t bytes, int root, const std::string& tensor) {
   auto h = broadcast_start(buf, bytes, root, tensor);
+  wait(h);
+}
+
+void Communicator::send_recv(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor) {
+  auto h = send_recv_start(in, out, n, dtype, tensor);
   wait(h);
 }
 

@@ -1,6 +1,6 @@
 // The MPI backend: one rank per process of MPI_COMM_WORLD (or of a sub-group of its first ranks),
 // started by mpirun. Raw non-blocking byte movement only (MPI_Iallgather, MPI_Ialltoall, MPI_Ibcast,
-// MPI_Ibarrier), completed by MPI_Test polling with a yield/sleep back-off (MPI_Waitall when there
+// MPI_Ibarrier, and MPI_Irecv + MPI_Isend for a ring's send_recv), completed by MPI_Test polling with a yield/sleep back-off (MPI_Waitall when there
 // is neither a timeout nor anything else to drive); recording, the wait loop and the ordered
 // reductions are in communicator.cpp, which is why this backend and the threads backend give
 // bitwise the same results. Not here: MPI's own reductions (MPI_Reduce_scatter, MPI_Allreduce),
@@ -39,6 +39,7 @@ namespace laga {
 namespace {
 
 int64_t g_max_piece_bytes = INT_MAX;
+constexpr int kRingTag = 17;  // send_recv's point-to-point messages
 
 std::string host_name() {
   int initialized = 0;
@@ -173,6 +174,21 @@ class MpiCommunicator final : public Communicator {
           LAGA_MPI(where_, MPI_Ibcast(p, len, MPI_BYTE, op.root, comm, &r->reqs.emplace_back()));
         }
         break;
+      case RawKind::send_recv: {
+        // Point-to-point messages between two ranks on one communicator and tag arrive in the order
+        // they were sent, so the k-th send_recv's pieces match the k-th on the neighbours. At P = 1
+        // the rank sends to itself (the receive is posted first).
+        r->call = "MPI_Irecv/MPI_Isend";
+        const int P = size_, next = (where_.rank + 1) % P, prev = (where_.rank + P - 1) % P;
+        for (int64_t off = 0; off < op.bytes; off += g_max_piece_bytes) {
+          const int len = int(std::min(g_max_piece_bytes, op.bytes - off));
+          LAGA_MPI(where_, MPI_Irecv(static_cast<char*>(op.recv) + off, len, MPI_BYTE, prev, kRingTag, comm,
+                                     &r->reqs.emplace_back()));
+          LAGA_MPI(where_, MPI_Isend(static_cast<const char*>(op.send) + off, len, MPI_BYTE, next, kRingTag, comm,
+                                     &r->reqs.emplace_back()));
+        }
+        break;
+      }
       case RawKind::barrier:
         r->call = "MPI_Ibarrier";
         LAGA_MPI(where_, MPI_Ibarrier(comm, &r->reqs.emplace_back()));

@@ -107,6 +107,16 @@ InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::st
   return f;
 }
 
+InFlight ring_shift_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
+  Tensor out = Tensor::empty(x.shape(), x.dtype(), tag);
+  InFlight f;
+  f.comm_ = &comm;
+  f.handle_ = comm.send_recv_start(x.raw(), out.raw(), x.numel(), x.dtype(), name);
+  f.keep_ = {std::move(x)};
+  f.finish_ = [out = std::move(out)] { return out; };
+  return f;
+}
+
 Tensor scatter_heads(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
   return scatter_heads_start(comm, x, name, tag).wait();
 }

@@ -56,6 +56,9 @@ void StandInCommunicator::fill(const RawOp& op) {
       for (int j = 0; j < P; ++j) std::memcpy(o + int64_t(j) * b, i + int64_t(j) * b, size_t(b));
       break;
     }
+    case RawKind::send_recv:  // the rank before this one "sends" what this rank sends
+      std::memcpy(o, op.send, size_t(b));
+      break;
     case RawKind::broadcast:  // the root's bytes stand in as this rank's own
     case RawKind::barrier: break;
   }

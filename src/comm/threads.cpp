@@ -45,7 +45,7 @@
 namespace laga {
 namespace {
 
-enum class Kind { all_gather, all_to_all, broadcast, barrier };
+enum class Kind { all_gather, all_to_all, broadcast, barrier, send_recv };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -53,6 +53,7 @@ const char* kind_name(Kind k) {
     case Kind::all_to_all: return "all_to_all";
     case Kind::broadcast: return "broadcast";
     case Kind::barrier: return "barrier";
+    case Kind::send_recv: return "send_recv";
   }
   return "unknown";
 }
@@ -123,7 +124,8 @@ class ThreadsCommunicator final : public Communicator {
   };
 
   std::unique_ptr<RawRequest> start_raw(const RawOp& op) override {
-    static constexpr Kind kinds[] = {Kind::all_gather, Kind::all_to_all, Kind::broadcast, Kind::barrier};
+    static constexpr Kind kinds[] = {Kind::all_gather, Kind::all_to_all, Kind::broadcast, Kind::barrier,
+                                     Kind::send_recv};
     auto r = std::make_unique<Request>();
     r->what = op.what;
     r->lane = op.lane;
@@ -279,6 +281,9 @@ class ThreadsCommunicator final : public Communicator {
         break;
       case Kind::broadcast:
         if (rank_ != me.root) std::memcpy(me.recv, s.posts[size_t(me.root)].send, size_t(b));
+        break;
+      case Kind::send_recv:  // from the rank before this one on the ring (itself at P = 1)
+        std::memcpy(me.recv, s.posts[size_t((rank_ + g_->P - 1) % g_->P)].send, size_t(b));
         break;
       case Kind::barrier: break;
     }

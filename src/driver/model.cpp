@@ -219,6 +219,28 @@ const ComputeSpec& HardwareSpec::compute_for(DType d) const {
 CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r, int64_t P) {
   CollectiveTime t;
   t.record = r;
+  if (r.op == CollectiveOp::send_recv) {
+    // One hop of a ring: every rank sends its tensor bytes to one neighbour at once, as one step of the
+    // all-to-all's pairwise exchange, so at that link's all_to_all rate and latency: latency + bytes /
+    // bandwidth per hop. Over several nodes the hop is as slow as its node crossing (one rank's own
+    // inter-node bandwidth: only that rank's pair crosses).
+    t.size_bytes = double(r.tensor_bytes);
+    if (P <= 1) return t;
+    const CollectiveOp as = CollectiveOp::all_to_all;
+    const LinkSpec& in = hw.intra_node;
+    t.busbw_GBps = in.busbw_GBps.at(as), t.latency_s = in.latency(as);
+    if (P > hw.ranks_per_node) {
+      LAGA_CHECK(hw.inter_node.has_value(),
+                 "hardware file {}: field 'link.inter_node' is missing; it is needed for --sp {} over ranks_per_node {}",
+                 hw.path, P, hw.ranks_per_node);
+      t.crosses_nodes = true;
+      t.busbw_GBps = std::min(t.busbw_GBps, hw.inter_node->busbw_GBps.at(as));
+      t.latency_s = std::max(t.latency_s, hw.inter_node->latency(as));
+    }
+    t.seconds = t.latency_s + t.size_bytes / (t.busbw_GBps * 1e9);
+    t.exposed_s = t.seconds;
+    return t;
+  }
   LAGA_ASSERT(parse_op(collective_name(r.op)), "the model has no rate for {}", collective_name(r.op));
   t.size_bytes = nccl_size_bytes(r.op, P, double(r.tensor_bytes));
   if (P <= 1) return t;  // an identity: no traffic, no latency
@@ -273,11 +295,16 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
     (ph.backward ? f.bwd_compute_s : f.fwd_compute_s) += t.seconds;
     f.phases.push_back(t);
   }
-  // The planner's ledger: every layer's forward collectives (the form's declared ones and the block's
-  // o), then every layer's backward ones (do, the adjoints, and what the form sends again).
+  // The planner's ledger: every layer's forward collectives (the form's declared ones, a ring pair
+  // once per hop, and the block's o for a form whose output is on its heads), then every layer's
+  // backward ones (do, the adjoints, and what the form sends again).
   const Form& form = find_form(m.form);
-  int64_t per_layer_fwd = 1, per_layer_bwd = 1;
-  for (const DeclaredCollective& d : form.collectives()) ++per_layer_fwd, per_layer_bwd += d.forward_again_in_backward ? 2 : 1;
+  const int64_t o_pair = form.output() == Form::Output::heads ? 1 : 0;
+  int64_t per_layer_fwd = o_pair, per_layer_bwd = o_pair;
+  for (const DeclaredCollective& d : form.collectives()) {
+    const int64_t hops = d.per_ring_hop ? P - 1 : 1;
+    per_layer_fwd += hops, per_layer_bwd += hops * (d.forward_again_in_backward ? 2 : 1);
+  }
   const PlannedComm comm = plan_comm(c);
   LAGA_ASSERT(int64_t(comm.attention.size()) == m.num_layers * (per_layer_fwd + per_layer_bwd),
               "{}: the plan recorded {} collectives, the form declares {} per layer forward and {} backward", m.form,

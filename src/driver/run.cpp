@@ -12,6 +12,8 @@
 #include "laga/core/random.hpp"
 #include "laga/io/checkpoint.hpp"
 #include "laga/mla/block.hpp"
+#include "laga/mla/form.hpp"
+#include "laga/ops/elementwise.hpp"
 
 namespace laga {
 
@@ -19,12 +21,27 @@ namespace {
 using clock_type = std::chrono::steady_clock;
 double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
 
-// Whole [T, B, D] from every rank's [N, B, D] shard (sequence-first: shards concatenate).
-Tensor gather_rows(Communicator& comm, const Tensor& shard, const std::string& tag) {
+// Whole [T, B, D] from every rank's [N, B, D] shard: gathered in rank order, then each rank's
+// segments (token_segments) put at their global positions (for the contiguous layout that is the
+// identity: shards concatenate).
+Tensor gather_rows(const MlaConfig& c, Communicator& comm, const Tensor& shard, const std::string& tag) {
   Shape s = shard.shape();
   s[0] *= comm.size();
   Tensor whole = Tensor::empty(s, shard.dtype(), tag);
-  comm.all_gather(shard.raw(), whole.raw(), shard.numel(), shard.dtype(), "gather." + tag);
+  if (find_form(c.form).layout() == TokenLayout::contiguous) {
+    comm.all_gather(shard.raw(), whole.raw(), shard.numel(), shard.dtype(), "gather." + tag);
+    return whole;
+  }
+  Tensor by_rank = Tensor::empty(s, shard.dtype(), tag + ".by_rank");
+  comm.all_gather(shard.raw(), by_rank.raw(), shard.numel(), shard.dtype(), "gather." + tag);
+  const int64_t N = shard.dim(0), row = shard.numel() / std::max<int64_t>(N, 1);
+  for (int64_t q = 0; q < comm.size(); ++q) {
+    int64_t local = 0;
+    for (const TokenSegment& seg : token_segments(c, q)) {
+      copy_rows(shard.dtype(), seg.len, row, at(by_rank, (q * N + local) * row), row, at(whole, seg.pos0 * row), row);
+      local += seg.len;
+    }
+  }
   return whole;
 }
 }  // namespace
@@ -32,9 +49,15 @@ Tensor gather_rows(Communicator& comm, const Tensor& shard, const std::string& t
 bool is_grad_sync(const CollectiveRecord& r) { return r.tensor == "grad_sync"; }
 
 Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const std::string& name, const std::string& tag) {
-  const int64_t N = c.tokens_per_rank();
+  // Each local row holds the values of its global position, so every layout sees the same sequence.
+  const int64_t N = c.tokens_per_rank(), row = c.batch * c.hidden_size;
   Tensor t = Tensor::empty({N, c.batch, c.hidden_size}, c.dtype, tag);
-  fill_normal(t, seed, name, 1.0, 0.0, rank * N * c.batch * c.hidden_size);
+  int64_t local = 0;
+  for (const TokenSegment& seg : token_segments(c, rank)) {
+    Tensor part = t.rows(local, local + seg.len);
+    fill_normal(part, seed, name, 1.0, 0.0, seg.pos0 * row);
+    local += seg.len;
+  }
   return t;
 }
 
@@ -100,10 +123,10 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
   if (opt.gather_tensors) {
     // Whole tensors outlive this rank's tracker: they are made on the default one.
     TrackerScope out(default_tracker());
-    r.x = gather_rows(comm, x_shard, "x");
-    r.dy = gather_rows(comm, dy_shard, "dy");
-    r.y = gather_rows(comm, y_shard, "y");
-    r.dx = gather_rows(comm, dx_shard, "dx");
+    r.x = gather_rows(c, comm, x_shard, "x");
+    r.dy = gather_rows(c, comm, dy_shard, "dy");
+    r.y = gather_rows(c, comm, y_shard, "y");
+    r.dx = gather_rows(c, comm, dx_shard, "dx");
     auto copy = [](const std::string&, Tensor& t) { t = t.clone(t.tag()); };
     r.weights = std::move(w);
     r.grads = std::move(g);

@@ -16,10 +16,24 @@ namespace laga {
 
 namespace {
 
-RopeParams rope_on(const RankCtx& ctx, void* data, int64_t inner, int64_t t_stride, int64_t inner_stride) {
-  RopeParams p = rope_params(ctx.c.rope(), ctx.dt);
-  p.x = data, p.T = ctx.N, p.inner = inner, p.t_stride = t_stride, p.inner_stride = inner_stride, p.pos0 = ctx.pos0;
-  return p;
+// RoPE over this rank's N tokens, one call per segment of its layout (token_segments): each run of
+// local rows at its own global positions.
+template <class Op>
+void rope_on(const RankCtx& ctx, Op op, void* data, int64_t inner, int64_t t_stride, int64_t inner_stride) {
+  int64_t row = 0;
+  for (const TokenSegment& seg : ctx.segments) {
+    RopeParams p = rope_params(ctx.c.rope(), ctx.dt);
+    p.x = static_cast<char*>(data) + row * t_stride * dtype_size(ctx.dt), p.T = seg.len, p.inner = inner;
+    p.t_stride = t_stride, p.inner_stride = inner_stride, p.pos0 = seg.pos0;
+    op(p);
+    row += seg.len;
+  }
+}
+void rope_forward_on(const RankCtx& ctx, void* data, int64_t inner, int64_t t_stride, int64_t inner_stride) {
+  rope_on(ctx, [](const RopeParams& p) { rope_forward(p); }, data, inner, t_stride, inner_stride);
+}
+void rope_backward_on(const RankCtx& ctx, void* data, int64_t inner, int64_t t_stride, int64_t inner_stride) {
+  rope_on(ctx, [](const RopeParams& p) { rope_backward(p); }, data, inner, t_stride, inner_stride);
 }
 
 // The local stage runs its latent path (L4–L6) first and hands the query path (L1–L3, q's RoPE) to the
@@ -41,7 +55,7 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
     rmsnorm_forward(p);
   }
   copy_rows(ctx.dt, ctx.N * ctx.B, ctx.Dr, at(s.kv, ctx.Lkv), ctx.Lkv + ctx.Dr, at(latent, ctx.Lkv), ctx.Dl);
-  rope_forward(rope_on(ctx, at(latent, ctx.Lkv), ctx.B, ctx.B * ctx.Dl, ctx.Dl));                // L6 kpe = rope(kv[:, Lkv:])
+  rope_forward_on(ctx, at(latent, ctx.Lkv), ctx.B, ctx.B * ctx.Dl, ctx.Dl);                // L6 kpe = rope(kv[:, Lkv:])
   if (check_finite_enabled())  // this rank's own tensors, before any of them is communicated
     for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"x", &in}, {"xn", &s.xn}, {"kv", &s.kv},
                                   {"latent", &latent}})
@@ -59,7 +73,7 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
       q = linear_forward(s.xn, w.wq, "act.q_local");                                 // L3' q = xn·wqᵀ
     }
     q = q.reshape({ctx.N, ctx.B, ctx.H, ctx.Dqk});
-    rope_forward(rope_on(ctx, at(q, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk));    //    q_pe ← rope(q_pe)
+    rope_forward_on(ctx, at(q, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk);    //    q_pe ← rope(q_pe)
     if (check_finite_enabled())
       for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"cq", &s.cq}, {"cqn", &s.cqn}, {"q", &q}})
         check_finite(*t, name, step);
@@ -68,7 +82,10 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
   Tensor o_g = form.forward(ctx, w, std::move(latent), query, s.core);                // the form's core
   LAGA_ASSERT(query_runs == 1, "form {} ran the query path {} times; once is the contract", form.name(), query_runs);
   fault_point("forward", int(ctx.r));
-  s.o = gather_heads(ctx.comm, o_g, "o", "act.o").reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});    // o back to the tokens
+  if (form.output() == Form::Output::heads)
+    s.o = gather_heads(ctx.comm, o_g, "o", "act.o").reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});  // o back to the tokens
+  else
+    s.o = o_g.reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});                                        // already on them
   o_g = Tensor();
   Tensor y = linear_forward(s.o, w.wo, "act.y");                                     // y = o·woᵀ
   add_into(y, in);                                                                   // y = x + y
@@ -90,14 +107,18 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
   const std::string step = fmt::format("layer {} backward, rank {}", layer, ctx.r);
   check_finite(dy, "dy", step);
   const MlaConfig& c = ctx.c;
-  // y = x + o·woᵀ:  do = dy·wo,  dwo += dyᵀ·o;  then the all-to-all of do (the adjoint of o's)
+  // y = x + o·woᵀ:  do = dy·wo,  dwo += dyᵀ·o;  then the all-to-all of do (the adjoint of o's) for a
+  // form whose output is on its heads
   Tensor dout;
   {
     Tensor do_local = Tensor::empty({ctx.N, ctx.B, ctx.H * ctx.Dv}, ctx.dt, "grad.o_local");
     linear_backward(s.o, w.wo, dy, &do_local, false, g.wo);
     s.o = Tensor();
     check_finite(do_local, "do", step);
-    dout = scatter_heads(ctx.comm, do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv}), "do", "grad.o");
+    if (form.output() == Form::Output::heads)
+      dout = scatter_heads(ctx.comm, do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv}), "do", "grad.o");
+    else
+      dout = do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv});
   }
   // The query path's gradient into xn, added after L4's: dcq [N, B, Lq] for L1 (dq [N, B, H·Dqk] for L3').
   Tensor dq_path;
@@ -106,7 +127,7 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
     ++query_runs;
     check_finite(dq, "dq", step);
     // L3 q_pe ← rope(q_pe):  dq_pe ← ropeᵀ(dq_pe)
-    rope_backward(rope_on(ctx, at(dq, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk));
+    rope_backward_on(ctx, at(dq, ctx.Dn), ctx.B * ctx.H, ctx.B * ctx.H * ctx.Dqk, ctx.Dqk);
     dq = dq.reshape({ctx.N, ctx.B, ctx.H * ctx.Dqk});
     if (ctx.Lq > 0) {
       Tensor dcqn = Tensor::empty({ctx.N, ctx.B, ctx.Lq}, ctx.dt, "grad.cqn");  // L3 q = cqn·wq_bᵀ
@@ -129,7 +150,7 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
   // L6 kpe = rope(kv[:, Lkv:]):  dkv[:, Lkv:] = ropeᵀ(dkpe)
   Tensor dkv = Tensor::empty({ctx.N, ctx.B, ctx.Lkv + ctx.Dr}, ctx.dt, "grad.kv");
   copy_rows(ctx.dt, ctx.N * ctx.B, ctx.Dr, at(dlatent, ctx.Lkv), ctx.Dl, at(dkv, ctx.Lkv), ctx.Lkv + ctx.Dr);
-  rope_backward(rope_on(ctx, at(dkv, ctx.Lkv), ctx.B, ctx.B * (ctx.Lkv + ctx.Dr), ctx.Lkv + ctx.Dr));
+  rope_backward_on(ctx, at(dkv, ctx.Lkv), ctx.B, ctx.B * (ctx.Lkv + ctx.Dr), ctx.Lkv + ctx.Dr);
   {
     RmsNormBwdParams p;  // L5 ckv = RMSNorm(kv[:, :Lkv]):  dkv[:, :Lkv],  dkv_norm +=
     p.M = ctx.N * ctx.B, p.C = ctx.Lkv, p.dtype = ctx.dt, p.eps = c.rms_norm_eps;

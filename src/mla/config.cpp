@@ -152,13 +152,12 @@ std::vector<std::string> MlaConfig::problems() const {
                                 factor, rope_scaling.mscale, rope_scaling.mscale_all_dim));
     }
   }
-  if (sp > 0 && num_attention_heads > 0 && num_attention_heads % sp)
-    p.push_back(fmt::format("--sp {} does not divide num_attention_heads {}; try {}", sp, num_attention_heads,
-                            divisors_str(num_attention_heads)));
+  // The form's own conditions (the head-scatter forms': P | H) come before the sequence's.
+  const Form* f = find_form_or_null(form);
+  if (f) f->add_problems(*this, p);
   if (sp > 0 && seq_len > 0 && seq_len % sp)
     p.push_back(fmt::format("--sp {} does not divide --seq {}; try {}", sp, seq_len, divisors_str(seq_len)));
-  if (const Form* f = find_form_or_null(form)) f->add_problems(*this, p);
-  else p.push_back(fmt::format("unknown form '{}'; valid: {}", form, form_names()));
+  if (!f) p.push_back(fmt::format("unknown form '{}'; valid: {}", form, form_names()));
   return p;
 }
 

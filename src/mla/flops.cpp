@@ -20,9 +20,11 @@ BlockFlops block_flops(const MlaConfig& c) {
   const double attention = form.attention_forward_flops(c);
   BlockFlops f;
   f.attention_forward = attention * double(c.num_layers);
-  f.forward = (projections + attention) * double(c.num_layers);
-  // A form's recomputation (Form::recompute_flops) is executed work of its backward.
-  f.backward = (2 * projections + 2.5 * attention + form.recompute_flops(c)) * double(c.num_layers);
+  f.forward = (projections + attention + form.extra_forward_flops(c)) * double(c.num_layers);
+  // A form's recomputation (Form::recompute_flops) is executed work of its backward, and so is its
+  // extra work (Form::extra_backward_flops).
+  f.backward = (2 * projections + 2.5 * attention + form.recompute_flops(c) + form.extra_backward_flops(c)) *
+               double(c.num_layers);
   return f;
 }
 
@@ -86,6 +88,9 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   if (!absorbed) {
     mm("up-projection wkv_b", false, Lkv * H * (Dn + Dv));
     ew("k, v assembly", false, H * (Dn + Dv) + H * (Dqk + Dv));  // read [k_nope | v], write k and v
+    if (form.extra_forward_flops(c) > 0)
+      out.push_back({"every rank's up-projection", false, OpClass::matmul, AttentionShape::dense,
+                     form.extra_forward_flops(c) * L, 0});
   } else {
     mm("absorb W_UK into q", false, H * Dn * Lkv);
     ew("q_abs assembly", false, 2 * H * Dr);
@@ -104,6 +109,9 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   if (!absorbed) {
     ew("dk, dv assembly", true, H * (Dqk + Dv) + H * (Dn + Dv) + H * Dr);
     mm("up-projection wkv_b", true, Lkv * H * (Dn + Dv));
+    if (form.extra_backward_flops(c) > 0)
+      out.push_back({"every rank's up-projection", true, OpClass::matmul, AttentionShape::dense,
+                     form.extra_backward_flops(c) * L, 0});
   } else {
     if (shape == AttentionShape::latent) ew("dk, dv sum over heads", true, H * (Dl + Dvo));
     mm("absorb W_UK into q", true, H * Dn * Lkv);

@@ -68,12 +68,19 @@ Kernel parse_kernel(std::string_view s) {
 
 AttentionSaved attention_forward(Kernel kernel, const AttentionFwdParams& p) {
   check_attention_params(p);
+  LAGA_CHECK(kernel == Kernel::fused || !p.o_f32,
+             "the eager attention kernel writes o only in the storage dtype ({}), not fp32; use --kernel fused",
+             dtype_name(p.dtype));
   if (meta_mode()) return meta_walk(kernel, p, false);
   return kernel == Kernel::eager ? attn::eager_forward(p) : attn::fused_forward(p);
 }
 
 void attention_backward(Kernel kernel, const AttentionBwdParams& p, const AttentionSaved& saved) {
   check_attention_params(p);
+  LAGA_CHECK(kernel == Kernel::fused || (!p.o_f32 && !p.grads_f32),
+             "the eager attention kernel reads o and writes dq, dk, dv only in the storage dtype ({}), not fp32; use "
+             "--kernel fused",
+             dtype_name(p.dtype));
   if (kernel == Kernel::eager) {
     check_shape(saved.probs, {p.B, p.Hq, p.T, p.T}, "saved.probs (eager attention)");
     check_dtype(saved.probs, p.dtype, "saved.probs (eager attention)");

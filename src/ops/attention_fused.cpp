@@ -160,7 +160,8 @@ struct FusedKernel {
     }
     for (int64_t r = 0; r < q.rows; ++r) {
       const int64_t h = head(q, r), t = token(q, r);
-      scale_row(acc + r * p.Dv, at<T>(p.o, p.o_stride, t, q.b, h), p.Dv, 1.0f / l[r]);
+      if (p.o_f32) scale_row(acc + r * p.Dv, at<float>(p.o, p.o_stride, t, q.b, h), p.Dv, 1.0f / l[r]);
+      else scale_row(acc + r * p.Dv, at<T>(p.o, p.o_stride, t, q.b, h), p.Dv, 1.0f / l[r]);
       lse[(q.b * p.Hq + h) * p.T + t] = (m[r] + std::log2(l[r])) * kLn2;
     }
   }
@@ -218,8 +219,13 @@ struct FusedKernel {
       matmul(product(nk, p.Dqk, R, p.dtype, w.ds, R, 1, w.qt, p.Dqk, 1, dk_acc, p.Dqk, true));
     }
     for (int64_t kk = 0; kk < nk; ++kk) {
-      scale_row(dk_acc + kk * p.Dqk, at<T>(bp.dk, bp.dk_stride, k0 + kk, b, hk), p.Dqk, p.scale);
-      scale_row(dv_acc + kk * p.Dv, at<T>(bp.dv, bp.dv_stride, k0 + kk, b, hk), p.Dv, 1.0f);
+      if (bp.grads_f32) {
+        scale_row(dk_acc + kk * p.Dqk, at<float>(bp.dk, bp.dk_stride, k0 + kk, b, hk), p.Dqk, p.scale);
+        scale_row(dv_acc + kk * p.Dv, at<float>(bp.dv, bp.dv_stride, k0 + kk, b, hk), p.Dv, 1.0f);
+      } else {
+        scale_row(dk_acc + kk * p.Dqk, at<T>(bp.dk, bp.dk_stride, k0 + kk, b, hk), p.Dqk, p.scale);
+        scale_row(dv_acc + kk * p.Dv, at<T>(bp.dv, bp.dv_stride, k0 + kk, b, hk), p.Dv, 1.0f);
+      }
     }
   }
 
@@ -243,8 +249,12 @@ struct FusedKernel {
       // dq_acc [rows, Dqk] += dS [rows, nk] · K_j
       matmul(product(q.rows, p.Dqk, nk, p.dtype, w.ds, nk, 1, kv.k, p.Dqk, 1, dq_acc, p.Dqk, true));
     }
-    for (int64_t r = 0; r < q.rows; ++r)
-      scale_row(dq_acc + r * p.Dqk, at<T>(bp.dq, bp.dq_stride, token(q, r), q.b, head(q, r)), p.Dqk, p.scale);
+    for (int64_t r = 0; r < q.rows; ++r) {
+      if (bp.grads_f32)
+        scale_row(dq_acc + r * p.Dqk, at<float>(bp.dq, bp.dq_stride, token(q, r), q.b, head(q, r)), p.Dqk, p.scale);
+      else
+        scale_row(dq_acc + r * p.Dqk, at<T>(bp.dq, bp.dq_stride, token(q, r), q.b, head(q, r)), p.Dqk, p.scale);
+    }
   }
 };
 
@@ -328,7 +338,8 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = r % p.T, h = (r / p.T) % p.Hq, b = r / (p.T * p.Hq);
-    d[r] = dot_row(at<T>(p.dout, p.dout_stride, t, b, h), at<T>(p.o, p.o_stride, t, b, h), p.Dv);
+    d[r] = p.o_f32 ? dot_row(at<T>(p.dout, p.dout_stride, t, b, h), at<float>(p.o, p.o_stride, t, b, h), p.Dv)
+                   : dot_row(at<T>(p.dout, p.dout_stride, t, b, h), at<T>(p.o, p.o_stride, t, b, h), p.Dv);
   }
   Workspace<T> ws(plan, p, tl, true);
   const int64_t groups = p.B * p.Hkv;

@@ -31,6 +31,7 @@ expect 2 "seq_len (--seq) = 0 must be positive" -- "$laga" run --model tiny --se
 expect 2 "\-\-sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8" -- "$laga" run --model tiny --seq 24 --sp 3
 expect 2 "\-\-sp 4 does not divide --seq 18; try 1, 2, 3, 6, 9, 18" -- "$laga" run --model tiny --seq 18 --sp 4
 expect 2 "unknown form 'fancy'; valid: explicit, absorbed-expanded, absorbed-shared, laga" -- "$laga" run --model tiny --seq 16 --form fancy
+expect 2 "\-\-seq 36 is not a multiple of 2 × \-\-sp 4 = 8 (ring-kv's zigzag layout .*; try \-\-seq 32 or 40" -- "$laga" run --model tiny --seq 36 --sp 4 --form ring-kv
 expect 2 "unknown kernel 'flash'; valid: eager, fused" -- "$laga" run --model tiny --seq 16 --kernel flash
 expect 2 "unknown dlatent sum 'half' (--dlatent-sum, JSON dlatent_sum); valid: fp32, storage" -- "$laga" run --model tiny --seq 16 --sp 2 --form laga --dlatent-sum half
 expect 2 "unknown dtype 'fp16'; valid: fp32, bf16" -- "$laga" run --model tiny --seq 16 --dtype fp16

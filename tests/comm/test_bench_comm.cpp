@@ -56,6 +56,10 @@ void run_collective(const Shape& s, const std::function<void(int, std::vector<ui
         fill_input(s, r, in.data());
         comm.all_to_all(in.data(), out.data(), s.n, s.dtype, "t");
         break;
+      case CollectiveOp::send_recv:
+        fill_input(s, r, in.data());
+        comm.send_recv(in.data(), out.data(), s.n, s.dtype, "t");
+        break;
       default:
         fill_input(s, r, out.data());
         comm.all_reduce(out.data(), s.n, s.dtype, "t");

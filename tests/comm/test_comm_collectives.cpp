@@ -149,6 +149,35 @@ TEST(Comm, BroadcastCopiesTheRootsBytes) {
     });
 }
 
+TEST(Comm, SendRecvShiftsEveryRanksBufferOneStepAroundTheRing) {
+  for (int P : rank_counts())
+    for (DType t : kDtypes)
+      for (int64_t n : kSizes)
+        run_threads(P, [&](Communicator& c) {
+          const Buffer in = normal_buffer(t, n, 3, c.rank());
+          Buffer out(t, n);
+          c.send_recv(in.data(), out.data(), n, t, "k");
+          EXPECT_TRUE(out.bitwise_equal(normal_buffer(t, n, 3, (c.rank() + P - 1) % P)))
+              << where(P, t, n) << " rank " << c.rank();
+        });
+}
+
+// P hops bring every rank's buffer back to it: the ring visits every rank once.
+TEST(Comm, PSendRecvHopsBringEveryBufferBackHome) {
+  for (int P : rank_counts())
+    run_threads(P, [&](Communicator& c) {
+      const Buffer mine = normal_buffer(DType::bf16, 33, 4, c.rank());
+      Buffer a = mine, b(DType::bf16, 33);
+      for (int hop = 0; hop < P; ++hop) {
+        c.send_recv(a.data(), b.data(), 33, DType::bf16, "kv");
+        std::swap(a, b);
+        EXPECT_TRUE(a.bitwise_equal(normal_buffer(DType::bf16, 33, 4, (c.rank() + 2 * P - hop - 1) % P)))
+            << "P=" << P << " hop " << hop;
+      }
+      EXPECT_TRUE(a.bitwise_equal(mine));
+    });
+}
+
 // Hundreds of back-to-back collectives of different kinds: the two barriers keep ranks in step.
 TEST(Comm, ManyCollectivesInARowStayInStep) {
   run_threads(8, [&](Communicator& c) {
@@ -176,6 +205,7 @@ TEST(Comm, ManyCollectivesInARowStayInStep) {
 //   all_reduce  fp32, n = 10: 40 B; wire ⌊2·3·40/4⌋ = 60 B
 //   broadcast 13 B from root 1: 13 B; wire 3·13 = 39 B on rank 1, 0 elsewhere
 //   barrier: 0, 0
+//   send_recv bf16, n = 10: 20 B each way; wire 20 B
 TEST(Comm, LedgerCountsTensorAndWireBytes) {
   run_threads(4, [&](Communicator& c) {
     std::vector<char> a(160), b(160);
@@ -185,14 +215,16 @@ TEST(Comm, LedgerCountsTensorAndWireBytes) {
     c.all_reduce(a.data(), 10, DType::f32, "grad_sync");
     c.broadcast(a.data(), 13, 1, "config");
     c.barrier();
+    c.send_recv(a.data(), b.data(), 10, DType::bf16, "k");
     const auto& rec = c.ledger().records();
-    ASSERT_EQ(rec.size(), 6u) << "composite collectives are recorded once, not as their parts";
+    ASSERT_EQ(rec.size(), 7u) << "composite collectives are recorded once, not as their parts";
     const CollectiveOp ops[] = {CollectiveOp::all_gather, CollectiveOp::all_to_all, CollectiveOp::reduce_scatter,
-                                CollectiveOp::all_reduce, CollectiveOp::broadcast, CollectiveOp::barrier};
-    const char* names[] = {"latent", "q", "dlatent", "grad_sync", "config", "barrier"};
-    const int64_t tensor[] = {20, 80, 40, 40, 13, 0};
-    const int64_t wire[] = {60, 60, 120, 60, c.rank() == 1 ? 39 : 0, 0};
-    for (size_t i = 0; i < 6; ++i) {
+                                CollectiveOp::all_reduce, CollectiveOp::broadcast, CollectiveOp::barrier,
+                                CollectiveOp::send_recv};
+    const char* names[] = {"latent", "q", "dlatent", "grad_sync", "config", "barrier", "k"};
+    const int64_t tensor[] = {20, 80, 40, 40, 13, 0, 20};
+    const int64_t wire[] = {60, 60, 120, 60, c.rank() == 1 ? 39 : 0, 0, 20};
+    for (size_t i = 0; i < 7; ++i) {
       EXPECT_EQ(rec[i].op, ops[i]);
       EXPECT_EQ(rec[i].tensor, names[i]);
       EXPECT_EQ(rec[i].tensor_bytes, tensor[i]) << collective_name(ops[i]);
@@ -201,7 +233,7 @@ TEST(Comm, LedgerCountsTensorAndWireBytes) {
     }
     EXPECT_EQ(rec[0].dtype, DType::bf16);
     EXPECT_EQ(rec[2].dtype, DType::f32);
-    EXPECT_EQ(c.ledger().tensor_bytes(), 20 + 80 + 40 + 40 + 13);
+    EXPECT_EQ(c.ledger().tensor_bytes(), 20 + 80 + 40 + 40 + 13 + 20);
     EXPECT_EQ(c.ledger().wire_bytes([](const CollectiveRecord& r) { return r.tensor == "latent" || r.tensor == "q"; }),
               120);
   });
@@ -221,8 +253,10 @@ TEST(Comm, LedgerWireBytesAreZeroAtOneRankAndFloorOtherwise) {
     c.reduce_scatter(a.data(), b.data(), 10, DType::f32, "dlatent");
     c.all_reduce(a.data(), 10, DType::f32, "grad_sync");
     c.broadcast(a.data(), 40, 0, "config");
+    c.send_recv(a.data(), b.data(), 10, DType::f32, "k");
+    EXPECT_TRUE(a == b) << "send_recv at one rank copies the input";
     EXPECT_EQ(c.ledger().wire_bytes(), 0);
-    EXPECT_EQ(c.ledger().tensor_bytes(), 40 * 5);
+    EXPECT_EQ(c.ledger().tensor_bytes(), 40 * 6);
   });
 }
 

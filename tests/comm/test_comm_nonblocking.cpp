@@ -111,6 +111,62 @@ TEST(Comm, SeveralCollectivesInFlightGiveTheBlockingResults) {
       }
 }
 
+// A ring pass as the ring forms run it: hop h+1 is issued before hop h is waited (double buffering
+// needs two in flight), mixed with an all_gather, waited in a rank-dependent order; the same bits as
+// the blocking hops.
+TEST(Comm, SeveralSendRecvsInFlightGiveTheBlockingResults) {
+  for (int P : rank_counts())
+    for (DType t : {DType::f32, DType::bf16})
+      within_seconds(60, [&] {
+        run_threads(P, [&](Communicator& c) {
+          const int64_t n = 37;
+          const Buffer k = normal_buffer(t, n, 21, c.rank()), v = normal_buffer(t, 2 * n, 22, c.rank());
+          Buffer k1(t, n), v1(t, 2 * n), k1b(t, n), v1b(t, 2 * n), ag(t, P * n), agb(t, P * n);
+          c.send_recv(k.data(), k1b.data(), n, t, "k");
+          c.all_gather(k.data(), agb.data(), n, t, "latent");
+          c.send_recv(v.data(), v1b.data(), 2 * n, t, "v");
+          std::vector<CollectiveHandle> h;
+          h.push_back(c.send_recv_start(k.data(), k1.data(), n, t, "k"));
+          h.push_back(c.all_gather_start(k.data(), ag.data(), n, t, "latent"));
+          h.push_back(c.send_recv_start(v.data(), v1.data(), 2 * n, t, "v"));
+          if (c.rank() % 2) std::reverse(h.begin(), h.end());
+          for (auto& x : h) c.wait(x);
+          EXPECT_TRUE(k1.bitwise_equal(k1b)) << "P=" << P;
+          EXPECT_TRUE(v1.bitwise_equal(v1b)) << "P=" << P;
+          EXPECT_TRUE(ag.bitwise_equal(agb)) << "P=" << P;
+          EXPECT_TRUE(k1.bitwise_equal(normal_buffer(t, n, 21, (c.rank() + P - 1) % P)));
+        });
+      });
+}
+
+// Rank 2 never issues its hop: ranks 0, 1 and 3 time out naming it (a ring shift still waits for
+// every rank of the group, as the other collectives do), and nobody hangs.
+TEST(Comm, SendRecvTimeoutNamesTheMissingRank) {
+  within_seconds(20, [&] {
+    const Error e = group_error(
+        4,
+        [&](Communicator& c) {
+          std::vector<float> a(8), b(8);
+          if (c.rank() == 2) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+            return;
+          }
+          auto h = c.send_recv_start(a.data(), b.data(), 8, DType::f32, "k");
+          c.wait(h);
+        },
+        0.3);
+    EXPECT_TRUE(matches(e.message(), "^rank [013]: send_recv of 'k' timed out after 0.3 s waiting for rank 2$"))
+        << e.message();
+  });
+}
+
+TEST(Comm, SendRecvOfOverlappingBuffersIsRefused) {
+  run_threads(1, [&](Communicator& c) {
+    std::vector<float> a(16);
+    EXPECT_THROW(c.send_recv(a.data(), a.data() + 4, 8, DType::f32, "k"), Error);
+  });
+}
+
 // Rank 0 waits on its first all_reduce while rank 1 waits on the last collective it issued, and the
 // others wait in yet other orders, many times over: nothing deadlocks and every result is right.
 TEST(Comm, WaitInAnyOrderDoesNotDeadlock) {
@@ -360,6 +416,7 @@ void planned_collectives(Communicator& c, bool null_buffers) {
       c.reduce_scatter(x, y, n, t, "dlatent");
       c.all_to_all(x, y, n, t, "q");
       c.all_reduce(x, n, t, "grad_sync");
+      c.send_recv(x, y, n, t, "k");
       auto h1 = c.all_gather_start(x, y, n, t, "kv");
       auto h2 = c.all_reduce_start(x, n, t, "grad_b");
       c.wait(h2);

@@ -42,7 +42,9 @@ std::vector<Case> sweep() {
       for (DType dt : {DType::f32, DType::bf16}) {
         // Vary the shape with the case so the sweep covers T, P, H, L, Lq and B without a full product.
         const int64_t Ts[] = {16, 40, 64, 24}, Ps[] = {1, 2, 4, 8}, Hs[] = {8, 8, 16, 8};
-        const int64_t T = Ts[i % 4], P = Ps[(i / 2) % 4], H = Hs[i % 4];
+        const int64_t P = Ps[(i / 2) % 4], H = Hs[i % 4];
+        // A zigzag form needs T a multiple of 2P: the next one up.
+        const int64_t T = form->layout() == TokenLayout::zigzag ? (Ts[i % 4] + 2 * P - 1) / (2 * P) * (2 * P) : Ts[i % 4];
         cases.push_back({std::string(form->name()), kernel, dt, T, P, H, 1 + i % 2, (i % 3 == 2) ? 0 : 48, 1 + (i % 5 == 4),
                          i % 3 == 1 ? DlatentSum::storage : DlatentSum::fp32});
         ++i;
@@ -97,6 +99,23 @@ ClosedForm closed_form(const MlaConfig& c) {
   const int64_t Dr = c.qk_rope_head_dim, Dqk = c.qk_head_dim(), Dv = c.v_head_dim, Dl = Lkv + Dr, T = c.seq_len;
   // Every form: xn, cq and cqn, kv, o (wo's input), y; and the attention kernel's own saved tensor.
   int64_t saved = (2 * E * D + 2 * E * Lq + E * (Lkv + Dr) + E * H * Dv) * s;
+  if (c.form == "ring-kv") {
+    // The local latent, q, k, v, and o (the block's o: the same storage) and each local chunk's fp32
+    // lse (the fused kernel's whatever --kernel says); per layer and rank, P − 1 hops of k and v
+    // forward, again in backward, and of fp32 dk and dv: tensor = wire bytes.
+    ClosedForm f;
+    f.saved = c.num_layers * (saved + (E * Dl + E * H * (2 * Dqk + Dv)) * s + c.batch * H * N * 4);
+    f.tensor = f.wire = c.num_layers * (P - 1) * E * H * (Dqk + Dv) * (2 * s + 4);
+    return f;
+  }
+  if (c.form == "ring-latent") {
+    // The local latent, q, o (shared with the block's) and the fp32 lse; P − 1 hops of the latent
+    // forward, again in backward, and of the fp32 dlatent.
+    ClosedForm f;
+    f.saved = c.num_layers * (saved + (E * Dl + E * H * Dqk) * s + c.batch * H * N * 4);
+    f.tensor = f.wire = c.num_layers * (P - 1) * E * Dl * (2 * s + 4);
+    return f;
+  }
   // (laga-fused runs its own latent kernel whatever the kernel: its lse.)
   const bool probs = c.kernel == Kernel::eager && c.form != "laga-fused";
   saved += probs ? c.batch * Hr * T * T * s : c.batch * Hr * T * 4;

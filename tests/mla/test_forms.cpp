@@ -88,26 +88,29 @@ TEST(Forms, SmallT128Bf16FusedPassesAtEveryP) {
 }
 
 TEST(Forms, LedgerHoldsExactlyTheDeclaredCollectives) {
-  // Per layer: the form's declared pairs plus the block's o / do, forward then backward, op and name;
-  // the forward in the declared order (then o), with overlap on and off alike (it moves waits, not
-  // issues); the backward's adjoints in an order of the form's own, so compared as a set.
+  // Per layer: the form's declared pairs (a ring pair once per hop, P − 1 times) plus, for a form whose
+  // output is on its heads, the block's o / do, forward then backward, op and name; the forward in the
+  // declared order (then o), with overlap on and off alike (it moves waits, not issues); the
+  // backward's adjoints in an order of the form's own, so compared as a set.
   for (const Form* f : registered_forms())
     for (bool overlap : {false, true}) {
+      const int P = 4;
       const Config c = Case{"tiny", DType::bf16, Kernel::fused, 32, 1, 1}.config().with([&](MlaConfig& m) {
-        m.form = std::string(f->name()), m.sp = 4, m.overlap = overlap;
+        m.form = std::string(f->name()), m.sp = P, m.overlap = overlap;
       });
-      std::vector<std::pair<CollectiveOp, std::string>> want_fwd, want_bwd{{CollectiveOp::all_to_all, "do"}}, fwd, bwd;
-      for (const auto& d : f->collectives()) {
-        want_fwd.push_back({d.forward_op, d.forward}), want_bwd.push_back({d.backward_op, d.backward});
-        if (d.forward_again_in_backward) want_bwd.push_back({d.forward_op, d.forward});  // recomputed (explicit-recompute)
-      }
-      want_fwd.push_back({CollectiveOp::all_to_all, "o"});
+      const bool heads = f->output() == Form::Output::heads;
+      std::vector<std::pair<CollectiveOp, std::string>> want_fwd, want_bwd, fwd, bwd;
+      if (heads) want_bwd.push_back({CollectiveOp::all_to_all, "do"});
+      // the plain pairs in the declared order, then the ring pairs hop by hop
+      for (int hop = -1; hop < P - 1; ++hop)
+        for (const auto& d : f->collectives())
+          if (d.per_ring_hop == (hop >= 0)) {
+            want_fwd.push_back({d.forward_op, d.forward}), want_bwd.push_back({d.backward_op, d.backward});
+            if (d.forward_again_in_backward) want_bwd.push_back({d.forward_op, d.forward});  // recomputed
+          }
+      if (heads) want_fwd.push_back({CollectiveOp::all_to_all, "o"});
       const PlannedComm plan = plan_comm(c);
-      bool backward = false;
-      for (const auto& r : plan.attention) {
-        backward = backward || r.tensor == "do";
-        (backward ? bwd : fwd).push_back({r.op, r.tensor});
-      }
+      for (const auto& r : plan.attention) (fwd.size() < want_fwd.size() ? fwd : bwd).push_back({r.op, r.tensor});
       for (auto* v : {&want_bwd, &bwd}) std::sort(v->begin(), v->end());
       EXPECT_EQ(fwd, want_fwd) << f->name() << (overlap ? " overlap on" : " overlap off");
       EXPECT_EQ(bwd, want_bwd) << f->name() << (overlap ? " overlap on" : " overlap off");

@@ -368,3 +368,55 @@ TEST(Attention, FlopsFollowFlashAttention3Convention) {
   EXPECT_DOUBLE_EQ(attention_forward_flops(1, 16, 4096, 192, 128, true), 2.0 * 16 * 4096 * (4097 / 2.0) * 320);
   EXPECT_DOUBLE_EQ(attention_forward_flops(2, 4, 100, 24, 12, false), 2.0 * 2 * 4 * 100 * 100 * 36);
 }
+
+namespace {
+
+// The bf16 fused run of case c with o (and, in backward, dq, dk, dv) written in fp32: each fp32
+// output rounded to bf16 is bitwise the bf16 kernel's output (the same fp32 accumulator times the
+// same factor, rounded once), so the option changes nothing but where the rounding happens.
+TEST(Attention, FusedFp32OutputsRoundToTheStorageDtypeOutputs) {
+  for (const Case& c : cases()) {
+    if (c.latent_v) continue;  // o_f32 is for dense k, v (the ring forms' chunks)
+    AttnRun low = setup(c, DType::bf16);
+    const Results want = run_kernel(Kernel::fused, low);
+    AttnRun wide = setup(c, DType::bf16);
+    auto f32 = [&](Strided& s, const char* name) {
+      s = make(s.T, s.B, s.H, s.D, s.pad, DType::f32, name, false);
+      return s.buf.raw();
+    };
+    AttentionBwdParams& p = wide.p;
+    p.o = f32(wide.o, "o32"), p.dq = f32(wide.dq, "dq32"), p.dk = f32(wide.dk, "dk32"), p.dv = f32(wide.dv, "dv32");
+    p.o_f32 = true, p.grads_f32 = true;
+    // backward reads o as fp32: it sees the unrounded forward output, so delta (and so the
+    // gradients) may differ in the last bit from the bf16 run; check the forward bitwise and the
+    // gradients within a bf16 step of it.
+    AttentionSaved saved = attention_forward(Kernel::fused, p);
+    const ref::Array o = wide.o.values();
+    for (int64_t i = 0; i < o.numel(); ++i)
+      ASSERT_EQ(round_to(DType::bf16, float(o[i])), float(want.o[i])) << c.name << " o element " << i;
+    EXPECT_TRUE(wide.o.pads_hold_nan()) << c.name;
+    attention_backward(Kernel::fused, p, saved);
+    for (auto [got, ref_out, name] : {std::tuple{wide.dq.values(), want.dq, "dq"}, {wide.dk.values(), want.dk, "dk"},
+                                      {wide.dv.values(), want.dv, "dv"}}) {
+      const double scale = std::max(1e-3, max_abs(ref_out));
+      EXPECT_LE(max_abs_diff(got, ref_out) / scale, 2e-2) << c.name << " " << name;
+    }
+    EXPECT_TRUE(wide.dq.pads_hold_nan() && wide.dk.pads_hold_nan() && wide.dv.pads_hold_nan()) << c.name;
+  }
+}
+
+TEST(Attention, EagerRefusesFp32Outputs) {
+  AttnRun r = setup(cases()[1], DType::bf16);
+  r.p.o_f32 = true;
+  EXPECT_THROW(attention_forward(Kernel::eager, r.p), Error);
+  r.p.o_f32 = false, r.p.grads_f32 = true;
+  AttentionSaved saved = attention_forward(Kernel::eager, r.p);
+  try {
+    attention_backward(Kernel::eager, r.p, saved);
+    ADD_FAILURE() << "eager accepted fp32 gradients";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("use --kernel fused"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

@@ -6,8 +6,9 @@
 //
 // Conventions (nccl-tests'): a size S is the bytes of the whole buffer — for all_gather the gathered
 // output, for reduce_scatter the input, for all_to_all the (input = output) buffer of one rank, for
-// all_reduce the buffer. algbw = S / t; busbw = algbw · (P−1)/P for all_gather, reduce_scatter and
-// all_to_all and algbw · 2(P−1)/P for all_reduce, so that busbw is comparable with a link's rate.
+// all_reduce the buffer, for send_recv what each rank sends. algbw = S / t; busbw = algbw · (P−1)/P
+// for all_gather, reduce_scatter and all_to_all, algbw · 2(P−1)/P for all_reduce and algbw for
+// send_recv (0 at P = 1), so that busbw is comparable with a link's rate.
 #pragma once
 
 #include <cstdint>
@@ -47,7 +48,7 @@ struct Shape {
 };
 Shape shape_for(CollectiveOp op, DType dtype, int P, int64_t requested_bytes);
 
-// busbw / algbw: (P−1)/P, or 2(P−1)/P for all_reduce (0 at P = 1).
+// busbw / algbw: (P−1)/P, 2(P−1)/P for all_reduce, 1 for send_recv (0 at P = 1).
 double busbw_factor(CollectiveOp op, int P);
 
 // The input value of element `index` of rank `rank`: a small integer in −7 .. 7 from a hash of

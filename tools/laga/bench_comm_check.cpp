@@ -45,6 +45,8 @@ float expected(const Shape& s, int q, int64_t j) {
       for (int r = 0; r < P; ++r) sum += pattern(r, int64_t(q) * s.n + j);
       return float(sum);
     }
+    case CollectiveOp::send_recv:  // out [n] = rank (q−1) mod P's input
+      return pattern((q + P - 1) % P, j);
     case CollectiveOp::all_reduce: {  // buf [n] = Σ_r buf_r
       double sum = 0;
       for (int r = 0; r < P; ++r) sum += pattern(r, j);
@@ -60,14 +62,16 @@ float expected(const Shape& s, int q, int64_t j) {
 
 const std::vector<CollectiveOp>& benchmarked_ops() {
   static const std::vector<CollectiveOp> ops{CollectiveOp::all_gather, CollectiveOp::reduce_scatter,
-                                             CollectiveOp::all_to_all, CollectiveOp::all_reduce};
+                                             CollectiveOp::all_to_all, CollectiveOp::all_reduce,
+                                             CollectiveOp::send_recv};
   return ops;
 }
 
 CollectiveOp parse_op(const std::string& name) {
   for (CollectiveOp op : benchmarked_ops())
     if (collective_name(op) == name) return op;
-  LAGA_FAIL_USAGE("unknown collective '{}' for --ops; valid: all_gather, reduce_scatter, all_to_all, all_reduce", name);
+  LAGA_FAIL_USAGE("unknown collective '{}' for --ops; valid: all_gather, reduce_scatter, all_to_all, all_reduce, send_recv",
+                  name);
 }
 
 int64_t parse_size(const std::string& text, const char* flag) {
@@ -107,7 +111,7 @@ Shape shape_for(CollectiveOp op, DType dtype, int P, int64_t requested_bytes) {
   Shape s;
   s.op = op, s.dtype = dtype, s.P = P;
   const int64_t elem = dtype_size(dtype);
-  const int64_t multiple = op == CollectiveOp::all_reduce ? 1 : P;
+  const int64_t multiple = op == CollectiveOp::all_reduce || op == CollectiveOp::send_recv ? 1 : P;
   s.count = std::max(multiple, requested_bytes / elem / multiple * multiple);
   s.bytes = s.count * elem;
   switch (op) {
@@ -121,10 +125,11 @@ Shape shape_for(CollectiveOp op, DType dtype, int P, int64_t requested_bytes) {
       s.n = s.count / P, s.in_elems = s.count, s.out_elems = s.count;
       break;
     case CollectiveOp::all_reduce:
+    case CollectiveOp::send_recv:
       s.n = s.count, s.in_elems = s.count, s.out_elems = s.count;
       break;
     default:
-      LAGA_FAIL_USAGE("bench-comm does not time {}; valid: all_gather, reduce_scatter, all_to_all, all_reduce",
+      LAGA_FAIL_USAGE("bench-comm does not time {}; valid: all_gather, reduce_scatter, all_to_all, all_reduce, send_recv",
                       collective_name(op));
   }
   return s;
@@ -132,6 +137,7 @@ Shape shape_for(CollectiveOp op, DType dtype, int P, int64_t requested_bytes) {
 
 double busbw_factor(CollectiveOp op, int P) {
   const double f = double(P - 1) / double(P);
+  if (op == CollectiveOp::send_recv) return P > 1 ? 1.0 : 0.0;  // every rank's S crosses one link
   return op == CollectiveOp::all_reduce ? 2 * f : f;
 }
 

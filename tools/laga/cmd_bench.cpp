@@ -247,7 +247,7 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
       if (vo.forms.empty()) vo.forms.push_back(std::string(kBaselineForm));  // explicit alone: check no other
       reduced = verify::check_forms(base.with([&](MlaConfig& m) { m.seq_len = Tv; }), {P}, launcher, vo);
       for (const auto& k : reduced.cases)
-        if (k.sp == P) (k.vs == "fp64" ? rule_case : bitwise_case)[k.form] = &k;
+        if (k.sp == P && k.vs != "not run") (k.vs == "fp64" ? rule_case : bitwise_case)[k.form] = &k;
     }
     for (size_t si = 0; si < seqs.size(); ++si) {
       const int64_t T = seqs[si];

@@ -55,6 +55,7 @@ void issue(Communicator& comm, const Shape& s, const void* in, void* out) {
     case CollectiveOp::reduce_scatter: comm.reduce_scatter(in, out, s.n, s.dtype, "bench"); break;
     case CollectiveOp::all_to_all: comm.all_to_all(in, out, s.n, s.dtype, "bench"); break;
     case CollectiveOp::all_reduce: comm.all_reduce(out, s.n, s.dtype, "bench"); break;
+    case CollectiveOp::send_recv: comm.send_recv(in, out, s.n, s.dtype, "bench"); break;
     default: LAGA_ASSERT(false, "bench-comm cannot issue {}", collective_name(s.op));
   }
 }

@@ -142,7 +142,7 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
              base.seq_len, base.batch, base.sp, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype),
              dlatent_sum_name(base.dlatent_sum));
   for (const Form* f : registered_forms())
-    if (!f->own_kernel().empty())
+    if (!f->own_kernel().empty() && f->own_kernel() != kernel_name(base.kernel))
       fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n", f->name(), f->own_kernel(),
                  kernel_name(base.kernel));
   fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "form", "activation peak", "saved", "fwd peak",

@@ -46,7 +46,7 @@ void print_collectives(const nlohmann::json& rank, bool overlap) {
 void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const RankResult& r0, std::ofstream* json_out,
             const std::string& dump_dir, const std::string& backend) {
   const std::string_view own = find_form(c.form).own_kernel();
-  const std::string kernel = own.empty() ? std::string(kernel_name(c.kernel))
+  const std::string kernel = own.empty() || own == kernel_name(c.kernel) ? std::string(kernel_name(c.kernel))
                                          : fmt::format("{} (the form's own; --kernel {} does not apply)", own,
                                                        kernel_name(c.kernel));
   fmt::print("laga run: model {} T {} B {} P {} ({}) L {} form {} kernel {} dtype {} overlap {}\n", c.model, c.seq_len,

@@ -32,7 +32,7 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps) {
   fmt::print("laga verify: model {} T {} B {} L {} kernel {} dtype {} ({}; rule: {})\n", c.model, c.seq_len, c.batch,
              c.num_layers, kernel_name(c.kernel), dtype_name(c.dtype), report.backend, report.rule);
   for (const Form* f : registered_forms())
-    if (!f->own_kernel().empty())
+    if (!f->own_kernel().empty() && f->own_kernel() != kernel_name(c.kernel))
       fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n", f->name(), f->own_kernel(),
                  kernel_name(c.kernel));
   fmt::print("# {:>3} {:<18} {:<14} {:>11} {:>11} {:>11} {:>11} {:<14} {:>8} {:>6}\n", "sp", "form", "vs", "y", "dx",
@@ -41,7 +41,10 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps) {
              "max abs err", "max abs err", "of allowed", "", "", "");
   nlohmann::json cases = nlohmann::json::array();
   for (const auto& k : report.cases) {
-    fmt::print("  {:>3} {:<18} {:<14} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3f} {:<14} {:>8} {:>6}\n", k.sp, k.form, k.vs,
+    if (k.vs == "not run")
+      fmt::print("  {:>3} {:<18} not run: {}\n", k.sp, k.form, k.criterion);
+    else
+      fmt::print("  {:>3} {:<18} {:<14} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3f} {:<14} {:>8} {:>6}\n", k.sp, k.form, k.vs,
                k.max_abs.at("y"), k.max_abs.at("dx"), k.max_abs.at("dwkv_b"), k.worst_ratio, k.worst,
                k.bitwise ? "yes" : "no", k.pass ? "ok" : "FAIL");
     cases.push_back({{"sp", k.sp},

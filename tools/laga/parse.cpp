@@ -197,7 +197,7 @@ void check_invocation(const Invocation& inv) {
     const BenchCommFlags& b = inv.bench_comm;
     bench_comm::size_sweep(bench_comm::parse_size(b.min_bytes, "-b"), bench_comm::parse_size(b.max_bytes, "-e"),
                            b.factor);
-    LAGA_CHECK(!b.ops.empty(), "--ops is empty; valid: all_gather, reduce_scatter, all_to_all, all_reduce");
+    LAGA_CHECK(!b.ops.empty(), "--ops is empty; valid: all_gather, reduce_scatter, all_to_all, all_reduce, send_recv");
     for (const auto& name : b.ops) bench_comm::parse_op(name);
     LAGA_CHECK(!b.dtypes.empty(), "--dtype is empty; valid: bf16, fp32");
     for (const auto& name : b.dtypes) parse_dtype(name);

@@ -15,8 +15,8 @@
 //   --pending 1        with --fault: the others sit in waits on two non-blocking collectives in
 //                      flight (an all_gather and an all_reduce, waited in reverse order) instead
 // Output (stdout, rank 0 only): one line per case and rank, "<case> rank=<r> <FNV-1a 64 of the
-// output bytes>", covering all_gather (also in place), reduce_scatter, all_to_all, all_reduce and
-// broadcast in fp32 and bf16 for sizes P does and does not divide; the same collectives again
+// output bytes>", covering all_gather (also in place), reduce_scatter, all_to_all, all_reduce,
+// send_recv and broadcast in fp32 and bf16 for sizes P does and does not divide; the same collectives again
 // non-blocking, all in flight at once and waited in an order that depends on the rank ("nonblocking
 // ..." cases; each must equal the blocking result on the same inputs, else the driver fails); and
 // each rank's ledger.
@@ -88,13 +88,15 @@ void run_nonblocking_cases(Communicator& c, Add& add, uint64_t& stream) {
       const std::string tag = fmt::format("{} n={}", dtype_name(t), n);
       const auto ag_in = values(t, n, ++stream, r), rs_in = values(t, P * n, ++stream, r),
                  a2a_in = values(t, P * n, ++stream, r), ar1_in = values(t, n, ++stream, r),
-                 ar2_in = values(t, n, ++stream, r), bc_in = values(t, n, ++stream, r);
+                 ar2_in = values(t, n, ++stream, r), bc_in = values(t, n, ++stream, r),
+                 sr_in = values(t, n, ++stream, r);
       struct Outputs {
-        std::vector<char> ag, ag_in_place, rs, a2a, ar1, ar2, bc;
+        std::vector<char> ag, ag_in_place, rs, a2a, ar1, ar2, bc, sr1, sr2;
       };
       auto fresh = [&] {
         Outputs o{std::vector<char>(size_t(P * n * es)), std::vector<char>(size_t(P * n * es)),
-                  std::vector<char>(size_t(n * es)), std::vector<char>(size_t(P * n * es)), ar1_in, ar2_in, bc_in};
+                  std::vector<char>(size_t(n * es)), std::vector<char>(size_t(P * n * es)), ar1_in, ar2_in, bc_in,
+                  std::vector<char>(size_t(n * es)), std::vector<char>(size_t(n * es))};
         if (n > 0) std::memcpy(o.ag_in_place.data() + r * n * es, ag_in.data(), size_t(n * es));
         return o;
       };
@@ -106,6 +108,8 @@ void run_nonblocking_cases(Communicator& c, Add& add, uint64_t& stream) {
       c.all_reduce(blocking.ar2.data(), n, t, "grad_b");
       c.all_to_all(a2a_in.data(), blocking.a2a.data(), n, t, "q");
       c.broadcast(blocking.bc.data(), n * es, P - 1, "config");
+      c.send_recv(sr_in.data(), blocking.sr1.data(), n, t, "k");
+      c.send_recv(blocking.sr1.data(), blocking.sr2.data(), n, t, "v");
       std::vector<CollectiveHandle> h;
       h.push_back(c.all_reduce_start(nb.ar1.data(), n, t, "grad_a"));
       h.push_back(c.all_gather_start(ag_in.data(), nb.ag.data(), n, t, "latent"));
@@ -114,6 +118,8 @@ void run_nonblocking_cases(Communicator& c, Add& add, uint64_t& stream) {
       h.push_back(c.all_reduce_start(nb.ar2.data(), n, t, "grad_b"));
       h.push_back(c.all_to_all_start(a2a_in.data(), nb.a2a.data(), n, t, "q"));
       h.push_back(c.broadcast_start(nb.bc.data(), n * es, P - 1, "config"));
+      h.push_back(c.send_recv_start(sr_in.data(), nb.sr1.data(), n, t, "k"));
+      h.push_back(c.send_recv_start(blocking.sr1.data(), nb.sr2.data(), n, t, "v"));  // a second hop in flight
       const size_t k = h.size();
       for (size_t i = 0; i < k; ++i) {
         const size_t j = r % 2 == 0 ? (i + size_t(r)) % k : (k - 1 - i + size_t(r)) % k;
@@ -124,7 +130,7 @@ void run_nonblocking_cases(Communicator& c, Add& add, uint64_t& stream) {
           {"all_gather", &Outputs::ag}, {"all_gather_in_place", &Outputs::ag_in_place},
           {"reduce_scatter", &Outputs::rs}, {"all_to_all", &Outputs::a2a},
           {"all_reduce", &Outputs::ar1}, {"all_reduce_second", &Outputs::ar2},
-          {"broadcast", &Outputs::bc}};
+          {"broadcast", &Outputs::bc}, {"send_recv", &Outputs::sr1}, {"send_recv_second", &Outputs::sr2}};
       for (const auto& [name, member] : cases) {
         LAGA_ASSERT(nb.*member == blocking.*member, "rank {}: non-blocking {} {} differs from blocking", r, name, tag);
         add(fmt::format("nonblocking {} {}", name, tag), nb.*member);
@@ -172,6 +178,12 @@ void run_cases(Communicator& c, std::vector<std::string>& names, std::vector<uin
         auto buf = values(t, n, ++stream, r);
         c.all_reduce(buf.data(), n, t, "grad_sync");
         add("all_reduce " + tag, buf);
+      }
+      {
+        const auto in = values(t, n, ++stream, r);
+        std::vector<char> out(in.size());
+        c.send_recv(in.data(), out.data(), n, t, "k");
+        add("send_recv " + tag, out);
       }
     }
   }

@@ -12,6 +12,8 @@
 //   all_reduce      tensor = buffer bytes, wire = ⌊2 (P−1) · buffer / P⌋
 //   broadcast       tensor = bytes,        wire = (P−1) · bytes on the root, 0 elsewhere (flat tree)
 //   barrier         tensor = wire = 0
+//   send_recv       tensor = n · dtype bytes (what this rank sends), wire = n · dtype bytes (one hop of
+//                   a ring: to rank (r+1) mod P, while n arrive from rank (r−1) mod P)
 // At P = 1 every wire size is 0. Broadcast and barrier move raw bytes; their records carry dtype f32.
 // reduce_scatter and all_reduce are composed from the raw byte movement (below) but are recorded as
 // one reduce_scatter / one all_reduce.
@@ -48,7 +50,7 @@
 
 namespace laga {
 
-enum class CollectiveOp { all_to_all, all_gather, reduce_scatter, all_reduce, barrier, broadcast };
+enum class CollectiveOp { all_to_all, all_gather, reduce_scatter, all_reduce, barrier, broadcast, send_recv };
 std::string_view collective_name(CollectiveOp op);
 
 struct CollectiveRecord {
@@ -141,6 +143,9 @@ class Communicator {
   // buf [bytes] = rank root's buf
   void broadcast(void* buf, int64_t bytes, int root, const std::string& tensor);
   void barrier();
+  // One hop of a ring (the name nccl-tests uses): in [n] goes to rank (rank+1) mod P, and out [n]
+  // receives rank (rank−1) mod P's in. At P = 1 out = in. No overlap between in and out.
+  void send_recv(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor);
 
   // The same collectives, non-blocking: the results (bitwise) and the records are those of the
   // blocking calls. in/out/buf must stay alive and untouched until wait() on the handle returns
@@ -153,6 +158,7 @@ class Communicator {
   CollectiveHandle all_reduce_start(void* buf, int64_t n, DType dtype, const std::string& tensor);
   CollectiveHandle broadcast_start(void* buf, int64_t bytes, int root, const std::string& tensor);
   CollectiveHandle barrier_start();
+  CollectiveHandle send_recv_start(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor);
   // Blocks until h's collective is done (bounded by the timeout); then its buffers may be reused and
   // h is empty. Every wait also makes progress on this rank's other collectives in flight, so ranks
   // waiting on different handles do not deadlock. An empty h returns at once.
@@ -175,12 +181,13 @@ class Communicator {
   // and reduce. Every rank issues the same raw operations in the same order per lane, with the same
   // kind, byte count and root. Lane 1 carries only the second phase of all_reduce (issued later than
   // its first phase, at a time that differs between ranks, so it needs its own ordering).
-  enum class RawKind { all_gather, all_to_all, broadcast, barrier };
+  // send_recv: send to rank (rank+1) mod P, recv from rank (rank−1) mod P, bytes each way.
+  enum class RawKind { all_gather, all_to_all, broadcast, barrier, send_recv };
   struct RawOp {
     RawKind kind;
     const void* send;  // all_gather: may be recv + rank · bytes (in place); broadcast: the buffer
     void* recv;
-    int64_t bytes;  // all_gather, broadcast: per rank; all_to_all: per peer
+    int64_t bytes;  // all_gather, broadcast: per rank; all_to_all: per peer; send_recv: each way
     int root;
     int lane;
     const std::string& what;  // the user-level collective, for messages: "all_gather of 'latent'"

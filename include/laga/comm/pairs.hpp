@@ -5,6 +5,8 @@
 //   gather_heads         [T, B, Hr, d] -> [N, B, H, d]   the inverse all-to-all; each is the other's adjoint
 //   all_gather_tokens    [N, B, d]     -> [T, B, d]      all-gather (the latent, §2.3/§2.4)
 //   reduce_scatter_tokens [T, B, d]    -> [N, B, d]      reduce-scatter: the all-gather's adjoint
+//   ring_shift           [N, ...]      -> [N, ...]       send_recv: rank r's block to rank r+1 (the ring
+//                                                         forms' hop; a gradient travels back the same way)
 //
 // reduce_scatter_tokens may return another dtype than it reduces: fp32 partial sums (x) summed over
 // ranks in fp32 into an fp32 buffer (tag + "_sum") and rounded once to `out`, so the sum over ranks
@@ -51,6 +53,7 @@ class InFlight {
   friend InFlight gather_heads_start(Communicator&, Tensor, const std::string&, const std::string&);
   friend InFlight all_gather_tokens_start(Communicator&, Tensor, const std::string&, const std::string&);
   friend InFlight reduce_scatter_tokens_start(Communicator&, Tensor, const std::string&, const std::string&, DType);
+  friend InFlight ring_shift_start(Communicator&, Tensor, const std::string&, const std::string&);
   Communicator* comm_ = nullptr;
   std::vector<Tensor> keep_;        // what the collective still reads or writes, released after finish_
   std::function<Tensor()> finish_;  // after the wait: the output (gather_heads unpacks it first)
@@ -65,6 +68,9 @@ Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::str
                              DType out);
 
 InFlight scatter_heads_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag);
+// One hop of a ring: returns (at wait) rank r−1's x, of x's shape and dtype, in a tensor tagged `tag`;
+// x goes to rank r+1. x is kept (and may be read by the caller) until the wait.
+InFlight ring_shift_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag);
 InFlight gather_heads_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag);
 InFlight all_gather_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag);
 InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag);

@@ -43,8 +43,9 @@ struct RankResult {
   Weights weights, grads;
 };
 
-// This rank's shard of input `name` ("x" or "dy"): rows [r·N, (r+1)·N) of a [T, B, D] tensor drawn
-// as N(0, 1) from the seed — the same whole tensor whatever P is.
+// This rank's shard of input `name` ("x" or "dy"): the rows of its token segments (token_segments:
+// [r·N, (r+1)·N) for the contiguous layout) of a [T, B, D] tensor drawn as N(0, 1) from the seed — the
+// same whole tensor whatever P and the layout are.
 Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const std::string& name, const std::string& tag);
 
 RankResult run_rank(const Config& c, const RunOptions& opt, Communicator& comm);

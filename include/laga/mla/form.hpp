@@ -24,6 +24,21 @@
 
 namespace laga {
 
+// Which global tokens a rank holds. contiguous: rank r holds [r·N, (r+1)·N) (the head-scatter forms).
+// zigzag: the sequence cut into 2P chunks of C = T/(2P), rank r holds chunks r and 2P−1−r, in that
+// order (the ring forms: under causal attention every rank then has the same work).
+enum class TokenLayout { contiguous, zigzag };
+std::string_view token_layout_name(TokenLayout layout);
+
+// A run of global token positions [pos0, pos0 + len) held by one rank, as len consecutive local rows.
+struct TokenSegment {
+  int64_t pos0 = 0, len = 0;
+};
+// The segments of rank `rank` for config c (its form's layout), in local order: the one mechanism by
+// which every local token maps to its global position (RoPE in the block; the driver's inputs,
+// gathered outputs and dumps). Their lengths add up to N = T/P.
+std::vector<TokenSegment> token_segments(const MlaConfig& c, int64_t rank);
+
 // One rank's view of a layer's work: the validated config, the group, and the dimension letters of
 // docs/design.md §1 for this rank.
 struct RankCtx {
@@ -31,7 +46,8 @@ struct RankCtx {
   Communicator& comm;
   int64_t P, r;  // ranks, this rank
   int64_t N, T, B, D, H, Hr, Lq, Lkv, Dn, Dr, Dqk, Dv, Dl;
-  int64_t pos0;  // global position of this rank's first token: r·N
+  int64_t pos0;  // global position of this rank's first token: r·N (contiguous layout)
+  std::vector<TokenSegment> segments;  // token_segments(c, r)
   DType dt;
   RankCtx(const Config& c, Communicator& comm);  // the group must have c->sp ranks
 };
@@ -54,6 +70,10 @@ struct DeclaredCollective {
   CollectiveOp backward_op;
   std::string backward;
   bool forward_again_in_backward = false;
+  // A ring pair (send_recv): issued once per hop, P − 1 times per layer (its forward_again_in_backward
+  // and its adjoint too). The forward issues the plain pairs first, then the ring pairs hop by hop,
+  // each hop in the declared order.
+  bool per_ring_hop = false;
 };
 
 // The block's query path, run by the core's forward where it wants q: returns q_local [N, B, H, Dqk]
@@ -87,8 +107,17 @@ class Form {
   virtual Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
                           LayerWeights& g, const QueryPathBackward& query_backward) const = 0;
 
-  // The collectives of one layer's core, in the forward's issue order; the block adds the o/do pair
-  // around it.
+  // Where the core's output lives. heads: o [T, B, Hr, Dv], this rank's heads over the whole sequence
+  // (the head-scatter forms), and the block adds the o/do all-to-all pair (gather_heads / its adjoint)
+  // around the core. tokens: o [N, B, H, Dv], this rank's tokens with all H heads (the ring forms),
+  // and the block uses it as is (and hands the core dout [N, B, H, Dv]).
+  enum class Output { heads, tokens };
+  virtual Output output() const { return Output::heads; }
+  // Which global tokens each rank holds (token_segments).
+  virtual TokenLayout layout() const { return TokenLayout::contiguous; }
+
+  // The collectives of one layer's core, in the forward's issue order; for Output::heads the block
+  // adds the o/do pair around it.
   virtual std::vector<DeclaredCollective> collectives() const = 0;
   // Executed FLOPs of the core's attention forward over the whole sequence, all ranks
   // (FlashAttention-3's convention, attention_forward_flops); the backward is 2.5× this.
@@ -96,15 +125,25 @@ class Form {
   // FLOPs the backward re-executes from forward, whole sequence, all ranks (a recomputed
   // up-projection); block_flops counts them into backward. 0 for forms that recompute nothing.
   virtual double recompute_flops(const MlaConfig& c) const { return 0; }
+  // Executed FLOPs beyond the block's own count (whole sequence, all ranks), forward and backward: a
+  // form that up-projects every rank's latent on every rank (ring-latent). block_flops adds them.
+  virtual double extra_forward_flops(const MlaConfig& c) const { return 0; }
+  virtual double extra_backward_flops(const MlaConfig& c) const { return 0; }
   // True when at P = 1 the form runs explicit's operations exactly (its collectives are identities):
   // its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }
   // The attention kernel the form runs whatever the config's kernel says (laga-fused: "latent", its own
-  // kernel with the up-projection inside); empty for the forms that run the config's kernel. Commands
-  // print it where they print the kernel, so the config's kernel is never silently ignored.
+  // kernel with the up-projection inside; the ring forms: "fused", whose log-sum-exp merges the chunk
+  // partials); empty for the forms that run the config's kernel. Commands print it where they print the
+  // kernel when it differs from the config's, so the config's kernel is never silently ignored.
   virtual std::string_view own_kernel() const { return {}; }
-  // Configurations this form cannot run, as messages naming the value and a valid alternative.
-  virtual void add_problems(const MlaConfig& c, std::vector<std::string>& problems) const {}
+  // Configurations this form cannot run, as messages naming the value and a valid alternative. By
+  // default the head-scatter forms' own condition: P divides H (add_head_scatter_problems).
+  virtual void add_problems(const MlaConfig& c, std::vector<std::string>& problems) const {
+    add_head_scatter_problems(c, problems);
+  }
+  // A form that scatters heads (Output::heads) needs P | H.
+  static void add_head_scatter_problems(const MlaConfig& c, std::vector<std::string>& problems);
 };
 
 // Every registered form, in registry order (explicit first: the baseline every other is compared to).

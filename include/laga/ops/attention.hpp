@@ -47,6 +47,10 @@ struct AttentionFwdParams {
   const void* k = nullptr;  AttentionStrides k_stride;  // [T, B, Hkv, Dqk]
   const void* v = nullptr;  AttentionStrides v_stride;  // [T, B, Hkv, Dv]
   void* o = nullptr;        AttentionStrides o_stride;  // [T, B, Hq, Dv] (=)
+  // o in fp32 instead of the storage dtype (q, k, v stay in dtype): a partial attention that is merged
+  // with others by log-sum-exp sees no rounding. In backward o is then read as fp32 too. Fused kernel
+  // only; the eager kernel refuses it.
+  bool o_f32 = false;
 };
 
 // What forward keeps for backward. Exactly one of probs (eager) and lse (fused) is defined.
@@ -60,6 +64,9 @@ struct AttentionBwdParams : AttentionFwdParams {
   void* dq = nullptr;          AttentionStrides dq_stride;    // [T, B, Hq, Dqk] (=)
   void* dk = nullptr;          AttentionStrides dk_stride;    // [T, B, Hkv, Dqk] (=)
   void* dv = nullptr;          AttentionStrides dv_stride;    // [T, B, Hkv, Dv] (=)
+  // dq, dk, dv in fp32 instead of the storage dtype (dout stays in dtype): partial gradients that are
+  // summed over several calls see no rounding. Fused kernel only; the eager kernel refuses it.
+  bool grads_f32 = false;
 };
 
 // Checks the params (sizes, head grouping, scale, pointers, strides non-negative) and names what is
@@ -70,6 +77,13 @@ void check_attention_params(const AttentionBwdParams& p);
 AttentionSaved attention_forward(Kernel kernel, const AttentionFwdParams& p);
 // p.o must hold forward's output (fused uses it for rowsum(dO·O)).
 void attention_backward(Kernel kernel, const AttentionBwdParams& p, const AttentionSaved& saved);
+
+// Merges a partial attention of the same queries over other keys into a running one, in fp32 (the
+// ring forms' log-sum-exp merge): with o_part [T, B, H, Dv] and lse_part [B, H, T] (fp32, dense),
+//   lse' = m + log(e^(lse_acc − m) + e^(lse_part − m)),  m = max(lse_acc, lse_part)
+//   o_acc' = e^(lse_acc − lse') · o_acc + e^(lse_part − lse') · o_part
+// o_acc [T, B, H, Dv], lse_acc [B, H, T] fp32 (+= in that sense). first: (o_acc, lse_acc) = the partial.
+void attention_merge(const Tensor& o_part, const Tensor& lse_part, Tensor& o_acc, Tensor& lse_acc, bool first);
 
 // FLOPs by FlashAttention-3's convention: forward 2·B·Hq·T·avg_kv·(Dqk+Dv), causal avg_kv = (T+1)/2;
 // backward 2.5× forward.

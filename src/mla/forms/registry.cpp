@@ -14,6 +14,8 @@ const Form& laga_form();
 const Form& explicit_recompute_form();
 const Form& laga_recompute_form();
 const Form& laga_fused_form();
+const Form& ring_kv_form();
+const Form& ring_latent_form();
 }  // namespace forms
 
 const std::vector<const Form*>& registered_forms() {
@@ -25,6 +27,8 @@ const std::vector<const Form*>& registered_forms() {
       &forms::explicit_recompute_form(),
       &forms::laga_recompute_form(),
       &forms::laga_fused_form(),
+      &forms::ring_kv_form(),
+      &forms::ring_latent_form(),
   };
   return all;
 }
@@ -63,11 +67,29 @@ std::string resolve_form_label(std::string_view form, std::string_view regime) {
   return label;
 }
 
+void Form::add_head_scatter_problems(const MlaConfig& c, std::vector<std::string>& p) {
+  if (c.sp > 0 && c.num_attention_heads > 0 && c.num_attention_heads % c.sp)
+    p.push_back(fmt::format("--sp {} does not divide num_attention_heads {}; try {}", c.sp, c.num_attention_heads,
+                            divisors_str(c.num_attention_heads)));
+}
+
+std::string_view token_layout_name(TokenLayout layout) {
+  return layout == TokenLayout::zigzag ? "zigzag" : "contiguous";
+}
+
+std::vector<TokenSegment> token_segments(const MlaConfig& c, int64_t rank) {
+  const int64_t P = c.sp, N = c.tokens_per_rank();
+  if (find_form(c.form).layout() == TokenLayout::contiguous) return {{rank * N, N}};
+  const int64_t C = c.seq_len / (2 * P);
+  return {{rank * C, C}, {(2 * P - 1 - rank) * C, C}};
+}
+
 RankCtx::RankCtx(const Config& cfg, Communicator& cm)
     : c(*cfg), comm(cm), P(cm.size()), r(cm.rank()), N(cfg->tokens_per_rank()), T(cfg->seq_len), B(cfg->batch),
       D(cfg->hidden_size), H(cfg->num_attention_heads), Hr(cfg->heads_per_rank()), Lq(cfg->q_lora_rank),
       Lkv(cfg->kv_lora_rank), Dn(cfg->qk_nope_head_dim), Dr(cfg->qk_rope_head_dim), Dqk(cfg->qk_head_dim()),
-      Dv(cfg->v_head_dim), Dl(cfg->latent_dim()), pos0(cm.rank() * cfg->tokens_per_rank()), dt(cfg->dtype) {
+      Dv(cfg->v_head_dim), Dl(cfg->latent_dim()), pos0(cm.rank() * cfg->tokens_per_rank()), segments(token_segments(*cfg, cm.rank())),
+      dt(cfg->dtype) {
   LAGA_CHECK(cfg->sp == cm.size(), "config says --sp {} but the group has {} ranks; run with --sp {}", cfg->sp,
              cm.size(), cm.size());
 }

@@ -1,0 +1,409 @@
+// The ring forms, ring-kv and ring-latent (one file: they share the zigzag chunk pairs, the merge and
+// the travelling gradient; ring-latent's own part is at the end).
+//
+// The ring-kv form: ring attention (context parallelism with a K/V ring, as TransformerEngine's p2p
+// context parallelism and Megatron's MLA CP run it) over the zigzag token layout. Every rank keeps
+// its own tokens and all H heads; per-head K and V travel around the ring in P − 1 hops.
+//   R1  [k_nope | v] = ckv·wkv_bᵀ (every head, this rank's tokens);  k = [k_nope | kpe broadcast]
+//   R2  q = the block's query path (this rank's tokens, every head)
+//   R3  hop s = 0 .. P−1: this rank holds the K/V of rank (r − s) mod P (its own at s = 0; the next
+//       hop's send_recv of k and v in flight behind this hop's compute); for each query chunk × key
+//       chunk pair of the zigzag layout (rank r holds chunks r and 2P−1−r of C = T/(2P) tokens):
+//       key chunk earlier → non-causal attention; the same chunk → causal; later → skipped. Each
+//       partial (o in fp32 and its lse) is merged by log-sum-exp into the query chunk's running
+//       (o, lse) in fp32 (attention_merge), in a fixed order, so the result does not depend on timing.
+//   R4  o = round(o_acc) [N, B, H, Dv]: this rank's tokens with all heads (Form::Output::tokens: the
+//       block adds no o/do all-to-all).
+// Backward (FlashAttention-2 per hop, with the final lse and the final o for delta = rowsum(dO∘O)):
+// the same pairs hop by hop, k and v travelling around the ring again (declared as forward again in
+// backward); dq accumulated in fp32 on this rank; dk and dv of a travelling block accumulated in fp32
+// by the ranks it visits (r+1, ..., r+P−1 contribute, then it reaches its owner r in a last hop, P − 1
+// hops in all), and the owner adds its own queries' contribution. The fp32 choice: the gradients of a
+// block are summed over P ranks without any intermediate rounding (the same single rounding as the
+// explicit form's kernel), at twice the bf16 traffic for dk and dv: per hop and rank
+// N·B·H·(Dqk + Dv)·4 bytes. Then R1's backward gives dlatent and dwkv_b (partial over this rank's
+// tokens, synced with the other gradients).
+// The chunk attentions always run on the fused kernel (o_f32, grads_f32), whatever --kernel says: the
+// eager kernel keeps no log-sum-exp, so its partial attentions could not be merged.
+#include "common.hpp"
+#include "laga/comm/pairs.hpp"
+
+namespace laga::forms {
+
+namespace {
+
+struct RingKvSaved final : CoreSaved {
+  Tensor latent;        // [N, B, Dl]      this rank's [ckv | kpe], for R1's backward
+  Tensor q, k;          // [N, B, H, Dqk]  this rank's tokens, every head
+  Tensor v, o;          // [N, B, H, Dv]   (o: the final output, storage dtype)
+  Tensor lse0, lse1;    // [B, H, C] fp32  each local chunk's final log-sum-exp
+  void for_each(const std::function<void(const char*, const Tensor&)>& f) const override {
+    f("latent", latent), f("q", q), f("k", k), f("v", v), f("o_att", o), f("lse0", lse0), f("lse1", lse1);
+  }
+};
+
+// A query chunk × key chunk pair of one hop: local chunk indices (0: chunk r, 1: chunk 2P−1−r) and
+// whether it is the diagonal (causal) block.
+struct ChunkPair {
+  int qu, ku;
+  bool causal;
+};
+
+// The pairs of hop s on rank r (K/V of rank src = (r − s) mod P), in the order they are merged. At
+// s = 0: (0,0) and (1,1) causal, (1,0) full. Else (1,0) is always full (chunk src ≤ P−1 < 2P−1−r),
+// (0,1) is always later, and exactly one of (0,0) (src < r) and (1,1) (src > r) is earlier: every
+// rank does two full C × C blocks per hop.
+std::vector<ChunkPair> hop_pairs(int64_t r, int64_t src) {
+  if (src == r) return {{0, 0, true}, {1, 0, false}, {1, 1, true}};
+  if (src < r) return {{0, 0, false}, {1, 0, false}};
+  return {{1, 0, false}, {1, 1, false}};
+}
+
+int64_t chunk_len(const RankCtx& ctx) { return ctx.T / (2 * ctx.P); }
+
+// Rows [u·C, (u+1)·C) of a [N, B, H, d] tensor: local chunk u.
+Tensor chunk(const RankCtx& ctx, const Tensor& t, int u) {
+  const int64_t C = chunk_len(ctx);
+  return t.rows(u * C, (u + 1) * C);
+}
+
+AttentionFwdParams chunk_attention(const RankCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
+                                   const Tensor& o, const ChunkPair& pr) {
+  AttentionFwdParams p;
+  p.B = ctx.B, p.T = chunk_len(ctx), p.Hq = ctx.H, p.Hkv = ctx.H, p.Dqk = ctx.Dqk, p.Dv = ctx.Dv;
+  p.dtype = ctx.dt, p.scale = float(ctx.c.softmax_scale()), p.causal = pr.causal;
+  p.q = chunk(ctx, q, pr.qu).raw(), p.q_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
+  p.k = chunk(ctx, k, pr.ku).raw(), p.k_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
+  p.v = chunk(ctx, v, pr.ku).raw(), p.v_stride = dense_strides(ctx.B, ctx.H, ctx.Dv);
+  p.o = o.raw(), p.o_stride = dense_strides(ctx.B, ctx.H, ctx.Dv);
+  return p;
+}
+
+// R3 on one hop: the attention of this rank's query chunks over the held K/V block (of rank src),
+// each pair's fp32 partial merged into o_acc [N, B, H, Dv] and lse[qu] [B, H, C] (first[qu]: none yet).
+void hop_forward(const RankCtx& ctx, int64_t src, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o_acc,
+                 Tensor* lse, bool* first) {
+  for (const ChunkPair& pr : hop_pairs(ctx.r, src)) {
+    Tensor o_part = Tensor::empty({chunk_len(ctx), ctx.B, ctx.H, ctx.Dv}, DType::f32, "act.o_part");
+    AttentionFwdParams p = chunk_attention(ctx, q, k, v, o_part, pr);
+    p.o_f32 = true;
+    AttentionSaved part = attention_forward(Kernel::fused, p);
+    Tensor acc = chunk(ctx, o_acc, pr.qu);
+    attention_merge(o_part, part.lse, acc, lse[pr.qu], first[pr.qu]);
+    first[pr.qu] = false;
+  }
+}
+
+// R3's backward on one hop, FlashAttention-2 style with the final o [N, B, H, Dv] and lse of each
+// query chunk: dq (+= into dq_acc [N, B, H, Dqk] fp32) and the held block's dk, dv (+= into dk_acc,
+// dv_acc [N, B, H, ·] fp32).
+void hop_backward(const RankCtx& ctx, int64_t src, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
+                  const Tensor& dout, const Tensor* const* lse, Tensor& dq_acc, Tensor& dk_acc, Tensor& dv_acc) {
+  const int64_t C = chunk_len(ctx);
+  for (const ChunkPair& pr : hop_pairs(ctx.r, src)) {
+    Tensor dq = Tensor::empty({C, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.q_part");
+    Tensor dk = Tensor::empty({C, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.k_part");
+    Tensor dv = Tensor::empty({C, ctx.B, ctx.H, ctx.Dv}, DType::f32, "grad.v_part");
+    const AttentionFwdParams fwd = chunk_attention(ctx, q, k, v, chunk(ctx, o, pr.qu), pr);
+    AttentionBwdParams p;
+    static_cast<AttentionFwdParams&>(p) = fwd;
+    p.dout = chunk(ctx, dout, pr.qu).raw(), p.dout_stride = dense_strides(ctx.B, ctx.H, ctx.Dv);
+    p.dq = dq.raw(), p.dq_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
+    p.dk = dk.raw(), p.dk_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
+    p.dv = dv.raw(), p.dv_stride = dense_strides(ctx.B, ctx.H, ctx.Dv);
+    p.grads_f32 = true;
+    AttentionSaved final_lse;
+    final_lse.lse = *lse[pr.qu];
+    attention_backward(Kernel::fused, p, final_lse);
+    Tensor dq_c = chunk(ctx, dq_acc, pr.qu), dk_c = chunk(ctx, dk_acc, pr.ku), dv_c = chunk(ctx, dv_acc, pr.ku);
+    add_into(dq_c, dq), add_into(dk_c, dk), add_into(dv_c, dv);
+  }
+}
+
+void add_ring_problems(const MlaConfig& c, std::vector<std::string>& p, std::string_view form);
+
+class RingKv final : public Form {
+ public:
+  std::string_view name() const override { return "ring-kv"; }
+  // Chunk partials are merged by their log-sum-exp, which only the fused kernel keeps.
+  std::string_view own_kernel() const override { return "fused"; }
+  std::string_view family() const override { return "ring-kv"; }
+  std::string_view summary() const override {
+    return "ring attention: per-head k and v travel around the ring (P − 1 send_recv hops), zigzag tokens, "
+           "log-sum-exp merge in fp32; no all-to-all";
+  }
+  Output output() const override { return Output::tokens; }
+  TokenLayout layout() const override { return TokenLayout::zigzag; }
+
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
+                 std::unique_ptr<CoreSaved>& out) const override {
+    auto s = std::make_unique<RingKvSaved>();
+    const int64_t C = chunk_len(ctx);
+    s->k = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "act.k_local");  // R1
+    s->v = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, "act.v_local");
+    up_project_forward(ctx, latent, w.wkv_b, 0, ctx.H, s->k, s->v);
+    s->latent = std::move(latent);
+    // R3: the first hop's k and v in flight behind the query path
+    Tensor k = s->k, v = s->v;
+    InFlight k_next, v_next;
+    if (ctx.P > 1) {
+      k_next = issue(ctx, ring_shift_start(ctx.comm, k, "k", "act.k_ring"));
+      v_next = issue(ctx, ring_shift_start(ctx.comm, v, "v", "act.v_ring"));
+    }
+    s->q = query();                                                                    // R2
+    Tensor o_acc = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, DType::f32, "act.o_acc");
+    Tensor lse[2] = {Tensor::empty({ctx.B, ctx.H, C}, DType::f32, "act.lse"),
+                     Tensor::empty({ctx.B, ctx.H, C}, DType::f32, "act.lse")};
+    bool first[2] = {true, true};
+    for (int64_t hop = 0; hop < ctx.P; ++hop) {
+      if (hop > 0) {
+        k = k_next.wait(), v = v_next.wait();
+        if (hop + 1 < ctx.P) {  // the next hop's k and v in flight behind this hop's attention
+          k_next = issue(ctx, ring_shift_start(ctx.comm, k, "k", "act.k_ring"));
+          v_next = issue(ctx, ring_shift_start(ctx.comm, v, "v", "act.v_ring"));
+        }
+      }
+      hop_forward(ctx, (ctx.r - hop + ctx.P) % ctx.P, s->q, k, v, o_acc, lse, first);
+    }
+    k = v = Tensor();
+    s->o = o_acc.to(ctx.dt, "act.o_att");                                              // R4
+    o_acc = Tensor();
+    s->lse0 = std::move(lse[0]), s->lse1 = std::move(lse[1]);
+    Tensor o = s->o;
+    out = std::move(s);
+    return o;
+  }
+
+  Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                  LayerWeights& g, const QueryPathBackward& query_backward) const override {
+    auto& s = static_cast<RingKvSaved&>(*saved);
+    Tensor dq_acc = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.q_acc");
+    Tensor dk_own = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.k_acc");
+    Tensor dv_own = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dv}, DType::f32, "grad.v_acc");
+    Tensor dk_tr, dv_tr;  // the travelling block's fp32 dk, dv (hops ≥ 1)
+    Tensor k = s.k, v = s.v;
+    const Tensor* lse[2] = {&s.lse0, &s.lse1};
+    for (int64_t hop = 0; hop < ctx.P; ++hop) {
+      InFlight k_next, v_next;
+      if (hop + 1 < ctx.P) {  // R3 again: the next hop's k and v in flight behind this hop's backward
+        k_next = issue(ctx, ring_shift_start(ctx.comm, k, "k", "act.k_ring"));
+        v_next = issue(ctx, ring_shift_start(ctx.comm, v, "v", "act.v_ring"));
+      }
+      if (hop == 1) {
+        dk_tr = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.k_ring");
+        dv_tr = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dv}, DType::f32, "grad.v_ring");
+      }
+      Tensor& dk_into = hop == 0 ? dk_own : dk_tr;
+      Tensor& dv_into = hop == 0 ? dv_own : dv_tr;
+      hop_backward(ctx, (ctx.r - hop + ctx.P) % ctx.P, s.q, k, v, s.o, dout, lse, dq_acc, dk_into, dv_into);
+      if (hop + 1 < ctx.P) k = k_next.wait(), v = v_next.wait();
+      if (hop >= 1) {  // the travelling block's dk, dv on to the next rank (after the last hop: its owner)
+        InFlight dk_next = issue(ctx, ring_shift_start(ctx.comm, std::move(dk_tr), "dk", "grad.k_ring"));
+        InFlight dv_next = issue(ctx, ring_shift_start(ctx.comm, std::move(dv_tr), "dv", "grad.v_ring"));
+        dk_tr = dk_next.wait(), dv_tr = dv_next.wait();
+      }
+    }
+    k = v = Tensor();
+    dout = Tensor();
+    s.q = s.k = s.v = s.o = s.lse0 = s.lse1 = Tensor();
+    if (ctx.P > 1) {  // this rank's block, back from its trip: the others' contributions
+      add_into(dk_own, dk_tr), add_into(dv_own, dv_tr);
+      dk_tr = dv_tr = Tensor();
+    }
+    query_backward(dq_acc.to(ctx.dt, "grad.q_local"));
+    dq_acc = Tensor();
+    const Tensor dk_l = dk_own.to(ctx.dt, "grad.k_local"), dv_l = dv_own.to(ctx.dt, "grad.v_local");
+    dk_own = dv_own = Tensor();
+    Tensor dlatent = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, ctx.dt, "grad.latent");        // R1 backward
+    up_project_backward(ctx, s.latent, w.wkv_b, 0, ctx.H, dk_l, dv_l, dlatent, g.wkv_b);
+    return dlatent;
+  }
+
+  std::vector<DeclaredCollective> collectives() const override {
+    using Op = CollectiveOp;
+    DeclaredCollective k{Op::send_recv, "k", Op::send_recv, "dk", /*forward_again_in_backward=*/true};
+    DeclaredCollective v{Op::send_recv, "v", Op::send_recv, "dv", /*forward_again_in_backward=*/true};
+    k.per_ring_hop = v.per_ring_hop = true;
+    return {k, v};
+  }
+
+  // The chunk pairs cover the causal triangle exactly (2P(2P+1)/2 blocks of C × C, the diagonal ones
+  // causal), so the executed FLOPs are the whole sequence's causal attention.
+  double attention_forward_flops(const MlaConfig& c) const override {
+    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(), c.v_head_dim, true);
+  }
+
+  void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
+    add_ring_problems(c, p, name());
+  }
+};
+
+// Configurations a ring form refuses: T not a multiple of 2P (the zigzag chunks). P ∤ H is fine.
+void add_ring_problems(const MlaConfig& c, std::vector<std::string>& p, std::string_view form) {
+    if (c.sp > 0 && c.seq_len > 0 && c.seq_len % (2 * c.sp)) {
+      const int64_t m = 2 * c.sp, below = c.seq_len / m * m, above = below + m;
+      p.push_back(below > 0 ? fmt::format("--seq {} is not a multiple of 2 × --sp {} = {} ({}'s zigzag layout gives "
+                                          "every rank two chunks of T/(2P) tokens); try --seq {} or {}",
+                                          c.seq_len, c.sp, m, form, below, above)
+                            : fmt::format("--seq {} is not a multiple of 2 × --sp {} = {} ({}'s zigzag layout gives "
+                                          "every rank two chunks of T/(2P) tokens); try --seq {}",
+                                          c.seq_len, c.sp, m, form, above));
+    }
+}
+
+
+// The ring-latent form: as ring-kv, but the 576-wide latent [N, B, Dl] of a rank's tokens travels the
+// ring instead of its per-head k and v (Megatron's MLA with latent context parallelism):
+//   L1  q = the block's query path (this rank's tokens, every head)
+//   L2  hop s = 0 .. P−1: this rank holds the latent of rank (r − s) mod P (the next hop's send_recv
+//       in flight behind this hop's compute), up-projects it for all H heads (R1 on a received block:
+//       the extra FLOPs, (P − 1) up-projections of the sequence over all ranks) and runs ring-kv's
+//       chunk pairs and merge on it; the block's k and v are released at the end of the hop
+//   L3  o = round(o_acc) [N, B, H, Dv] on this rank's tokens
+// Saves only the local latent, q, o and the lse (no k, v). Backward: the latent travels again (declared
+// forward again in backward), each hop's K/V is recomputed from it (recompute_flops: P up-projections
+// of the sequence), the hop's attention backward gives the block's dk, dv in fp32 and, rounded to the
+// storage dtype, the up-projection's backward gives the block's dlatent (fp32, rounded once from its
+// fp32 sums over heads) and adds the block's dwkv_b rows (partial: synced with the other gradients).
+// The block's dlatent travels back around the ring in fp32 like ring-kv's dk, dv (P − 1 hops, owner's
+// own contribution added last), at (P − 1)·E·Dl·4 bytes per layer and rank.
+struct RingLatentSaved final : CoreSaved {
+  Tensor latent;      // [N, B, Dl]      this rank's [ckv | kpe]: travels again in backward
+  Tensor q;           // [N, B, H, Dqk]
+  Tensor o;           // [N, B, H, Dv]   the final output, storage dtype
+  Tensor lse0, lse1;  // [B, H, C] fp32
+  void for_each(const std::function<void(const char*, const Tensor&)>& f) const override {
+    f("latent", latent), f("q", q), f("o_att", o), f("lse0", lse0), f("lse1", lse1);
+  }
+};
+
+class RingLatent final : public Form {
+ public:
+  std::string_view name() const override { return "ring-latent"; }
+  // Chunk partials are merged by their log-sum-exp, which only the fused kernel keeps.
+  std::string_view own_kernel() const override { return "fused"; }
+  std::string_view family() const override { return "ring-latent"; }
+  std::string_view summary() const override {
+    return "ring attention with the latent travelling (P − 1 send_recv hops), each hop up-projected for all "
+           "heads, zigzag tokens; k, v recomputed in backward; no all-to-all";
+  }
+  Output output() const override { return Output::tokens; }
+  TokenLayout layout() const override { return TokenLayout::zigzag; }
+
+  Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
+                 std::unique_ptr<CoreSaved>& out) const override {
+    auto s = std::make_unique<RingLatentSaved>();
+    const int64_t C = chunk_len(ctx);
+    s->latent = std::move(latent);
+    Tensor lat = s->latent;
+    InFlight lat_next;
+    if (ctx.P > 1) lat_next = issue(ctx, ring_shift_start(ctx.comm, lat, "latent", "act.latent_ring"));
+    s->q = query();                                                                    // L1
+    Tensor o_acc = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, DType::f32, "act.o_acc");
+    Tensor lse[2] = {Tensor::empty({ctx.B, ctx.H, C}, DType::f32, "act.lse"),
+                     Tensor::empty({ctx.B, ctx.H, C}, DType::f32, "act.lse")};
+    bool first[2] = {true, true};
+    for (int64_t hop = 0; hop < ctx.P; ++hop) {                                        // L2
+      if (hop > 0) {
+        lat = lat_next.wait();
+        if (hop + 1 < ctx.P) lat_next = issue(ctx, ring_shift_start(ctx.comm, lat, "latent", "act.latent_ring"));
+      }
+      Tensor k = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "act.k_hop");
+      Tensor v = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, "act.v_hop");
+      up_project_forward(ctx, lat, w.wkv_b, 0, ctx.H, k, v);
+      hop_forward(ctx, (ctx.r - hop + ctx.P) % ctx.P, s->q, k, v, o_acc, lse, first);
+    }
+    lat = Tensor();
+    s->o = o_acc.to(ctx.dt, "act.o_att");                                              // L3
+    o_acc = Tensor();
+    s->lse0 = std::move(lse[0]), s->lse1 = std::move(lse[1]);
+    Tensor o = s->o;
+    out = std::move(s);
+    return o;
+  }
+
+  Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
+                  LayerWeights& g, const QueryPathBackward& query_backward) const override {
+    auto& s = static_cast<RingLatentSaved&>(*saved);
+    Tensor dq_acc = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.q_acc");
+    Tensor dlat_own = Tensor::zeros({ctx.N, ctx.B, ctx.Dl}, DType::f32, "grad.latent_acc");
+    Tensor dlat_tr;  // the travelling block's fp32 dlatent (hops ≥ 1)
+    Tensor lat = s.latent;
+    const Tensor* lse[2] = {&s.lse0, &s.lse1};
+    for (int64_t hop = 0; hop < ctx.P; ++hop) {
+      InFlight lat_next;
+      if (hop + 1 < ctx.P)  // L2 again: the next hop's latent in flight behind this hop's backward
+        lat_next = issue(ctx, ring_shift_start(ctx.comm, lat, "latent", "act.latent_ring"));
+      if (hop == 1) dlat_tr = Tensor::zeros({ctx.N, ctx.B, ctx.Dl}, DType::f32, "grad.latent_ring");
+      {
+        Tensor k = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "act.k_hop");  // recomputed
+        Tensor v = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, "act.v_hop");
+        up_project_forward(ctx, lat, w.wkv_b, 0, ctx.H, k, v);
+        Tensor dk = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.k_acc");
+        Tensor dv = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dv}, DType::f32, "grad.v_acc");
+        hop_backward(ctx, (ctx.r - hop + ctx.P) % ctx.P, s.q, k, v, s.o, dout, lse, dq_acc, dk, dv);
+        k = v = Tensor();
+        const Tensor dk_l = dk.to(ctx.dt, "grad.k_hop"), dv_l = dv.to(ctx.dt, "grad.v_hop");
+        dk = dv = Tensor();
+        Tensor dlat = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, DType::f32, "grad.latent_hop");  // R1 backward
+        up_project_backward(ctx, lat, w.wkv_b, 0, ctx.H, dk_l, dv_l, dlat, g.wkv_b);
+        add_into(hop == 0 ? dlat_own : dlat_tr, dlat);
+      }
+      if (hop + 1 < ctx.P) lat = lat_next.wait();
+      if (hop >= 1) {  // the travelling block's dlatent on to the next rank (after the last hop: its owner)
+        InFlight next = issue(ctx, ring_shift_start(ctx.comm, std::move(dlat_tr), "dlatent", "grad.latent_ring"));
+        dlat_tr = next.wait();
+      }
+    }
+    lat = Tensor();
+    dout = Tensor();
+    s.q = s.o = s.lse0 = s.lse1 = s.latent = Tensor();
+    if (ctx.P > 1) {
+      add_into(dlat_own, dlat_tr);
+      dlat_tr = Tensor();
+    }
+    query_backward(dq_acc.to(ctx.dt, "grad.q_local"));
+    dq_acc = Tensor();
+    return dlat_own.to(ctx.dt, "grad.latent");
+  }
+
+  std::vector<DeclaredCollective> collectives() const override {
+    DeclaredCollective l{CollectiveOp::send_recv, "latent", CollectiveOp::send_recv, "dlatent",
+                         /*forward_again_in_backward=*/true};
+    l.per_ring_hop = true;
+    return {l};
+  }
+
+  double attention_forward_flops(const MlaConfig& c) const override {
+    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(), c.v_head_dim, true);
+  }
+  // One up-projection of the whole sequence (all ranks): 2·T·B·Lkv·H·(Dn + Dv).
+  static double up_projection(const MlaConfig& c) {
+    return 2.0 * double(c.seq_len * c.batch) * double(c.kv_lora_rank) * double(c.num_attention_heads) *
+           double(c.qk_nope_head_dim + c.v_head_dim);
+  }
+  // Backward recomputes every hop's K/V: P up-projections of the sequence.
+  double recompute_flops(const MlaConfig& c) const override { return double(c.sp) * up_projection(c); }
+  // Every rank up-projects every block: P − 1 more than the block's one forward, and as many more
+  // up-projection backwards (two products each).
+  double extra_forward_flops(const MlaConfig& c) const override { return double(c.sp - 1) * up_projection(c); }
+  double extra_backward_flops(const MlaConfig& c) const override { return 2.0 * double(c.sp - 1) * up_projection(c); }
+
+  void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
+    add_ring_problems(c, p, name());
+  }
+};
+
+}  // namespace
+
+const Form& ring_kv_form() {
+  static const RingKv form;
+  return form;
+}
+
+const Form& ring_latent_form() {
+  static const RingLatent form;
+  return form;
+}
+
+}  // namespace laga::forms
