@@ -203,9 +203,10 @@ TEST(Planner, MatchesTheClosedFormsOfTheAccounting) {
           const int64_t latent_excess = c.num_layers * (c.sp - 1) * c.tokens_per_rank() * c.batch * c.latent_dim() *
                                         dtype_size(c.dtype);
           EXPECT_EQ(plan.memory.saved_bytes - e.memory.saved_bytes, latent_excess);
-          if (!recompute)
+          if (!recompute) {
             EXPECT_EQ(plan.memory.activation_peak_bytes - e.memory.activation_peak_bytes, latent_excess)
                 << "the peak sits in the last layer's backward, with every layer's saved latent live";
+          }
         }
       }
 }
