@@ -168,11 +168,22 @@ done
 } >>"$agent"
 chmod +x "$agent"
 
+# Every link up end to end (both ends of each veth with carrier, each bridge port forwarding) before an
+# orted tries to call mpirun back: an orted that finds no route gives up, and mpirun would wait for it.
+for ((i = 0; i < ranks; i++)); do
+  for _ in $(seq 100); do
+    ip -n "$id-$i" -o link show eth0 | grep -q LOWER_UP && ip -n "$head" -o -d link show "v$i" | grep -q "state forwarding" \
+      && continue 2
+    sleep 0.1
+  done
+  die "the link of $id-$i did not come up within 10 s: $(ip -n "$head" -o -d link show "v$i" | head -c 300)"
+done
+
 export LAGA_LINK=$link OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "link.sh: $link; subnet $subnet; namespaces $id-*" >&2
 # mpirun in the background and `wait`, so a signal to this script runs its trap at once.
 ip netns exec "$head" mpirun --allow-run-as-root --hostfile "$hostfile" -np "$ranks" \
-  --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 --bind-to none \
+  --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 --mca orte_startup_timeout 60 --bind-to none \
   ${LAGA_LINK_MCA-} --mca btl self,tcp --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
   -x LAGA_LINK --wdir "$PWD" "$program" "$@" &
 mpirun_pid=$!
