@@ -24,9 +24,11 @@ constexpr int64_t kPoolGranule = int64_t(1) << 16;
 
 class Pool {
  public:
+  // Never destroyed: tensors of static lifetime may be released after every static destructor has run,
+  // and the cached blocks stay reachable from here (no leak reported at exit).
   static Pool& get() {
-    static Pool pool;
-    return pool;
+    static Pool* pool = new Pool;
+    return *pool;
   }
   // A block of at least `bytes` (already aligned), or nullptr when the OS has none.
   void* allocate(size_t bytes) {
