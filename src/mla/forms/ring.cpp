@@ -122,18 +122,30 @@ void hop_backward(const RankCtx& ctx, int64_t src, const Tensor& q, const Tensor
 
 void add_ring_problems(const MlaConfig& c, std::vector<std::string>& p, std::string_view form);
 
-class RingKv final : public Form {
+// What the two ring forms share: their output on the rank's own tokens (no all-to-all), the zigzag
+// layout, the fused kernel (its log-sum-exp merges chunk partials), causal attention over all H heads,
+// and the ring's conditions on the config.
+class RingForm : public Form {
+ public:
+  std::string_view family() const override { return name(); }
+  std::string_view own_kernel() const override { return "fused"; }
+  Output output() const override { return Output::tokens; }
+  TokenLayout layout() const override { return TokenLayout::zigzag; }
+  double attention_forward_flops(const MlaConfig& c) const override {
+    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(), c.v_head_dim, true);
+  }
+  void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
+    add_ring_problems(c, p, name());
+  }
+};
+
+class RingKv final : public RingForm {
  public:
   std::string_view name() const override { return "ring-kv"; }
-  // Chunk partials are merged by their log-sum-exp, which only the fused kernel keeps.
-  std::string_view own_kernel() const override { return "fused"; }
-  std::string_view family() const override { return "ring-kv"; }
   std::string_view summary() const override {
     return "ring attention: per-head k and v travel around the ring (P − 1 send_recv hops), zigzag tokens, "
            "log-sum-exp merge in fp32; no all-to-all";
   }
-  Output output() const override { return Output::tokens; }
-  TokenLayout layout() const override { return TokenLayout::zigzag; }
 
   Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
@@ -229,13 +241,6 @@ class RingKv final : public Form {
 
   // The chunk pairs cover the causal triangle exactly (2P(2P+1)/2 blocks of C × C, the diagonal ones
   // causal), so the executed FLOPs are the whole sequence's causal attention.
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(), c.v_head_dim, true);
-  }
-
-  void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
-    add_ring_problems(c, p, name());
-  }
 };
 
 // Configurations a ring form refuses: T not a multiple of 2P (the zigzag chunks). P ∤ H is fine.
@@ -277,18 +282,13 @@ struct RingLatentSaved final : CoreSaved {
   }
 };
 
-class RingLatent final : public Form {
+class RingLatent final : public RingForm {
  public:
   std::string_view name() const override { return "ring-latent"; }
-  // Chunk partials are merged by their log-sum-exp, which only the fused kernel keeps.
-  std::string_view own_kernel() const override { return "fused"; }
-  std::string_view family() const override { return "ring-latent"; }
   std::string_view summary() const override {
     return "ring attention with the latent travelling (P − 1 send_recv hops), each hop up-projected for all "
            "heads, zigzag tokens; k, v recomputed in backward; no all-to-all";
   }
-  Output output() const override { return Output::tokens; }
-  TokenLayout layout() const override { return TokenLayout::zigzag; }
 
   Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
@@ -374,9 +374,6 @@ class RingLatent final : public Form {
     return {l};
   }
 
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(), c.v_head_dim, true);
-  }
   // One up-projection of the whole sequence (all ranks): 2·T·B·Lkv·H·(Dn + Dv).
   static double up_projection(const MlaConfig& c) {
     return 2.0 * double(c.seq_len * c.batch) * double(c.kv_lora_rank) * double(c.num_attention_heads) *
@@ -388,10 +385,6 @@ class RingLatent final : public Form {
   // up-projection backwards (two products each).
   double extra_forward_flops(const MlaConfig& c) const override { return double(c.sp - 1) * up_projection(c); }
   double extra_backward_flops(const MlaConfig& c) const override { return 2.0 * double(c.sp - 1) * up_projection(c); }
-
-  void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
-    add_ring_problems(c, p, name());
-  }
 };
 
 }  // namespace
