@@ -106,10 +106,7 @@ class LagaRecompute final : public Form {
   double attention_forward_flops(const MlaConfig& c) const override {
     return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(), c.v_head_dim, true);
   }
-  double recompute_flops(const MlaConfig& c) const override {
-    return 2.0 * double(c.seq_len * c.batch) * double(c.kv_lora_rank) * double(c.num_attention_heads) *
-           double(c.qk_nope_head_dim + c.v_head_dim);
-  }
+  double recompute_flops(const MlaConfig& c) const override { return up_projection_flops(c); }
 
  private:
   // Attention backward of batch row b, heads [h0, h0 + Hc) of the shard: q, o, do, dq, dk, dv as head

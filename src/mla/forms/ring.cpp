@@ -374,17 +374,12 @@ class RingLatent final : public RingForm {
     return {l};
   }
 
-  // One up-projection of the whole sequence (all ranks): 2·T·B·Lkv·H·(Dn + Dv).
-  static double up_projection(const MlaConfig& c) {
-    return 2.0 * double(c.seq_len * c.batch) * double(c.kv_lora_rank) * double(c.num_attention_heads) *
-           double(c.qk_nope_head_dim + c.v_head_dim);
-  }
   // Backward recomputes every hop's K/V: P up-projections of the sequence.
-  double recompute_flops(const MlaConfig& c) const override { return double(c.sp) * up_projection(c); }
+  double recompute_flops(const MlaConfig& c) const override { return double(c.sp) * up_projection_flops(c); }
   // Every rank up-projects every block: P − 1 more than the block's one forward, and as many more
   // up-projection backwards (two products each).
-  double extra_forward_flops(const MlaConfig& c) const override { return double(c.sp - 1) * up_projection(c); }
-  double extra_backward_flops(const MlaConfig& c) const override { return 2.0 * double(c.sp - 1) * up_projection(c); }
+  double extra_forward_flops(const MlaConfig& c) const override { return double(c.sp - 1) * up_projection_flops(c); }
+  double extra_backward_flops(const MlaConfig& c) const override { return 2.0 * double(c.sp - 1) * up_projection_flops(c); }
 };
 
 }  // namespace
