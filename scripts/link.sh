@@ -181,9 +181,10 @@ done
 
 export LAGA_LINK=$link OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "link.sh: $link; subnet $subnet; namespaces $id-*" >&2
-# mpirun in the background and `wait`, so a signal to this script runs its trap at once.
+# mpirun in the background and `wait`, so a signal to this script runs its trap at once; no rank reads
+# stdin (--stdin none), so mpirun never touches the terminal from a background process group.
 ip netns exec "$head" mpirun --allow-run-as-root --hostfile "$hostfile" -np "$ranks" \
-  --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 --mca orte_startup_timeout 60 --bind-to none \
+  --mca plm_rsh_agent "$agent" --mca plm_rsh_no_tree_spawn 1 --mca orte_startup_timeout 60 --bind-to none --stdin none \
   ${LAGA_LINK_MCA-} --mca btl self,tcp --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
   -x LAGA_LINK --wdir "$PWD" "$program" "$@" &
 mpirun_pid=$!

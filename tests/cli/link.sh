@@ -65,11 +65,23 @@ PY
 set -m
 "$link" --ranks 2 --rate ${rate_mbit}mbit -- "$laga" bench-comm -b 64M -e 64M -n 100 >"$work/int.out" 2>&1 &
 pid=$!
-for _ in $(seq 300); do  # until a rank runs in its namespace
+# Up to 120 s: a loaded machine (the sanitizer stage runs two tests at once) can start slowly, and
+# past mpirun's own 60 s startup timeout its message lands in int.out.
+for _ in $(seq 1200); do  # until a rank runs in its namespace
   [ -n "$(ip netns pids laga-$pid-1 2>/dev/null)" ] && grep -q "^# op" "$work/int.out" && break
+  kill -0 $pid 2>/dev/null || break
   sleep 0.1
 done
-grep -q "^# op" "$work/int.out" || fail "the interrupted run never started: $(tail -3 "$work/int.out")"
+in_namespaces() {  # what runs in run $1's namespaces, for a failure's message
+  local ns p
+  for ns in laga-$1-head laga-$1-0 laga-$1-1; do
+    for p in $(ip netns pids $ns 2>/dev/null); do
+      echo "$ns: $(ps -o pid=,stat=,etimes=,args= -p $p | cut -c1-160)"
+    done
+  done
+}
+grep -q "^# op" "$work/int.out" \
+  || fail "the interrupted run never started: $(tail -5 "$work/int.out"); in its namespaces: $(in_namespaces $pid)"
 inside=$(for ns in laga-$pid-head laga-$pid-0 laga-$pid-1; do ip netns pids $ns 2>/dev/null; done)
 kill -INT $pid
 wait $pid
