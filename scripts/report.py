@@ -124,6 +124,9 @@ def section_memory(r):
         for name, f in p["forms"].items():
             if name == "absorbed":
                 continue
+            if "not_run" in f:
+                rows.append((kernel, name, "not run", f["not_run"], ""))
+                continue
             rows.append((kernel, name, mb(f["activation_peak_bytes"]), mb(f["saved_bytes"]),
                          f"{f['activation_peak_bytes'] / ex:.4f}"))
     if rows:

@@ -58,7 +58,13 @@ double ModelDims::softmax_scale() const {
 }
 
 
-std::vector<std::string> MlaConfig::problems() const {
+std::vector<std::string> MlaConfig::problems() const { return problems_with(find_form_or_null(form), true); }
+
+std::vector<std::string> MlaConfig::problems_apart_from_form() const { return problems_with(nullptr, false); }
+
+// Every check; the form's own conditions where f is given, and the registry's check of the form's name
+// when named is true.
+std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) const {
   std::vector<std::string> p;
   auto positive = [&](const char* name, int64_t v) {
     if (v <= 0) p.push_back(fmt::format("{} = {} must be positive", name, v));
@@ -153,11 +159,10 @@ std::vector<std::string> MlaConfig::problems() const {
     }
   }
   // The form's own conditions (the head-scatter forms': P | H) come before the sequence's.
-  const Form* f = find_form_or_null(form);
   if (f) f->add_problems(*this, p);
   if (sp > 0 && seq_len > 0 && seq_len % sp)
     p.push_back(fmt::format("--sp {} does not divide --seq {}; try {}", sp, seq_len, divisors_str(seq_len)));
-  if (!f) p.push_back(fmt::format("unknown form '{}'; valid: {}", form, form_names()));
+  if (named && !f) p.push_back(fmt::format("unknown form '{}'; valid: {}", form, form_names()));
   return p;
 }
 

@@ -67,6 +67,12 @@ expect 2 "inject-fault 'x' is not RANK:PLACE" -- "$laga" run --model tiny --seq 
 expect 2 "\-\-out is required" -- "$laga" report
 expect 2 "The following argument was not expected: \-\-fast" -- "$laga" report --out "$tmp/report" --fast
 expect 2 "laga plan needs --seq T" -- "$laga" plan --model tiny
+# plan and verify run every form: a P that no form can take, or that is wrong apart from any form, is
+# refused as a whole; a form refusing P is "not run" and the others go on (below, after the refusals).
+expect 2 "\-\-sp 8 does not divide \-\-seq 36; try 1, 2, 3, 4, 6, 9, 12, 18, 36" -- "$laga" plan --model tiny --seq 36 --sp 8
+expect 2 "\-\-sp 3 does not divide \-\-seq 64" -- "$laga" verify --model tiny --seq 64 --sp 1,3
+expect 2 "no form can run it: explicit: \-\-sp 16 does not divide num_attention_heads 8.*ring-kv: \-\-seq 48 is not a multiple of 2 × \-\-sp 16" \
+  -- "$laga" plan --model tiny --seq 48 --sp 16
 expect 2 "size '12 parsecs' is not a byte count" -- "$laga" run --model tiny --seq 16 --mem-limit "12 parsecs"
 # A run or plan over the memory limit is refused before anything is allocated, naming the planned peak.
 expect 2 "refused: the planned peak is .* over --mem-limit 1MiB" -- "$laga" run --model small --seq 2048 --mem-limit 1MiB
@@ -124,4 +130,27 @@ expect 2 "bench-comm file $tmp/comm-few.json: fewer than 2 valid sizes of all_ga
 expect 2 "\-\-comm-json goes with --calibrate" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw.json" --comm-json "$tmp/comm-few.json"
 
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
+# The other side of the rule: exit 0, the refusing forms' rows say "not run" and why, the others have numbers.
+out=$("$laga" plan --model tiny --seq 64 --sp 16 2>&1); status=$?
+if [ "$status" -eq 0 ] && grep -q "^  laga *not run: --sp 16 does not divide num_attention_heads 8" <<<"$out" \
+   && grep -Eq "^  ring-latent +[0-9]+ " <<<"$out"; then
+  echo "ok: plan at P 16 > H 8: head-scatter forms not run, ring forms planned"
+else
+  echo "FAIL: plan --sp 16 at H 8: status $status: $out"; failures=$((failures + 1))
+fi
+out=$("$laga" plan --model tiny --seq 36 --sp 4 2>&1); status=$?
+if [ "$status" -eq 0 ] && grep -q "^  ring-kv *not run: --seq 36 is not a multiple of 2 × --sp 4" <<<"$out" \
+   && grep -Eq "^  laga +[0-9]+ " <<<"$out" && grep -q "communication explicit / laga" <<<"$out"; then
+  echo "ok: plan at T 36 P 4: ring forms not run, the others planned"
+else
+  echo "FAIL: plan --seq 36 --sp 4: status $status: $out"; failures=$((failures + 1))
+fi
+out=$("$laga" verify --model tiny --seq 64 --sp 1,16 --dtype fp32 2>&1); status=$?
+if [ "$status" -eq 0 ] && grep -q "^   16 explicit  *not run: .*held to explicit's error at P 1" <<<"$out" \
+   && grep -Eq "^   16 ring-kv +fp64 .* ok$" <<<"$out" && grep -q "^verify: pass" <<<"$out"; then
+  echo "ok: verify at P 16 > H 8: ring forms checked against explicit's P 1 error"
+else
+  echo "FAIL: verify --sp 1,16 at H 8: status $status: $out"; failures=$((failures + 1))
+fi
+
 [ "$failures" -eq 0 ]

@@ -147,7 +147,9 @@ TEST(Model, EveryFormPredictsOverSeveralLayersAndAtOneRank) {
       c.seq_len = 32, c.sp = P, c.num_layers = 3, c.batch = 2, c.form = std::string(f->name());
       const FormPrediction p = predict(Config(c), hw);  // crosses nodes at P 4 (2 per node)
       EXPECT_GT(p.total_s(), 0) << f->name();
-      if (P == 1) EXPECT_EQ(p.comm_s(), 0) << f->name();
+      if (P == 1) {
+        EXPECT_EQ(p.comm_s(), 0) << f->name();
+      }
       for (const auto& t : p.collectives) EXPECT_EQ(t.crosses_nodes, P > 2);
     }
 }

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "laga/mla/config.hpp"
+#include "laga/mla/form.hpp"
 #include "laga/core/error.hpp"
 #include "laga/core/tensor.hpp"
 #include "laga/io/safetensors.hpp"
@@ -166,4 +167,29 @@ TEST(Config, SuggestsDivisorsOfAHugeSequenceWithoutSearchingToIt) {
       << m;
   EXPECT_EQ(divisors_str(18), "1, 2, 3, 6, 9, 18");
   EXPECT_EQ(divisors_str(int64_t(1) << 62), "1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048");
+}
+
+// The rule of the commands that run every form (forms_at): a form's own condition makes it "not run";
+// a problem apart from any form, or a config no form can run, is a usage error.
+TEST(Config, FormsAtReportsEachRefusingFormAndRefusesWhatNoFormCanRun) {
+  MlaConfig c = MlaConfig::preset("tiny");  // H 8
+  c.seq_len = 64, c.sp = 16;
+  const FormsAt at = forms_at(c);
+  std::vector<std::string> runnable;
+  for (const Form* f : at.runnable) runnable.emplace_back(f->name());
+  EXPECT_EQ(runnable, (std::vector<std::string>{"ring-kv", "ring-latent"}));
+  EXPECT_EQ(at.refused.size(), registered_forms().size() - 2);
+  EXPECT_NE(at.refusal(find_form("laga")).find("--sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8"),
+            std::string::npos);
+  EXPECT_EQ(at.refusal(find_form("ring-kv")), "");
+  c.seq_len = 36, c.sp = 4;  // every head-scatter form runs; the zigzag needs 8 | T
+  const FormsAt at4 = forms_at(c);
+  EXPECT_NE(at4.refusal(find_form("ring-latent")).find("--seq 36 is not a multiple of 2 × --sp 4"), std::string::npos);
+  EXPECT_EQ(at4.refusal(find_form("explicit")), "");
+  c.seq_len = 36, c.sp = 8;  // apart from any form: P ∤ T
+  EXPECT_NE(usage_error([&] { (void)forms_at(c); }).find("--sp 8 does not divide --seq 36"), std::string::npos);
+  c.seq_len = 48, c.sp = 16;  // P ∤ H for the head-scatter forms and 2P ∤ T for the rings
+  const std::string m = usage_error([&] { (void)forms_at(c); });
+  EXPECT_NE(m.find("no form can run it"), std::string::npos) << m;
+  EXPECT_NE(m.find("ring-kv: --seq 48 is not a multiple of 2 × --sp 16"), std::string::npos) << m;
 }

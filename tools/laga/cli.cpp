@@ -34,7 +34,17 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   }
 }
 
-Config build_config(const CommonFlags& f) {
+Config build_config(const CommonFlags& f) { return Config(build_spec(f)); }
+
+Config build_config_for_all_forms(const CommonFlags& f, FormsAt* at) {
+  MlaConfig c = build_spec(f);
+  FormsAt here = forms_at(c);
+  if (!here.refusal(find_form(c.form)).empty()) c.form = std::string(here.runnable.front()->name());
+  if (at) *at = std::move(here);
+  return Config(std::move(c));
+}
+
+MlaConfig build_spec(const CommonFlags& f) {
   MlaConfig c = MlaConfig::preset(f.model);
   if (!f.config_path.empty()) {
     std::ifstream in(f.config_path);
@@ -55,7 +65,7 @@ Config build_config(const CommonFlags& f) {
   else if (f.overlap == "off") c.overlap = false;
   else LAGA_FAIL_USAGE("unknown --overlap '{}'; valid: on, off", f.overlap);
   LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s), "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
-  return Config(std::move(c));
+  return c;
 }
 
 std::string form_label(const std::string& form, const std::string& absorbed_kv) {

@@ -14,6 +14,7 @@
 
 #include "laga/comm/communicator.hpp"
 #include "laga/mla/config.hpp"
+#include "laga/mla/form.hpp"
 #include "laga/driver/plan.hpp"
 #include "laga/mla/form.hpp"
 #include "laga/driver/run.hpp"
@@ -35,6 +36,11 @@ struct CommonFlags {
 // with_comm adds --comm and --timeout.
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
 Config build_config(const CommonFlags& f);
+// The flags' configuration, not yet validated (for the commands that run every form: forms_at).
+MlaConfig build_spec(const CommonFlags& f);
+// The flags' configuration for a command that runs every form: refused as a whole only for problems
+// apart from any form (forms_at); its form is --form when that one can run it, else the first form that can.
+Config build_config_for_all_forms(const CommonFlags& f, FormsAt* at = nullptr);
 // The registered form label of --form (and, for a family with variants, --absorbed-kv); usage error
 // naming the valid spellings.
 std::string form_label(const std::string& form, const std::string& absorbed_kv);

@@ -77,11 +77,14 @@ int calibrate(const CommonFlags& f, const ModelFlags& m) {
 
 // The predicted times of every form; the table of totals, then the per-phase table.
 nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const HardwareSpec& hw) {
-  const Config base = build_config(f);
+  // Every form by default, by the rule of the commands that run every form (forms_at): one that refuses
+  // the config is listed as not run. Forms named with --forms must all run it.
+  FormsAt at;
+  const Config base = m.forms.empty() ? build_config_for_all_forms(f, &at) : build_config(f);
   const MlaConfig& b = *base;
   std::vector<std::string> labels;
   if (m.forms.empty())
-    for (const Form* fm : registered_forms()) labels.emplace_back(fm->name());
+    for (const Form* fm : at.runnable) labels.emplace_back(fm->name());
   else
     for (const auto& name : m.forms) labels.push_back(form_label(name, f.absorbed_kv));
   std::vector<FormPrediction> preds;
@@ -109,6 +112,10 @@ nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const Hard
                p.comm_s(), p.total_s(), p.fwd_compute_s + p.bwd_compute_s, 100 * p.comm_s() / p.total_s(), ratio);
     forms[p.form] = p.to_json();
     if (explicit_total > 0) forms[p.form]["speedup_vs_explicit"] = explicit_total / p.total_s();
+  }
+  for (const auto& r : at.refused) {
+    fmt::print("  {:<18} not run: {}\n", r.form->name(), r.reason);
+    forms[std::string(r.form->name())] = {{"not_run", r.reason}};
   }
   fmt::print("winner: {} ({:.5g} s{})\n", preds[best].form, preds[best].total_s(),
              explicit_total > 0 ? fmt::format(", {:.3f}× explicit", explicit_total / preds[best].total_s()) : "");

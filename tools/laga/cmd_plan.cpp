@@ -134,7 +134,8 @@ int sweep(const Config& base_cfg, std::ofstream* json_out) {
 int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) {
   CommonFlags g = f;
   if (do_sweep && g.seq == 0) g.seq = 4096;
-  const Config base_cfg = build_config(g);
+  FormsAt at;
+  const Config base_cfg = do_sweep ? build_config(g) : build_config_for_all_forms(g, &at);
   const MlaConfig& base = *base_cfg;
   auto json_out = open_output(f.json_path, "--json");
   if (do_sweep) return sweep(base_cfg, json_out.get());
@@ -153,6 +154,11 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
   // select (the "absorbed" key is the --absorbed-kv regime).
   nlohmann::json forms;
   for (const Form* fm : registered_forms()) {
+    if (const std::string why = at.refusal(*fm); !why.empty()) {
+      fmt::print("  {:<18} not run: {}\n", fm->name(), why);
+      forms[std::string(fm->name())] = {{"not_run", why}};
+      continue;
+    }
     nlohmann::json j = plan_json(with(base_cfg, fm->name()));
     fmt::print("  {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", fm->name(), j["activation_peak_bytes"].get<int64_t>(),
                j["saved_bytes"].get<int64_t>(), j["forward_peak_bytes"].get<int64_t>(),
@@ -162,22 +168,30 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
     if (fm->family() != fm->name() && fm->name() == form_label(std::string(fm->family()), f.absorbed_kv))
       forms[std::string(fm->family())] = j;
   }
+  const auto runs = [&](std::string_view name) { return at.refusal(find_form(name)).empty(); };
   const nlohmann::json& ex = forms[std::string(kBaselineForm)];
-  std::string vs;
-  for (const Form* fm : registered_forms())
-    if (fm->name() != kBaselineForm)
-      vs += fmt::format("{}{} {:+.2f} %", vs.empty() ? "" : ", ", fm->name(),
-                        100 * (forms[std::string(fm->name())]["activation_peak_bytes"].get<double>() /
-                                   ex["activation_peak_bytes"].get<double>() - 1));
-  fmt::print("  activation peak vs explicit: {}\n", vs);
-  fmt::print("  communication explicit / laga: {:.4f} (tensor bytes), {:.4f} (wire bytes)\n",
-             ex["comm"]["tensor_bytes"].get<double>() / forms["laga"]["comm"]["tensor_bytes"].get<double>(),
-             ex["comm"]["wire_bytes"].get<double>() / forms["laga"]["comm"]["wire_bytes"].get<double>());
+  if (runs(kBaselineForm)) {
+    std::string vs;
+    for (const Form* fm : at.runnable)
+      if (fm->name() != kBaselineForm)
+        vs += fmt::format("{}{} {:+.2f} %", vs.empty() ? "" : ", ", fm->name(),
+                          100 * (forms[std::string(fm->name())]["activation_peak_bytes"].get<double>() /
+                                     ex["activation_peak_bytes"].get<double>() - 1));
+    fmt::print("  activation peak vs explicit: {}\n", vs);
+  } else {
+    fmt::print("  activation peak vs explicit: none (explicit is not run)\n");
+  }
+  if (runs(kBaselineForm) && runs("laga"))
+    fmt::print("  communication explicit / laga: {:.4f} (tensor bytes), {:.4f} (wire bytes)\n",
+               ex["comm"]["tensor_bytes"].get<double>() / forms["laga"]["comm"]["tensor_bytes"].get<double>(),
+               ex["comm"]["wire_bytes"].get<double>() / forms["laga"]["comm"]["wire_bytes"].get<double>());
   // What the other dtype of the dlatent partial sums would cost laga (the forms that gather the latent alike).
   const DlatentSum other = base.dlatent_sum == DlatentSum::fp32 ? DlatentSum::storage : DlatentSum::fp32;
-  const nlohmann::json alt = plan_json(base_cfg.with([&](MlaConfig& m) { m.form = "laga", m.dlatent_sum = other; }));
+  const nlohmann::json alt =
+      runs("laga") ? plan_json(base_cfg.with([&](MlaConfig& m) { m.form = "laga", m.dlatent_sum = other; }))
+                   : nlohmann::json{{"not_run", at.refusal(find_form("laga"))}};
   const nlohmann::json& lg = forms["laga"];
-  fmt::print("  dlatent partial sums in {} ({} with --dlatent-sum {}): laga comm {:+} tensor bytes, {:+} wire bytes, "
+  if (runs("laga")) fmt::print("  dlatent partial sums in {} ({} with --dlatent-sum {}): laga comm {:+} tensor bytes, {:+} wire bytes, "
              "activation peak {:+} bytes\n", dlatent_sum_name(base.dlatent_sum) == "fp32" ? "fp32" : dtype_name(base.dtype),
              dlatent_sum_name(other) == "fp32" ? "fp32" : dtype_name(base.dtype), dlatent_sum_name(other),
              alt["comm"]["tensor_bytes"].get<int64_t>() - lg["comm"]["tensor_bytes"].get<int64_t>(),
@@ -189,7 +203,7 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
     *json_out << j.dump(2) << "\n";
   }
   if (!mem_limit.empty())
-    for (const Form* fm : registered_forms())
+    for (const Form* fm : at.runnable)
       check_mem_limit(plan_memory(with(base_cfg, fm->name())), 1, parse_bytes(mem_limit), "--mem-limit " + mem_limit);
   return 0;
 }

@@ -169,10 +169,14 @@ void check_invocation(const Invocation& inv) {
     LAGA_CHECK(inv.sweep || f.seq > 0, "laga plan needs --seq T (or --sweep)");
     CommonFlags g = f;
     if (inv.sweep && g.seq == 0) g.seq = 4096;
-    build_config(g);
+    inv.sweep ? build_config(g) : build_config_for_all_forms(g);
   } else if (inv.command == "verify") {
     const Config base = build_config(f);
-    for (int64_t P : inv.sps) base.with([&](MlaConfig& c) { c.sp = P; });
+    for (int64_t P : inv.sps) {  // each P must suit some form; a form that refuses it is reported as not run
+      MlaConfig m = *base;
+      m.sp = P;
+      forms_at(m);
+    }
   } else if (inv.command == "bench") {
     LAGA_CHECK(inv.iters >= 1, "--iters {} must be at least 1", inv.iters);
     LAGA_CHECK(inv.warmup >= 0, "--warmup {} must be a number of iterations ≥ 0", inv.warmup);
@@ -228,7 +232,7 @@ void check_invocation(const Invocation& inv) {
       LAGA_CHECK(!m.hw.empty(), "laga model needs --hw FILE (a hardware file, docs/model.md), or --calibrate OUT.json");
       LAGA_CHECK(f.seq > 0 || !m.bench_json.empty(), "laga model needs --seq T (or --bench-json FILE)");
       if (f.seq > 0) {
-        build_config(f);
+        m.forms.empty() ? build_config_for_all_forms(f) : build_config(f);
         for (const auto& name : m.forms) build_config([&] { CommonFlags g = f; g.form = name; return g; }());
       }
     }

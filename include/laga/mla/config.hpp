@@ -23,6 +23,8 @@
 
 namespace laga {
 
+class Form;
+
 // The largest model dimension laga accepts (hidden size, heads, ranks, head dims): far beyond any MLA
 // model, small enough that sizes derived from dimensions cannot overflow before problems() sizes them.
 inline constexpr int64_t kMaxModelDim = int64_t(1) << 20;
@@ -93,11 +95,19 @@ struct MlaConfig : ModelDims, RunShape, RunChoices {
   // model dimension above kMaxModelDim, the largest tensors of a run addressable in int64 bytes, and a
   // finite, positive softmax scale and RoPE attention factor.
   std::vector<std::string> problems() const;
+  // The same checks without any form's own conditions (P | H for the head-scatter forms, the zigzag's
+  // 2P | T for the ring forms) and without checking that the form is registered: what must hold for
+  // every command, whichever forms it runs. Commands that run every form (plan, verify) refuse a config
+  // with these problems and report a form whose own conditions fail as "not run" (forms_at, form.hpp).
+  std::vector<std::string> problems_apart_from_form() const;
 
   nlohmann::json to_json() const;  // the keys of docs/design.md §1.1
   // Inverse of to_json; also reads a Hugging Face DeepSeek config.json (its extra keys are ignored).
   // Usage error on missing or mistyped keys. Not validated: make a Config of it.
   static MlaConfig from_json(const nlohmann::json& j);
+
+ private:
+  std::vector<std::string> problems_with(const Form* f, bool named) const;
 };
 
 // A validated MlaConfig. Making one (implicitly, from an MlaConfig) validates it: a usage error listing

@@ -153,6 +153,21 @@ inline constexpr std::string_view kBaselineForm = "explicit";
 const Form* find_form_or_null(std::string_view name);
 const Form& find_form(std::string_view name);  // usage error naming the valid labels
 std::string form_names();                      // "explicit, absorbed-expanded, absorbed-shared, laga, ..."
+// The one rule of the commands that run every form (plan, verify): a config whose problems lie apart
+// from any form (problems_apart_from_form) is refused as a whole (usage error); a form whose own
+// conditions fail is "not run", with its first reason, and the command goes on with the others. A
+// config that no form can run is refused, naming each form's reason.
+struct FormRefusal {
+  const Form* form;
+  std::string reason;
+};
+struct FormsAt {
+  std::vector<const Form*> runnable;  // registry order
+  std::vector<FormRefusal> refused;   // registry order
+  // The reason f is not run, or empty when it is runnable.
+  std::string refusal(const Form& f) const;
+};
+FormsAt forms_at(const MlaConfig& c);
 // The label a user's spelling names: a registered label as is; a family with variants ("absorbed")
 // with its regime appended ("absorbed-shared"). Usage error naming the valid spellings otherwise.
 std::string resolve_form_label(std::string_view form, std::string_view regime);

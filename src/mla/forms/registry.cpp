@@ -51,6 +51,37 @@ const Form& find_form(std::string_view name) {
   return *f;
 }
 
+FormsAt forms_at(const MlaConfig& c) {
+  if (auto p = c.problems_apart_from_form(); !p.empty()) {
+    std::string msg = fmt::format("invalid configuration (model '{}'): ", c.model);
+    for (size_t i = 0; i < p.size(); ++i) msg += (i ? "; " : "") + p[i];
+    LAGA_FAIL_USAGE("{}", msg);
+  }
+  FormsAt at;
+  for (const Form* f : registered_forms()) {
+    MlaConfig m = c;
+    m.form = std::string(f->name());
+    std::vector<std::string> p;
+    f->add_problems(m, p);
+    if (p.empty())
+      at.runnable.push_back(f);
+    else
+      at.refused.push_back({f, p.front()});
+  }
+  if (at.runnable.empty()) {
+    std::string msg;
+    for (const auto& r : at.refused) msg += fmt::format("{}{}: {}", msg.empty() ? "" : "; ", r.form->name(), r.reason);
+    LAGA_FAIL_USAGE("invalid configuration (model '{}'): no form can run it: {}", c.model, msg);
+  }
+  return at;
+}
+
+std::string FormsAt::refusal(const Form& f) const {
+  for (const auto& r : refused)
+    if (r.form == &f) return r.reason;
+  return {};
+}
+
 std::string resolve_form_label(std::string_view form, std::string_view regime) {
   if (find_form_or_null(form)) return std::string(form);
   std::vector<std::string> variants;
