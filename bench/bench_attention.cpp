@@ -6,7 +6,8 @@
 // gradient needs only the last queries), plus sampled matmul entries. Causal attention only.
 //
 //   bench_attention [--seq 4096] [--batch 1] [--heads 16] [--kv-heads 16] [--dqk 192] [--dv 128]
-//                   [--dtype fp32,bf16] [--kernel fused,eager] [--matmul 2048]
+//                   [--dtype fp32,bf16] [--kernel fused,fused-1p,eager] [--matmul 2048]
+// fused-1p is the fused kernel with its one-pass backward (--attn-backward one-pass; docs/attention.md §4).
 //                   [--warmup 1] [--repeats 5] [--json FILE]
 #include <cmath>
 #include <cstdio>
@@ -22,10 +23,22 @@ using namespace laga::bench;
 
 namespace {
 
+// A kernel as timed: the fused kernel with either backward order, or the eager kernel.
+struct Variant {
+  std::string name;
+  Kernel kernel;
+  bool one_pass = false;
+};
+Variant parse_variant(const std::string& name) {
+  if (name == "fused-1p") return {name, Kernel::fused, true};
+  if (name == "fused" || name == "eager") return {name, parse_kernel(name)};
+  LAGA_FAIL_USAGE("unknown --kernel '{}'; valid: fused, fused-1p, eager", name);
+}
+
 struct Config {
   int64_t T = 4096, B = 1, Hq = 16, Hkv = 16, Dqk = 192, Dv = 128, matmul_n = 2048;
   std::vector<DType> dtypes = {DType::f32, DType::bf16};
-  std::vector<Kernel> kernels = {Kernel::fused, Kernel::eager};
+  std::vector<Variant> kernels = {parse_variant("fused"), parse_variant("fused-1p"), parse_variant("eager")};
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -54,7 +67,7 @@ Config parse(const std::vector<std::string>& args) {
       for (const auto& d : split(v)) c.dtypes.push_back(parse_dtype(d));
     } else if (a == "--kernel") {
       c.kernels.clear();
-      for (const auto& k : split(v)) c.kernels.push_back(parse_kernel(k));
+      for (const auto& k : split(v)) c.kernels.push_back(parse_variant(k));
     } else {
       LAGA_FAIL_USAGE("unknown option '{}'; see the usage at the top of bench_attention.cpp", a);
     }
@@ -248,13 +261,15 @@ Measurements measure(const Config& c, DType dt, const Options& o) {
     mm.run();
     if (timed) t_mm.push_back(now_s() - t0);
     for (size_t k = 0; k < nk; ++k) {
+      const Kernel kernel = c.kernels[k].kernel;
+      x.p.one_pass_backward = c.kernels[k].one_pass;
       const double t1 = now_s();
-      AttentionSaved saved = attention_forward(c.kernels[k], x.p);
+      AttentionSaved saved = attention_forward(kernel, x.p);
       const double t2 = now_s();
-      attention_backward(c.kernels[k], x.p, saved);
+      attention_backward(kernel, x.p, saved);
       const double t3 = now_s();
       if (timed) t_fwd[k].push_back(t2 - t1), t_bwd[k].push_back(t3 - t2);
-      if (last) m.wrong[k] = validate(x, saved, c.kernels[k]);
+      if (last) m.wrong[k] = validate(x, saved, kernel);
     }
   }
   m.matmul = summarize(t_mm);
@@ -277,7 +292,7 @@ int main(int argc, char** argv) {
                  fmt::format("flops: forward {:.4g}, backward 2.5x forward; matmul 2n^3", fwd_flops),
                  fmt::format("{} warm-up + {} timed repeats, matmul and kernels in turns; time = median, spread = "
                              "min, max and IQR", o.warmup, o.repeats)},
-                {{"dtype", "", 6}, {"kernel", "", 7}, {"phase", "", 9}, {"time", "ms", 10, 2}, {"min", "ms", 10, 2},
+                {{"dtype", "", 6}, {"kernel", "", 9}, {"phase", "", 9}, {"time", "ms", 10, 2}, {"min", "ms", 10, 2},
                  {"max", "ms", 10, 2}, {"iqr", "ms", 8, 2}, {"rate", "GFLOP/s", 9, 1},
                  {"vs_matmul", "%", 10, 1}, {"#wrong", "", 7}});
     table.print_header(m);
@@ -295,7 +310,7 @@ int main(int argc, char** argv) {
       };
       row("matmul", fmt::format("{}^3", c.matmul_n), r.matmul, mm_flops, r.matmul_wrong);
       for (size_t k = 0; k < c.kernels.size(); ++k) {
-        const std::string kn(kernel_name(c.kernels[k]));
+        const std::string& kn = c.kernels[k].name;
         row(kn, "forward", r.fwd[k], fwd_flops, r.wrong[k].forward);
         row(kn, "backward", r.bwd[k], 2.5 * fwd_flops, r.wrong[k].backward);
       }

@@ -20,6 +20,14 @@ DlatentSum parse_dlatent_sum(std::string_view name) {
   LAGA_FAIL_USAGE("unknown dlatent sum '{}' (--dlatent-sum, JSON dlatent_sum); valid: fp32, storage", name);
 }
 
+std::string_view attn_backward_name(AttnBackward a) { return a == AttnBackward::one_pass ? "one-pass" : "two-pass"; }
+AttnBackward parse_attn_backward(std::string_view name) {
+  if (name == "one-pass") return AttnBackward::one_pass;
+  if (name == "two-pass") return AttnBackward::two_pass;
+  LAGA_FAIL_USAGE("unknown attention backward '{}' (--attn-backward, JSON attn_backward); valid: two-pass, one-pass",
+                  name);
+}
+
 std::vector<std::string> MlaConfig::preset_names() { return {"deepseek-v3", "deepseek-v2-lite", "small", "tiny"}; }
 
 MlaConfig MlaConfig::preset(std::string_view name) {
@@ -159,6 +167,9 @@ std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) con
     }
   }
   // The form's own conditions (the head-scatter forms': P | H) come before the sequence's.
+  if (kernel == Kernel::eager && attn_backward == AttnBackward::one_pass)
+    p.push_back("--attn-backward one-pass is an order of the fused kernel's backward; use --kernel fused or "
+                "--attn-backward two-pass");
   if (f) f->add_problems(*this, p);
   if (sp > 0 && seq_len > 0 && seq_len % sp)
     p.push_back(fmt::format("--sp {} does not divide --seq {}; try {}", sp, seq_len, divisors_str(seq_len)));
@@ -198,6 +209,7 @@ nlohmann::json MlaConfig::to_json() const {
   j["kernel"] = kernel_name(kernel);
   j["dtype"] = dtype_name(dtype);
   j["dlatent_sum"] = dlatent_sum_name(dlatent_sum);
+  j["attn_backward"] = attn_backward_name(attn_backward);
   j["overlap"] = overlap;
   j["softmax_scale"] = softmax_scale();
   j["rms_norm_eps"] = rms_norm_eps;
@@ -255,6 +267,7 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     if (j.contains("kernel")) c.kernel = parse_kernel(j["kernel"].get<std::string>());
     if (j.contains("dtype")) c.dtype = parse_dtype(j["dtype"].get<std::string>());
     if (j.contains("dlatent_sum")) c.dlatent_sum = parse_dlatent_sum(j["dlatent_sum"].get<std::string>());
+    if (j.contains("attn_backward")) c.attn_backward = parse_attn_backward(j["attn_backward"].get<std::string>());
     if (j.contains("overlap")) {
       LAGA_CHECK(j["overlap"].is_boolean(), "configuration JSON: overlap is {}, not true or false", j["overlap"].dump());
       c.overlap = j["overlap"].get<bool>();

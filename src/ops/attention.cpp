@@ -81,6 +81,8 @@ void attention_backward(Kernel kernel, const AttentionBwdParams& p, const Attent
              "the eager attention kernel reads o and writes dq, dk, dv only in the storage dtype ({}), not fp32; use "
              "--kernel fused",
              dtype_name(p.dtype));
+  LAGA_CHECK(kernel == Kernel::fused || !p.one_pass_backward,
+             "the eager attention kernel has one backward order; --attn-backward one-pass needs --kernel fused");
   if (kernel == Kernel::eager) {
     check_shape(saved.probs, {p.B, p.Hq, p.T, p.T}, "saved.probs (eager attention)");
     check_dtype(saved.probs, p.dtype, "saved.probs (eager attention)");
@@ -147,7 +149,9 @@ std::vector<AttentionMemoryEvent> attention_memory_events(Kernel kernel, const A
   if (low && backward) alloc("attn.ds_tile", {S, R, K}, dt);
   alloc("attn.row_stats", {S, 2, R}, f32);
   if (!backward) alloc("attn.o_acc", {S, R, p.Dv}, f32);
+  else if (tl.one_pass) alloc("attn.grad_acc", {S, K * (p.Dqk + p.Dv)}, f32);
   else alloc("attn.grad_acc", {S, std::max(K * (p.Dqk + p.Dv), R * p.Dqk)}, f32);
+  if (backward && tl.one_pass) alloc("attn.dq_sum", {S, tl.nqb * R, p.Dqk}, f32);  // a head group's dq rows
   // Released in reverse order; forward keeps attn.lse (saved), backward releases attn.delta last.
   for (size_t i = ev.size(); i-- > 1;) ev.push_back({true, ev[i].tag, ev[i].shape, ev[i].dtype});
   if (backward) release("attn.delta");

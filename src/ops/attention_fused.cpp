@@ -7,10 +7,13 @@
 // the same from run to run and for any thread count (each task's arithmetic does not depend on the
 // thread that runs it; oneDNN runs single-threaded inside the parallel region):
 //   forward   task (b, hk, query tile):  o and lse of the tile's rows, all g heads of group hk
-//   backward  pass A, task (b, hk, key tile):    dk, dv of the tile, summed over the group's heads
+//   backward  two passes (the default):
+//             pass A, task (b, hk, key tile):    dk, dv of the tile, summed over the group's heads
 //             pass B, task (b, hk, query tile):  dq of the tile's rows
-// Pass B recomputes S and dP (two extra products) instead of FlashAttention-2's atomic dq update,
-// which would make the sum order depend on timing.
+//             or one pass (one_pass_backward), task (b, hk): for each key tile j, dk and dv of the
+//             tile and the fp32 dq sums of the group's rows += dS K_j, in j order
+// Neither uses FlashAttention-2's atomic dq update, which would make the sum order depend on timing:
+// the one pass owns the group's dq rows; pass B recomputes S and dP (two extra products per pair).
 // The products are laga::matmul (oneDNN) on tiles; the exponentials are vectorised row operations
 // from attention_internal.hpp. Math and derivation: docs/attention.md §3–§4.
 #include <omp.h>
@@ -182,8 +185,10 @@ struct FusedKernel {
   // Pass A, key tile (b, hk, j): the tile's dk, dv summed over the group's heads and every query
   // tile that sees it. Products in the transposed space (Sᵀ [nk, rows]) so that every operand is
   // dense and read row-major: dV += Pᵀ dO, dK += dSᵀ Q.
+  // With dq_sum (the one pass): also dq_sum rows of every query tile i that sees j, [rows of tile i,
+  // Dqk] at i · tl.rows, += dS [R, nk] · K_j (dS read through the transpose of dSᵀ).
   void key_task(const AttentionBwdParams& bp, int64_t b, int64_t hk, int64_t j, const Slot<T>& w, const float* lse,
-                const float* delta) const {
+                const float* delta, float* dq_sum = nullptr) const {
     const int64_t k0 = j * tl.bk, nk = std::min(tl.bk, p.T - k0);
     float *dk_acc = w.acc, *dv_acc = w.acc + nk * p.Dqk;  // [nk, Dqk], [nk, Dv]
     std::fill(w.acc, w.acc + nk * (p.Dqk + p.Dv), 0.0f);
@@ -217,6 +222,8 @@ struct FusedKernel {
       // dv_acc += Pᵀ [nk, R] · dot [R, Dv];  dk_acc += dSᵀ [nk, R] · qt [R, Dqk]
       matmul(product(nk, p.Dv, R, p.dtype, w.pt, R, 1, w.dot, p.Dv, 1, dv_acc, p.Dv, true));
       matmul(product(nk, p.Dqk, R, p.dtype, w.ds, R, 1, w.qt, p.Dqk, 1, dk_acc, p.Dqk, true));
+      if (dq_sum)
+        matmul(product(R, p.Dqk, nk, p.dtype, w.ds, 1, R, kv.k, p.Dqk, 1, dq_sum + i * tl.rows * p.Dqk, p.Dqk, true));
     }
     for (int64_t kk = 0; kk < nk; ++kk) {
       if (bp.grads_f32) {
@@ -226,6 +233,27 @@ struct FusedKernel {
         scale_row(dk_acc + kk * p.Dqk, at<T>(bp.dk, bp.dk_stride, k0 + kk, b, hk), p.Dqk, p.scale);
         scale_row(dv_acc + kk * p.Dv, at<T>(bp.dv, bp.dv_stride, k0 + kk, b, hk), p.Dv, 1.0f);
       }
+    }
+  }
+
+  // The one pass, head group (b, hk): every key tile in order, then dq = scale · dq_sum of each row.
+  void group_task(const AttentionBwdParams& bp, int64_t b, int64_t hk, const Slot<T>& w, float* dq_sum,
+                  const float* lse, const float* delta) const {
+    std::fill(dq_sum, dq_sum + tl.nqb * tl.rows * p.Dqk, 0.0f);
+    for (int64_t j = 0; j < tl.nkb; ++j) key_task(bp, b, hk, j, w, lse, delta, dq_sum);
+    for (int64_t i = 0; i < tl.nqb; ++i) {
+      const QTile q = q_tile(b, hk, i);
+      write_dq(bp, q, dq_sum + i * tl.rows * p.Dqk);
+    }
+  }
+
+  // dq of tile q's rows = scale · acc [rows, Dqk].
+  void write_dq(const AttentionBwdParams& bp, const QTile& q, const float* acc) const {
+    for (int64_t r = 0; r < q.rows; ++r) {
+      if (bp.grads_f32)
+        scale_row(acc + r * p.Dqk, at<float>(bp.dq, bp.dq_stride, token(q, r), q.b, head(q, r)), p.Dqk, p.scale);
+      else
+        scale_row(acc + r * p.Dqk, at<T>(bp.dq, bp.dq_stride, token(q, r), q.b, head(q, r)), p.Dqk, p.scale);
     }
   }
 
@@ -249,12 +277,7 @@ struct FusedKernel {
       // dq_acc [rows, Dqk] += dS [rows, nk] · K_j
       matmul(product(q.rows, p.Dqk, nk, p.dtype, w.ds, nk, 1, kv.k, p.Dqk, 1, dq_acc, p.Dqk, true));
     }
-    for (int64_t r = 0; r < q.rows; ++r) {
-      if (bp.grads_f32)
-        scale_row(dq_acc + r * p.Dqk, at<float>(bp.dq, bp.dq_stride, token(q, r), q.b, head(q, r)), p.Dqk, p.scale);
-      else
-        scale_row(dq_acc + r * p.Dqk, at<T>(bp.dq, bp.dq_stride, token(q, r), q.b, head(q, r)), p.Dqk, p.scale);
-    }
+    write_dq(bp, q, dq_acc);
   }
 };
 
@@ -265,7 +288,7 @@ struct Workspace {
   const AttentionFwdParams& p;
   const FusedTiles& tl;
   bool backward;
-  Tensor q_tile, do_tile, kv_tile, s_tile, dp_tile, p_tile, ds_tile, stats, acc;
+  Tensor q_tile, do_tile, kv_tile, s_tile, dp_tile, p_tile, ds_tile, stats, acc, dq_sum;
 
   Workspace(MemoryPlanWalker& plan, const AttentionFwdParams& params, const FusedTiles& tiles, bool bwd)
       : p(params), tl(tiles), backward(bwd) {
@@ -278,8 +301,10 @@ struct Workspace {
     if (low && backward) ds_tile = plan.allocate("attn.ds_tile");  // [slots, rows, bk] bf16
     stats = plan.allocate("attn.row_stats");                  // [slots, 2, rows] fp32
     acc = plan.allocate(backward ? "attn.grad_acc" : "attn.o_acc");  // [slots, ...] fp32
+    if (backward && tl.one_pass) dq_sum = plan.allocate("attn.dq_sum");  // [slots, nqb · rows, Dqk] fp32
   }
   void release(MemoryPlanWalker& plan) {
+    if (backward && tl.one_pass) plan.release("attn.dq_sum", dq_sum);
     plan.release(backward ? "attn.grad_acc" : "attn.o_acc", acc);
     plan.release("attn.row_stats", stats);
     if (low && backward) plan.release("attn.ds_tile", ds_tile);
@@ -306,6 +331,7 @@ struct Workspace {
     w.acc = acc.data<float>() + i * (acc.numel() / acc.dim(0));
     return w;
   }
+  float* dq_sum_of(int64_t i) const { return dq_sum.data<float>() + i * (dq_sum.numel() / dq_sum.dim(0)); }
 };
 
 template <class T>
@@ -344,14 +370,20 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
   Workspace<T> ws(plan, p, tl, true);
   const int64_t groups = p.B * p.Hkv;
   const float* lse = saved.lse.data<float>();
-  parallel_tasks(groups * tl.nkb, tl.slots, [&](int64_t slot, int64_t task) {
-    // longest (first) key tiles first
-    k.key_task(p, (task % groups) / p.Hkv, task % p.Hkv, task / groups, ws.slot(slot), lse, d);
-  });
-  parallel_tasks(groups * tl.nqb, tl.slots, [&](int64_t slot, int64_t task) {
-    const int64_t i = tl.nqb - 1 - task / groups;
-    k.query_task(p, k.q_tile((task % groups) / p.Hkv, task % p.Hkv, i), ws.slot(slot), lse, d);
-  });
+  if (tl.one_pass) {
+    parallel_tasks(groups, tl.slots, [&](int64_t slot, int64_t task) {
+      k.group_task(p, task / p.Hkv, task % p.Hkv, ws.slot(slot), ws.dq_sum_of(slot), lse, d);
+    });
+  } else {
+    parallel_tasks(groups * tl.nkb, tl.slots, [&](int64_t slot, int64_t task) {
+      // longest (first) key tiles first
+      k.key_task(p, (task % groups) / p.Hkv, task % p.Hkv, task / groups, ws.slot(slot), lse, d);
+    });
+    parallel_tasks(groups * tl.nqb, tl.slots, [&](int64_t slot, int64_t task) {
+      const int64_t i = tl.nqb - 1 - task / groups;
+      k.query_task(p, k.q_tile((task % groups) / p.Hkv, task % p.Hkv, i), ws.slot(slot), lse, d);
+    });
+  }
   ws.release(plan);
   plan.release("attn.delta", delta);
   plan.finish();

@@ -45,6 +45,7 @@ struct FusedTiles {
   int64_t rows = 1;       // g · bq
   int64_t nqb = 1, nkb = 1;
   int64_t slots = 1;      // per-thread workspaces = threads used at most
+  bool one_pass = false;  // backward in one pass (AttentionFwdParams::one_pass_backward)
 };
 
 inline FusedTiles fused_tiles(const AttentionFwdParams& p, bool backward) {
@@ -55,7 +56,8 @@ inline FusedTiles fused_tiles(const AttentionFwdParams& p, bool backward) {
   t.rows = t.group * t.bq;
   t.nqb = (p.T + t.bq - 1) / t.bq;
   t.nkb = (p.T + t.bk - 1) / t.bk;
-  const int64_t tasks = p.B * p.Hkv * (backward ? std::max(t.nqb, t.nkb) : t.nqb);
+  t.one_pass = backward && p.one_pass_backward;
+  const int64_t tasks = p.B * p.Hkv * (!backward ? t.nqb : t.one_pass ? 1 : std::max(t.nqb, t.nkb));
   t.slots = std::min(kAttentionMaxThreads, tasks);
   return t;
 }

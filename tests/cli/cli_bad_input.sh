@@ -67,6 +67,8 @@ expect 2 "inject-fault 'x' is not RANK:PLACE" -- "$laga" run --model tiny --seq 
 expect 2 "\-\-out is required" -- "$laga" report
 expect 2 "The following argument was not expected: \-\-fast" -- "$laga" report --out "$tmp/report" --fast
 expect 2 "laga plan needs --seq T" -- "$laga" plan --model tiny
+expect 2 "unknown attention backward 'three-pass'.*valid: two-pass, one-pass" -- "$laga" run --model tiny --seq 16 --attn-backward three-pass
+expect 2 "one-pass is an order of the fused kernel's backward; use --kernel fused" -- "$laga" run --model tiny --seq 16 --kernel eager --attn-backward one-pass
 # plan and verify run every form: a P that no form can take, or that is wrong apart from any form, is
 # refused as a whole; a form refusing P is "not run" and the others go on (below, after the refusals).
 expect 2 "\-\-sp 8 does not divide \-\-seq 36; try 1, 2, 3, 4, 6, 9, 12, 18, 36" -- "$laga" plan --model tiny --seq 36 --sp 8
@@ -151,6 +153,14 @@ if [ "$status" -eq 0 ] && grep -q "^   16 explicit  *not run: .*held to explicit
   echo "ok: verify at P 16 > H 8: ring forms checked against explicit's P 1 error"
 else
   echo "FAIL: verify --sp 1,16 at H 8: status $status: $out"; failures=$((failures + 1))
+fi
+
+# The one-pass attention backward through every form: the rule against fp64 and the bitwise claims hold.
+out=$("$laga" verify --model tiny --seq 64 --sp 1,2,4,8 --attn-backward one-pass 2>&1); status=$?
+if [ "$status" -eq 0 ] && grep -q "^    1 laga  *explicit@1 .* yes  *ok" <<<"$out" && grep -q "^verify: pass" <<<"$out"; then
+  echo "ok: verify with --attn-backward one-pass"
+else
+  echo "FAIL: verify --attn-backward one-pass: status $status: $out"; failures=$((failures + 1))
 fi
 
 [ "$failures" -eq 0 ]

@@ -20,16 +20,18 @@ struct Case {
   DType dt;
   int64_t T, P, H, L, Lq, B;
   DlatentSum dlatent_sum = DlatentSum::storage;
+  AttnBackward attn_backward = AttnBackward::two_pass;
 };
 
 std::string name(const Case& k) {
-  return fmt::format("{} {} {} T{} P{} H{} L{} Lq{} B{} dlatent sum {}", k.form, kernel_name(k.kernel),
-                     dtype_name(k.dt), k.T, k.P, k.H, k.L, k.Lq, k.B, dlatent_sum_name(k.dlatent_sum));
+  return fmt::format("{} {} {} T{} P{} H{} L{} Lq{} B{} dlatent sum {} attn backward {}", k.form, kernel_name(k.kernel),
+                     dtype_name(k.dt), k.T, k.P, k.H, k.L, k.Lq, k.B, dlatent_sum_name(k.dlatent_sum),
+                     attn_backward_name(k.attn_backward));
 }
 
 MlaConfig config(const Case& k) {
   MlaConfig c = MlaConfig::preset("tiny");
-  c.form = k.form, c.kernel = k.kernel, c.dtype = k.dt, c.dlatent_sum = k.dlatent_sum;
+  c.form = k.form, c.kernel = k.kernel, c.dtype = k.dt, c.dlatent_sum = k.dlatent_sum, c.attn_backward = k.attn_backward;
   c.seq_len = k.T, c.sp = k.P, c.num_attention_heads = k.H, c.num_layers = k.L, c.q_lora_rank = k.Lq, c.batch = k.B;
   return c;
 }
@@ -46,7 +48,8 @@ std::vector<Case> sweep() {
         // A zigzag form needs T a multiple of 2P: the next one up.
         const int64_t T = form->layout() == TokenLayout::zigzag ? (Ts[i % 4] + 2 * P - 1) / (2 * P) * (2 * P) : Ts[i % 4];
         cases.push_back({std::string(form->name()), kernel, dt, T, P, H, 1 + i % 2, (i % 3 == 2) ? 0 : 48, 1 + (i % 5 == 4),
-                         i % 3 == 1 ? DlatentSum::storage : DlatentSum::fp32});
+                         i % 3 == 1 ? DlatentSum::storage : DlatentSum::fp32,
+                         kernel == Kernel::fused && i % 4 < 2 ? AttnBackward::one_pass : AttnBackward::two_pass});
         ++i;
       }
   return cases;

@@ -29,6 +29,7 @@ struct Case {
   bool causal = true;
   int64_t pad = 0;        // extra elements after every head row of every tensor (guard values)
   bool latent_v = false;  // v = the first Dv columns of k's rows (the absorbed form's V inside the latent)
+  bool one_pass = false;  // the fused kernel's one-pass backward (one_pass_backward)
 };
 
 const std::vector<Case>& cases() {
@@ -42,6 +43,10 @@ const std::vector<Case>& cases() {
       {"absorbed_576_512_latent_v", 40, 2, 4, 1, 576, 512, true, 0, true},
       {"non_causal", 70, 1, 2, 1, 24, 12, false},
       {"padded_strides", 65, 2, 4, 2, 24, 12, true, 3},
+      // the one-pass backward (the cases above take two passes)
+      {"one_pass_grouped_multi_tile", 300, 2, 4, 2, 24, 12, true, 0, false, true},
+      {"one_pass_padded_non_causal", 70, 1, 4, 4, 24, 12, false, 2, false, true},
+      {"one_pass_mqa_576_512_latent_v", 300, 1, 8, 1, 576, 512, true, 0, true, true},
   };
   return c;
 }
@@ -90,7 +95,7 @@ AttnRun setup(const Case& c, DType dt) {
   r.dv = make(c.T, c.B, c.Hkv, c.Dv, c.pad, dt, "dv", false);
   AttentionBwdParams& p = r.p;
   p.B = c.B, p.T = c.T, p.Hq = c.Hq, p.Hkv = c.Hkv, p.Dqk = c.Dqk, p.Dv = c.Dv, p.dtype = dt;
-  p.scale = float(1.5 / std::sqrt(double(c.Dqk))), p.causal = c.causal;
+  p.scale = float(1.5 / std::sqrt(double(c.Dqk))), p.causal = c.causal, p.one_pass_backward = c.one_pass;
   p.q = r.q.buf.raw(), p.q_stride = r.q.strides();
   p.k = r.k.buf.raw(), p.k_stride = r.k.strides();
   p.v = r.v.buf.raw(), p.v_stride = r.v.strides();
@@ -107,6 +112,7 @@ struct Results {
 };
 
 Results run_kernel(Kernel kernel, AttnRun& r) {
+  if (kernel == Kernel::eager) r.p.one_pass_backward = false;  // the fused kernel's order only
   AttentionSaved saved = attention_forward(kernel, r.p);
   attention_backward(kernel, r.p, saved);
   return {r.o.values(), r.dq.values(), r.dk.values(), r.dv.values()};
@@ -214,6 +220,7 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
 // Outputs of one forward+backward: o, dq, dk, dv buffers and the saved tensor.
 std::vector<Tensor> outputs(Kernel kernel, const Case& c, DType dt) {
   AttnRun r = setup(c, dt);
+  r.p.one_pass_backward = c.one_pass && kernel == Kernel::fused;
   AttentionSaved saved = attention_forward(kernel, r.p);
   attention_backward(kernel, r.p, saved);
   return {r.o.buf, r.dq.buf, r.dk.buf, r.dv.buf, kernel == Kernel::eager ? saved.probs : saved.lse};
@@ -253,14 +260,14 @@ TEST(Attention, EagerAndFusedAgree) {
 
 TEST(Attention, FusedIsBitwiseDeterministic) {
   for (DType dt : {DType::f32, DType::bf16})
-    for (const Case& c : {cases()[2], cases()[3]})
+    for (const Case& c : {cases()[2], cases()[3], cases()[9]})
       expect_bitwise(outputs(Kernel::fused, c, dt), outputs(Kernel::fused, c, dt), c.name);
 }
 
 TEST(Attention, FusedIsIndependentOfThreadCount) {
   const int keep = omp_get_max_threads();
   for (DType dt : {DType::f32, DType::bf16})
-    for (const Case& c : {cases()[0], cases()[2], cases()[3], cases()[4], cases()[6]}) {
+    for (const Case& c : {cases()[0], cases()[2], cases()[3], cases()[4], cases()[6], cases()[9], cases()[10], cases()[11]}) {
       omp_set_num_threads(1);
       const auto one = outputs(Kernel::fused, c, dt);
       omp_set_num_threads(3);
@@ -278,9 +285,10 @@ TEST(Attention, EagerIsBitwiseDeterministic) {
 TEST(Attention, AllocatesExactlyItsMemoryPlan) {
   for (Kernel kernel : {Kernel::eager, Kernel::fused})
     for (DType dt : {DType::f32, DType::bf16})
-      for (const Case& c : {cases()[2], cases()[3], cases()[5]}) {
+      for (const Case& c : {cases()[2], cases()[3], cases()[5], cases()[9]}) {
         const std::string what = std::string(kernel_name(kernel)) + " " + std::string(dtype_name(dt)) + " " + c.name;
         AttnRun r = setup(c, dt);
+        r.p.one_pass_backward = c.one_pass && kernel == Kernel::fused;
         const AttentionMemory plan = attention_memory(kernel, r.p);
         MemoryTracker tracker;  // the kernel's allocations only
         TrackerScope scope(tracker);
@@ -292,6 +300,9 @@ TEST(Attention, AllocatesExactlyItsMemoryPlan) {
         tracker.reset_peak();
         attention_backward(kernel, r.p, saved);
         EXPECT_EQ(tracker.peak_bytes() - plan.saved_bytes, plan.backward_peak_bytes) << what;
+        // the one-pass backward holds its fp32 dq sums; the two passes and the eager kernel do not
+        const bool one_pass = c.one_pass && kernel == Kernel::fused;
+        EXPECT_EQ(tracker.peak_by_tag().count("attn.dq_sum"), one_pass ? 1u : 0u) << what;
         EXPECT_EQ(tracker.live_bytes(), plan.saved_bytes) << what;
         for (const auto& [tag, bytes] : tracker.peak_by_tag())
           EXPECT_EQ(tag.rfind("attn.", 0), 0u) << what << " " << tag;
@@ -299,9 +310,10 @@ TEST(Attention, AllocatesExactlyItsMemoryPlan) {
 }
 
 TEST(Attention, FusedNeverAllocatesTxT) {
-  const Case c{"long", 8192, 1, 1, 1, 24, 12};
-  const int64_t txt = c.T * c.T * 4;  // one fp32 T×T matrix
+  // Two passes and the one pass (with its fp32 dq sums, linear in T).
+  for (const Case& c : {Case{"long", 8192, 1, 1, 1, 24, 12}, Case{"long_one_pass", 8192, 1, 4, 4, 24, 12, true, 0, false, true}})
   for (DType dt : {DType::f32, DType::bf16}) {
+    const int64_t txt = c.T * c.T * 4;  // one fp32 T×T matrix
     AttnRun r = setup(c, dt);
     MemoryTracker tracker;
     TrackerScope scope(tracker);
@@ -402,6 +414,46 @@ TEST(Attention, FusedFp32OutputsRoundToTheStorageDtypeOutputs) {
       EXPECT_LE(max_abs_diff(got, ref_out) / scale, 2e-2) << c.name << " " << name;
     }
     EXPECT_TRUE(wide.dq.pads_hold_nan() && wide.dk.pads_hold_nan() && wide.dv.pads_hold_nan()) << c.name;
+  }
+}
+
+// The two backward orders run the same key-tile step: o, dk and dv are bit-identical; dq sums the same
+// products in the same key-tile order but reads dS through its transpose, so it may differ in the last
+// bits only (both meet the fp64 reference: FusedMatchesReference*).
+TEST(Attention, OnePassAndTwoPassBackwardsAgree) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (Case c : {cases()[2], cases()[3], cases()[6], cases()[7]}) {
+      c.one_pass = false;
+      const auto two = outputs(Kernel::fused, c, dt);
+      c.one_pass = true;
+      const auto one = outputs(Kernel::fused, c, dt);
+      const std::string what = c.name + " " + std::string(dtype_name(dt));
+      ASSERT_EQ(one.size(), two.size());
+      for (size_t i = 0; i < one.size(); ++i) {
+        if (i == 1) {  // dq
+          double worst = 0, scale = 0;
+          for (int64_t e = 0; e < one[i].numel(); ++e) {
+            const double a = one[i].get(e), b = two[i].get(e);
+            if (std::isnan(a) && std::isnan(b)) continue;  // pads
+            worst = std::max(worst, std::abs(a - b)), scale = std::max(scale, std::abs(b));
+          }
+          EXPECT_LE(worst, (dt == DType::bf16 ? 1.6e-2 : 1e-5) * scale) << what << " dq";
+        } else {
+          EXPECT_TRUE(std::memcmp(one[i].raw(), two[i].raw(), size_t(one[i].nbytes())) == 0) << what << " output " << i;
+        }
+      }
+    }
+}
+
+TEST(Attention, EagerRefusesTheOnePassBackward) {
+  AttnRun r = setup(cases()[1], DType::bf16);
+  AttentionSaved saved = attention_forward(Kernel::eager, r.p);
+  r.p.one_pass_backward = true;
+  try {
+    attention_backward(Kernel::eager, r.p, saved);
+    ADD_FAILURE() << "eager accepted the one-pass backward";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("needs --kernel fused"), std::string::npos) << e.what();
   }
 }
 

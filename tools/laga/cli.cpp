@@ -22,6 +22,8 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   app->add_option("--dtype", f.dtype, "storage dtype: bf16, fp32")->capture_default_str();
   app->add_option("--dlatent-sum", f.dlatent_sum, "dtype of the dlatent reduce-scatter's partial sums (forms that "
                   "gather the latent): fp32 (one rounding, after the sum over ranks), storage")->capture_default_str();
+  app->add_option("--attn-backward", f.attn_backward, "the fused kernel's backward order: two-pass (small workspace), "
+                  "one-pass (fewer products, fp32 dq sums held)")->capture_default_str();
   app->add_option("--rope-layout", f.rope_layout, "RoPE pairs: interleaved (DeepSeek), rotate-half")->capture_default_str();
   app->add_option("--overlap", f.overlap, "collectives behind compute (the latent all-gather behind the query path, ...): "
                   "on, off")->capture_default_str();
@@ -58,6 +60,7 @@ MlaConfig build_spec(const CommonFlags& f) {
   c.kernel = parse_kernel(f.kernel);
   c.dtype = parse_dtype(f.dtype);
   c.dlatent_sum = parse_dlatent_sum(f.dlatent_sum);
+  c.attn_backward = parse_attn_backward(f.attn_backward);
   if (f.rope_layout == "interleaved") c.rope_interleaved = true;
   else if (f.rope_layout == "rotate-half") c.rope_interleaved = false;
   else LAGA_FAIL_USAGE("unknown --rope-layout '{}'; valid: interleaved, rotate-half", f.rope_layout);

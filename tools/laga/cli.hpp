@@ -26,6 +26,7 @@ struct CommonFlags {
   int64_t seq = 0, sp = 1, batch = 1, layers = 1;
   std::string form = "explicit", kernel = "fused", absorbed_kv = "expanded", dtype = "bf16";
   std::string dlatent_sum{dlatent_sum_name(RunChoices{}.dlatent_sum)};
+  std::string attn_backward{attn_backward_name(RunChoices{}.attn_backward)};
   std::string rope_layout = "interleaved", comm = "auto", json_path, config_path, overlap = "off";
   double timeout_s = 0;
   bool check_finite = false;

@@ -139,9 +139,10 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
   const MlaConfig& base = *base_cfg;
   auto json_out = open_output(f.json_path, "--json");
   if (do_sweep) return sweep(base_cfg, json_out.get());
-  fmt::print("laga plan: model {} T {} B {} P {} L {} kernel {} dtype {} dlatent sum {} — per rank\n", base.model,
-             base.seq_len, base.batch, base.sp, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype),
-             dlatent_sum_name(base.dlatent_sum));
+  fmt::print("laga plan: model {} T {} B {} P {} L {} kernel {}{} dtype {} dlatent sum {} — per rank\n", base.model,
+             base.seq_len, base.batch, base.sp, base.num_layers, kernel_name(base.kernel),
+             base.kernel == Kernel::fused ? fmt::format(" ({} backward)", attn_backward_name(base.attn_backward)) : "",
+             dtype_name(base.dtype), dlatent_sum_name(base.dlatent_sum));
   for (const Form* f : registered_forms())
     if (!f->own_kernel().empty() && f->own_kernel() != kernel_name(base.kernel))
       fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n", f->name(), f->own_kernel(),
@@ -197,9 +198,27 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
              alt["comm"]["tensor_bytes"].get<int64_t>() - lg["comm"]["tensor_bytes"].get<int64_t>(),
              alt["comm"]["wire_bytes"].get<int64_t>() - lg["comm"]["wire_bytes"].get<int64_t>(),
              alt["activation_peak_bytes"].get<int64_t>() - lg["activation_peak_bytes"].get<int64_t>());
+  // What the fused kernel's other backward order would cost each form's activation peak (the speed side
+  // of the trade-off: bench_attention's fused and fused-1p rows, docs/attention.md §4).
+  nlohmann::json other_order;
+  if (base.kernel == Kernel::fused) {
+    const AttnBackward flip = base.attn_backward == AttnBackward::one_pass ? AttnBackward::two_pass : AttnBackward::one_pass;
+    std::string line;
+    for (const Form* fm : at.runnable) {
+      const int64_t peak = plan_memory(base_cfg.with([&](MlaConfig& m) {
+                                         m.form = std::string(fm->name()), m.attn_backward = flip;
+                                       })).activation_peak_bytes;
+      const int64_t delta = peak - forms[std::string(fm->name())]["activation_peak_bytes"].get<int64_t>();
+      line += fmt::format("{}{} {:+}", line.empty() ? "" : ", ", fm->name(), delta);
+      other_order[std::string(fm->name())] = {{"activation_peak_bytes", peak}, {"delta_bytes", delta}};
+    }
+    fmt::print("  with --attn-backward {}: activation peak {} bytes\n", attn_backward_name(flip), line);
+    other_order["attn_backward"] = attn_backward_name(flip);
+  }
   if (json_out) {
     nlohmann::json j = {{"command", "plan"}, {"config", base.to_json()}, {"forms", forms},
-                        {"laga_with_dlatent_sum_" + std::string(dlatent_sum_name(other)), alt}};
+                        {"laga_with_dlatent_sum_" + std::string(dlatent_sum_name(other)), alt},
+                        {"other_attn_backward", other_order}};
     *json_out << j.dump(2) << "\n";
   }
   if (!mem_limit.empty())

@@ -67,6 +67,14 @@ enum class DlatentSum { storage, fp32 };
 std::string_view dlatent_sum_name(DlatentSum s);
 DlatentSum parse_dlatent_sum(std::string_view name);  // usage error naming the valid values
 
+// The fused attention kernel's backward order (docs/attention.md §4): two-pass keeps its workspace
+// small (a second pass recomputes S and dP for dq); one-pass runs FlashAttention-2's 5 tile products
+// per pair instead of 7 and holds fp32 dq sums of the head groups in flight (4·min(16, B·Hkv)·g·T·Dqk
+// bytes). A speed / memory trade-off, shown by plan and bench; the default is two-pass, the lean one.
+enum class AttnBackward { two_pass, one_pass };
+std::string_view attn_backward_name(AttnBackward a);
+AttnBackward parse_attn_backward(std::string_view name);  // usage error naming the valid values
+
 // How it is done: the form (a registered variant label, mla/form.hpp), the attention kernel, the
 // storage dtype, the dtype of the dlatent reduce-scatter's partial sums, and whether the forms'
 // collectives overlap compute (left in flight while the query path and what else does not need them
@@ -77,6 +85,7 @@ struct RunChoices {
   Kernel kernel = Kernel::fused;
   DType dtype = DType::bf16;
   DlatentSum dlatent_sum = DlatentSum::storage;
+  AttnBackward attn_backward = AttnBackward::two_pass;
   // The dtype the dlatent partial sums travel in (fp32, or the storage dtype).
   DType dlatent_sum_dtype() const { return dlatent_sum == DlatentSum::fp32 ? DType::f32 : dtype; }
   bool overlap = false;

@@ -51,6 +51,11 @@ struct AttentionFwdParams {
   // with others by log-sum-exp sees no rounding. In backward o is then read as fp32 too. Fused kernel
   // only; the eager kernel refuses it.
   bool o_f32 = false;
+  // The fused kernel's backward order (docs/attention.md §4): false, two passes (pass B recomputes S
+  // and dP for dq: 7 tile products per pair, a task per tile); true, one pass (5 products per pair, a
+  // task per head group, fp32 dq sums of 4·min(16, B·Hkv)·g·T·Dqk bytes). Read by backward and by the
+  // memory plan; the eager kernel refuses true.
+  bool one_pass_backward = false;
 };
 
 // What forward keeps for backward. Exactly one of probs (eager) and lse (fused) is defined.

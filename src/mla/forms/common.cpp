@@ -47,6 +47,7 @@ AttentionFwdParams dense_attention(const RankCtx& ctx, const Tensor& q, const Te
   AttentionFwdParams p;
   p.B = ctx.B, p.T = ctx.T, p.Hq = Hq, p.Hkv = Hkv, p.Dqk = Dqk, p.Dv = Dv;
   p.dtype = ctx.dt, p.scale = float(ctx.c.softmax_scale()), p.causal = true;
+  p.one_pass_backward = ctx.c.attn_backward == AttnBackward::one_pass;
   p.q = q.raw(), p.q_stride = dense_strides(ctx.B, Hq, Dqk);
   p.k = k.raw(), p.k_stride = dense_strides(ctx.B, Hkv, Dqk);
   p.v = v.raw(), p.v_stride = dense_strides(ctx.B, Hkv, Dv);

@@ -119,6 +119,7 @@ class LagaRecompute final : public Form {
     AttentionBwdParams p;
     p.B = 1, p.T = ctx.T, p.Hq = Hc, p.Hkv = Hc, p.Dqk = Dqk, p.Dv = Dv;
     p.dtype = ctx.dt, p.scale = float(ctx.c.softmax_scale()), p.causal = true;
+    p.one_pass_backward = ctx.c.attn_backward == AttnBackward::one_pass;
     const AttentionStrides qk = dense_strides(ctx.B, Hr, Dqk), vo = dense_strides(ctx.B, Hr, Dv);
     p.q = at(s.q, row * Dqk), p.q_stride = qk;
     p.k = at(k, b * Hc * Dqk), p.k_stride = dense_strides(ctx.B, Hc, Dqk);

@@ -72,6 +72,7 @@ AttentionFwdParams chunk_attention(const RankCtx& ctx, const Tensor& q, const Te
   AttentionFwdParams p;
   p.B = ctx.B, p.T = chunk_len(ctx), p.Hq = ctx.H, p.Hkv = ctx.H, p.Dqk = ctx.Dqk, p.Dv = ctx.Dv;
   p.dtype = ctx.dt, p.scale = float(ctx.c.softmax_scale()), p.causal = pr.causal;
+  p.one_pass_backward = ctx.c.attn_backward == AttnBackward::one_pass;
   p.q = chunk(ctx, q, pr.qu).raw(), p.q_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
   p.k = chunk(ctx, k, pr.ku).raw(), p.k_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
   p.v = chunk(ctx, v, pr.ku).raw(), p.v_stride = dense_strides(ctx.B, ctx.H, ctx.Dv);
