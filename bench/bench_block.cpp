@@ -66,6 +66,7 @@ CheckResult check_against_reference(const MlaConfig& bench_config, Communicator&
   MlaConfig m = MlaConfig::preset("tiny");
   m.seq_len = 16, m.batch = 2, m.num_layers = 2, m.sp = 1;
   m.form = "explicit", m.kernel = bench_config.kernel, m.dtype = bench_config.dtype;
+  m.attn_backward = bench_config.attn_backward;
   m.rope_interleaved = bench_config.rope_interleaved;
   const Config c(m);
 
@@ -94,7 +95,7 @@ CheckResult check_against_reference(const MlaConfig& bench_config, Communicator&
 struct Args {
   std::string model = "small";
   int64_t seq = 2048, batch = 1, layers = 1;
-  std::string dtype = "fp32", kernel = "fused";
+  std::string dtype = "fp32", kernel = "fused", attn_backward = "two-pass";
   int iters = 5, warmup = 1, threads = 0;
   std::string json;
 };
@@ -105,6 +106,7 @@ int run(const Args& a) {
   c.form = "explicit";
   c.kernel = parse_kernel(a.kernel);
   c.dtype = parse_dtype(a.dtype);
+  c.attn_backward = parse_attn_backward(a.attn_backward);
   (void)Config(c);
   LAGA_CHECK(a.iters >= 1, "--iters {} must be at least 1", a.iters);
   LAGA_CHECK(a.warmup >= 0, "--warmup {} must be non-negative; try 0 or 1", a.warmup);
@@ -168,10 +170,11 @@ int run(const Args& a) {
   m.threads = omp_threads;
   const std::vector<std::string> header = {
       fmt::format("model {} (D {}, H {}, Lq {}, Lkv {}, Dn {}, Dr {}, Dv {}), T {}, B {}, layers {}, dtype {}, "
-                  "kernel {}, form explicit, sp 1",
+                  "kernel {}{}, form explicit, sp 1",
                   c.model, c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
                   c.qk_rope_head_dim, c.v_head_dim, c.seq_len, c.batch, c.num_layers, dtype_name(c.dtype),
-                  kernel_name(c.kernel)),
+                  kernel_name(c.kernel),
+                  c.kernel == Kernel::fused ? fmt::format(" ({} backward)", attn_backward_name(c.attn_backward)) : ""),
       fmt::format("{} timed iterations after {} warm-up; median [min, max]", a.iters, a.warmup),
       fmt::format("GFLOP: projections exact ({:.2f} fwd), attention FA3 convention ({:.2f} fwd, bwd 2.5x); "
                   "elementwise not counted",
@@ -228,6 +231,8 @@ int main(int argc, char** argv) {
   app.add_option("--layers", a.layers, "stacked blocks L")->capture_default_str();
   app.add_option("--dtype", a.dtype, "fp32 or bf16")->capture_default_str();
   app.add_option("--kernel", a.kernel, "attention kernel: fused or eager")->capture_default_str();
+  app.add_option("--attn-backward", a.attn_backward, "the fused kernel's backward order: two-pass, one-pass")
+      ->capture_default_str();
   app.add_option("--iters,--repeats", a.iters, "timed iterations")->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed iterations first")->capture_default_str();
   app.add_option("--threads", a.threads, "OpenMP threads (default: OMP_NUM_THREADS, else every core)");
