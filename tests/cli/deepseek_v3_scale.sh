@@ -2,8 +2,8 @@
 # One rank's share of a P = 8 group at full DeepSeek-V3 dimensions (H 128, D 7168, latent 576), bf16,
 # measured with the other seven ranks stood in for (`laga run --stand-in 0`): T = 16384 with the fused
 # kernel and T = 8192 with eager (the largest power of two whose eager peak fits this 24 GiB machine),
-# every form and absorbed regime. The tracking allocator's figures and the ledger must equal the
-# planner's to the byte. Usage: deepseek_v3_scale.sh <laga binary> <source dir>
+# the paper's forms and absorbed regimes, and laga-fused. The tracking allocator's figures and the
+# ledger must equal the planner's to the byte. Usage: deepseek_v3_scale.sh <laga binary> <source dir>
 set -u
 laga=$1
 work=$(mktemp -d)
@@ -50,5 +50,7 @@ for spec in "explicit expanded" "laga expanded" "absorbed expanded" "absorbed sh
   check fused 16384 "$1" "$2"
   check eager 8192 "$1" "$2"
 done
+# laga-fused runs its own latent kernel whatever --kernel says: once, at T 16384.
+check fused 16384 laga-fused expanded
 [ "$failures" -eq 0 ] && echo "deepseek_v3_scale: all cases pass" || echo "deepseek_v3_scale: $failures failures"
 [ "$failures" -eq 0 ]

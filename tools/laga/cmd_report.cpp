@@ -103,7 +103,8 @@ int cmd_report(const std::string& out_dir, bool quick) {
   // One machine: P 2, one core per rank; the small preset (DeepSeek's head dims, H 16).
   const std::string seqs = quick ? "2048,4096" : "2048,4096,8192";
   const std::string forms = quick ? "explicit,absorbed-shared,laga,laga-recompute"
-                                  : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute";
+                                  : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute,"
+                                    "laga-fused,ring-kv,ring-latent";
   const std::string iters = quick ? "2" : "5";
   auto bench = [&](const std::string& kernel, const std::string& json, const std::string& seq_list) {
     return std::vector<std::string>{laga, "bench", "--model", "small", "--seq", seq_list, "--sp", "2", "--forms", forms,
@@ -137,7 +138,7 @@ int cmd_report(const std::string& out_dir, bool quick) {
     return fmt::format("{}kbit", std::llround(matched * factor * 8 / 1000));
   };
   const std::string link_seqs = quick ? "2048" : "2048,4096";
-  const std::string link_forms = quick ? "explicit,laga" : "explicit,laga,laga-recompute";
+  const std::string link_forms = quick ? "explicit,laga" : "explicit,laga,laga-recompute,laga-fused,ring-kv,ring-latent";
   auto link = [&](double factor, std::vector<std::string> args) {
     const std::string rate = tc_rate(factor);
     if (rate.empty())
