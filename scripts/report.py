@@ -344,8 +344,54 @@ def section_model(r):
         r.p(table(["hardware", "P", "T 4K", "T 8K", "T 16K", "paper 4K / 8K / 16K"], rows))
 
 
+def section_winners(r):
+    r.h("8. Which form wins where")
+    r.p("Measured where this machine measured (one machine, P 2, `small`: the fastest validated form per T, with the "
+        "model's prediction error on that row); predicted by the model elsewhere (`laga model --grid`: every form that "
+        "can run the cell; link× scales the hardware file's link bandwidths; no overlap in the model).")
+    rows = []
+    for kernel in ("fused", "eager"):
+        j = load(r.d, f"bench.threads.{kernel}.json")
+        m = load(r.d, f"model.vs_bench.{kernel}.json")
+        err = {}
+        if m and "comparison" in m:
+            for x in m["comparison"]["rows"]:
+                err[(x["seq"], x["form"])] = x["rel_error_total"]
+        by_t = {}
+        for row in bench_rows(j):
+            if row.get("wrong", 0) == 0:
+                by_t.setdefault(row["seq"], []).append(row)
+        for T, rs in sorted(by_t.items()):
+            rs.sort(key=lambda x: x["total_s"])
+            win = rs[0]
+            e = err.get((T, win["variant"]))
+            rows.append((kernel, T, win["variant"], f"{win['total_s']:.3f}",
+                         rs[1]["variant"] if len(rs) > 1 else "-",
+                         f"{rs[1]['total_s'] / win['total_s']:.3f}×" if len(rs) > 1 else "-",
+                         f"{e * 100:+.1f} %" if e is not None else "-"))
+    if rows:
+        r.h("Measured (one machine, P 2, small, H 16)", 3)
+        r.p(table(["kernel", "T", "winner", "step s", "runner-up", "margin", "model error"], rows))
+    else:
+        r.missing("measured winners", "bench.threads.fused")
+    for hw in ("ascend-910b", "h100-class", "here"):
+        g = load(r.d, f"model.grid.{hw}.json")
+        if not g:
+            r.missing(f"model grid on {hw}", f"model.grid.{hw}")
+            continue
+        rows = []
+        for x in g["grid"]:
+            t = sorted(x["times_s"].items(), key=lambda kv: kv[1])
+            ex = x["times_s"].get("explicit")
+            rows.append((f"{x['link_scale']:g}", x["model"], x["heads"], x["seq"], x["sp"], x["winner"],
+                         f"{ex / t[0][1]:.3f}" if ex else "-", t[1][0] if len(t) > 1 else "-",
+                         f"{t[1][1] / t[0][1]:.3f}×" if len(t) > 1 else "-"))
+        r.h(f"Predicted on {hw}", 3)
+        r.p(table(["link×", "model", "H", "T", "P", "winner", "explicit / winner", "runner-up", "margin"], rows))
+
+
 def section_train(r):
-    r.h("8. Training")
+    r.h("9. Training")
     t = load(r.d, "train.json")
     if not t:
         return r.missing("train", "train")
@@ -374,7 +420,7 @@ def main():
     r.p(f"Machine: {machine_line(r.d)}. Every figure below comes from the JSON files beside this report; the "
         "paper's (arXiv 2607.17644) are quoted beside them. Compare ratios only within one run.")
     for section in (section_verify, section_memory, section_comm, section_throughput, section_link, section_comm_bench,
-                    section_model, section_train, section_steps):
+                    section_model, section_winners, section_train, section_steps):
         section(r)
     with open(os.path.join(r.d, "report.md"), "w") as f:
         f.write("\n".join(r.md))

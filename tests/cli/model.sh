@@ -43,5 +43,32 @@ out=$("$laga" model --hw "$src/docs/hw/h100-class.json" --bench-json "$tmp/bench
 grep -q "error of the total: max" <<<"$out" || fail "--bench-json: no error summary"
 python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['comparison']['rows']) == 2" "$tmp/c.json" || fail "--bench-json JSON"
 
+# --grid: every cell's winner is the fastest of the forms that can run it; a form that cannot is listed
+# with its reason; a faster link never makes a cell's winner slower.
+out=$("$laga" model --grid --hw "$src/docs/hw/h100-class.json" --json "$tmp/g.json") || fail "--grid exit $?"
+python3 - "$tmp/g.json" <<'PY' || fail "--grid JSON"
+import json, sys
+rows = json.load(open(sys.argv[1]))["grid"]
+assert len(rows) == 3 * 2 * 3 * 4, len(rows)
+for x in rows:
+    t = x["times_s"]
+    assert x["winner"] == min(t, key=t.get) and x["winner_s"] == t[x["winner"]], x
+    if x["sp"] > x["heads"]:
+        assert "explicit" in x["not_run"] and "explicit" not in t, x
+        assert "ring-latent" in t, x
+    else:
+        assert "explicit" in t, x
+cell = lambda x: (x["model"], x["seq"], x["sp"])
+by = {(x["link_scale"], cell(x)): x["winner_s"] for x in rows}
+for (s, c), w in by.items():
+    if s < 4:
+        assert by[(4, c)] <= w, (s, c)
+print(f"ok: --grid: {len(rows)} cells")
+PY
+out=$("$laga" model --grid --hw "$src/docs/hw/h100-class.json" --link-scale 0 2>&1); status=$?
+[ "$status" -eq 2 ] && grep -q "link-scale 0 must be a positive factor" <<<"$out" || fail "--link-scale 0: status $status: $out"
+out=$("$laga" model --grid --hw "$src/docs/hw/h100-class.json" --seq 4096 2>&1); status=$?
+[ "$status" -eq 2 ] && grep -q "grid chooses its own" <<<"$out" || fail "--grid --seq: status $status: $out"
+
 [ "$failures" -eq 0 ] && echo "model: all cases pass" || echo "model: $failures failures"
 [ "$failures" -eq 0 ]

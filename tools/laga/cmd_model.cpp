@@ -186,10 +186,70 @@ nlohmann::json compare(const ModelFlags& m, const HardwareSpec& hw) {
 
 }  // namespace
 
+// hw with every link bandwidth multiplied by s (latencies unchanged).
+HardwareSpec scale_links(HardwareSpec hw, double s) {
+  if (s == 1) return hw;
+  for (auto& [op, bw] : hw.intra_node.busbw_GBps) bw *= s;
+  if (hw.inter_node)
+    for (auto& [op, bw] : hw.inter_node->busbw_GBps) bw *= s;
+  hw.source += fmt::format("; link bandwidths × {:g} (--link-scale)", s);
+  return hw;
+}
+
+// --grid: every runnable form (forms_at) predicted per cell; the winner, and its margin over the
+// runner-up and over explicit where explicit runs.
+nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpec& base_hw) {
+  const std::vector<double> scales = m.link_scale.empty() ? std::vector<double>{0.25, 1, 4} : m.link_scale;
+  fmt::print("laga model --grid on '{}' ({}): B {} L {} kernel {} dtype {} — per rank, one step, no overlap\n", base_hw.name,
+             base_hw.path, f.batch, f.layers, f.kernel, f.dtype);
+  fmt::print("# {:>6} {:<17} {:>4} {:>6} {:>3}  {:<18} {:>11} {:>9}  {:<18} {:>9}\n", "link×", "model", "H", "T", "P",
+             "winner", "step s", "×expl.", "runner-up", "margin");
+  nlohmann::json rows = nlohmann::json::array();
+  for (double s : scales) {
+    const HardwareSpec hw = scale_links(base_hw, s);
+    for (const char* model : {"deepseek-v2-lite", "deepseek-v3"})
+      for (int64_t T : {4096, 16384, 65536})
+        for (int64_t P : {8, 16, 32, 64}) {
+          CommonFlags g = f;
+          g.model = model, g.seq = T, g.sp = P, g.form = std::string(kBaselineForm);
+          FormsAt at;
+          const Config base = build_config_for_all_forms(g, &at);
+          std::vector<std::pair<double, std::string>> t;
+          nlohmann::json times;
+          for (const Form* fm : at.runnable) {
+            const FormPrediction p = predict(base.with([&](MlaConfig& c) { c.form = std::string(fm->name()); }), hw);
+            t.emplace_back(p.total_s(), std::string(fm->name()));
+            times[std::string(fm->name())] = p.total_s();
+          }
+          std::sort(t.begin(), t.end());
+          const double ex = times.contains(kBaselineForm) ? times[std::string(kBaselineForm)].get<double>() : 0;
+          const std::string vs = ex > 0 ? fmt::format("{:.3f}", ex / t[0].first) : "-";
+          const std::string second = t.size() > 1 ? t[1].second : "-";
+          const std::string margin = t.size() > 1 ? fmt::format("{:.3f}×", t[1].first / t[0].first) : "-";
+          fmt::print("  {:>6g} {:<17} {:>4} {:>6} {:>3}  {:<18} {:>11.5g} {:>9}  {:<18} {:>9}\n", s, model,
+                     base->num_attention_heads, T, P, t[0].second, t[0].first, vs, second, margin);
+          nlohmann::json refused = nlohmann::json::object();
+          for (const auto& r : at.refused) refused[std::string(r.form->name())] = r.reason;
+          rows.push_back({{"link_scale", s}, {"model", model}, {"heads", base->num_attention_heads}, {"seq", T}, {"sp", P},
+                          {"winner", t[0].second}, {"winner_s", t[0].first}, {"times_s", times}, {"not_run", refused}});
+        }
+  }
+  fmt::print("# link×: the hardware file's link bandwidths multiplied by this; margin: runner-up's step time over the "
+             "winner's; ×expl.: explicit's over the winner's (- where explicit cannot run: P ∤ H)\n");
+  return {{"grid", rows}};
+}
+
 int cmd_model(const CommonFlags& f, const ModelFlags& m) {
   if (!m.calibrate_out.empty()) return calibrate(f, m);
-  const HardwareSpec hw = HardwareSpec::load(m.hw);
+  const HardwareSpec file_hw = HardwareSpec::load(m.hw);
   auto json_out = open_output(f.json_path, "--json");
+  if (m.grid) {
+    nlohmann::json j = {{"command", "model --grid"}, {"hardware", file_hw.to_json()}, {"hw_file", m.hw}};
+    j.update(grid(f, m, file_hw));
+    if (json_out) *json_out << j.dump(2) << "\n";
+    return 0;
+  }
+  const HardwareSpec hw = scale_links(file_hw, m.link_scale.empty() ? 1.0 : m.link_scale.front());
   nlohmann::json j = {{"command", "model"}, {"hardware", hw.to_json()}, {"hw_file", m.hw}};
   if (f.seq > 0) j.update(predict_all(f, m, hw));
   if (!m.bench_json.empty()) j["comparison"] = compare(m, hw);

@@ -242,6 +242,14 @@ int cmd_report(const std::string& out_dir, bool quick) {
                                           src + "/docs/hw/" + hw + ".json", "--json",
                                           J(fmt::format("model.paper.{}.p{}.t{}.json", hw, P, T))};
         }});
+  // Which form wins where: the model over a grid of models (H 16, 128), T, P (8 .. 64) and link scales,
+  // on each hardware file and on this machine's calibrated one.
+  for (const char* hw : {"ascend-910b", "h100-class", "here"})
+    steps.push_back({fmt::format("model.grid.{}", hw), fmt::format("which form wins where, predicted on {}", hw),
+                     [&, hw] {
+      const std::string file = std::string(hw) == "here" ? J("hw.here.json") : src + "/docs/hw/" + hw + ".json";
+      return std::vector<std::string>{laga, "model", "--grid", "--hw", file, "--json", J(fmt::format("model.grid.{}.json", hw))};
+    }});
   steps.push_back({"train", "training curves (tiny, fp32, P 4)", [&] {
     return std::vector<std::string>{laga, "train", "--model", "tiny", "--seq", "64", "--sp", "4", "--dtype", "fp32",
                                     "--steps", quick ? "100" : "200", "--forms", "explicit,absorbed,laga,laga-recompute",

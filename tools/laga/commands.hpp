@@ -43,9 +43,13 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b);
 
 // laga model: --hw FILE, --forms (empty: every registered form), --bench-json FILE; --calibrate OUT
 // [--comm-json FILE] writes a hardware file of this machine instead.
+// --link-scale F multiplies every link bandwidth of the hardware file (latencies as they are); --grid
+// predicts every form over a grid of models, T, P and link scales and prints the winner of each cell.
 struct ModelFlags {
   std::string hw, calibrate_out, comm_json, bench_json;
   std::vector<std::string> forms;
+  std::vector<double> link_scale;
+  bool grid = false;
 };
 int cmd_model(const CommonFlags& f, const ModelFlags& m);
 

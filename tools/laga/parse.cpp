@@ -104,6 +104,10 @@ void build_app(CLI::App& app, Invocation& inv) {
   model->add_option("--hw", inv.model.hw, "hardware file (JSON: compute rates, links, ranks per node; docs/model.md)");
   model->add_option("--bench-json", inv.model.bench_json, "a laga bench --json file: predicted against measured, per row");
   model->add_option("--calibrate", inv.model.calibrate_out, "measure this machine and write a hardware file here");
+  model->add_option("--link-scale", inv.model.link_scale, "multiply every link bandwidth of --hw by F (a list with "
+                    "--grid; default 1, or 0.25,1,4 with --grid)")->delimiter(',');
+  model->add_flag("--grid", inv.model.grid, "the winner of every cell of a grid: deepseek-v2-lite and -v3, T 4K-64K, P 8-64, "
+                  "the link scales");
   model->add_option("--comm-json", inv.model.comm_json, "with --calibrate: the link from a laga bench-comm --json file");
 }
 
@@ -228,9 +232,14 @@ void check_invocation(const Invocation& inv) {
                  "--calibrate measures this machine and writes a hardware file; it takes no --hw, --bench-json or --seq");
       LAGA_CHECK(f.sp >= 1 && f.sp <= 64, "--sp {} must be 1 .. 64", f.sp);
     } else {
+      for (double s : m.link_scale)
+        LAGA_CHECK(s > 0 && std::isfinite(s), "--link-scale {} must be a positive factor, e.g. 0.25 or 4", s);
+      LAGA_CHECK(m.grid || m.link_scale.size() <= 1, "--link-scale takes one factor without --grid; give one, e.g. 4");
+      LAGA_CHECK(!m.grid || (f.seq == 0 && m.bench_json.empty() && m.forms.empty()),
+                 "--grid chooses its own models, T and P over every form; it takes no --seq, --bench-json or --forms");
       LAGA_CHECK(m.comm_json.empty(), "--comm-json goes with --calibrate OUT.json");
       LAGA_CHECK(!m.hw.empty(), "laga model needs --hw FILE (a hardware file, docs/model.md), or --calibrate OUT.json");
-      LAGA_CHECK(f.seq > 0 || !m.bench_json.empty(), "laga model needs --seq T (or --bench-json FILE)");
+      LAGA_CHECK(m.grid || f.seq > 0 || !m.bench_json.empty(), "laga model needs --seq T (or --bench-json FILE, or --grid)");
       if (f.seq > 0) {
         m.forms.empty() ? build_config_for_all_forms(f) : build_config(f);
         for (const auto& name : m.forms) build_config([&] { CommonFlags g = f; g.form = name; return g; }());
