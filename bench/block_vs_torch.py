@@ -14,7 +14,12 @@ Usage (Debian's torch imports only under /usr/bin/python3):
   /usr/bin/python3 bench/block_vs_torch.py build-bench/bench/bench_block [--threads 2] [--rounds 3]
       [--dtypes fp32,bf16] [--kernel fused] [--model small --seq 2048 --batch 1 --layers 1]
       [--iters 3 --warmup 1] [--torch-fp32-iters 1 --torch-fp32-warmup 0] [--check DIR] [--json F]
-Exit: 0 measured (whether or not the 2x target is met), 1 a run failed or the check disagreed, 2 usage.
+      [--attn-backward two-pass|one-pass] [--torch-blas system|openblas]
+--torch-blas openblas loads Debian's OpenBLAS (libopenblas0-pthread) into the torch processes alone
+(LD_PRELOAD of its libblas.so.3; Debian's torch links the reference BLAS, ~6 GFLOP/s in fp32); the
+system's BLAS is never changed. The header says which BLAS the torch process actually mapped.
+Targets (issue 12): laga / torch >= 3x in bf16, >= 2.5x in fp32 against torch on OpenBLAS.
+Exit: 0 measured (whether or not a target is met), 1 a run failed or the check disagreed, 2 usage.
 """
 
 import argparse
@@ -27,7 +32,8 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH_BLOCK = os.path.join(HERE, "torch_block.py")
-TARGET = 2.0
+TARGET = {"bf16": 3.0, "fp32": 2.5}
+OPENBLAS = "/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3"
 
 
 def machine():
@@ -52,16 +58,27 @@ def machine():
     return cpu, commit
 
 
-def torch_info():
+def torch_env(a):
+    """The torch processes' environment: OpenBLAS preloaded for them alone with --torch-blas openblas."""
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    if a.torch_blas == "openblas":
+        env["LD_PRELOAD"] = OPENBLAS + (":" + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
+    return env
+
+
+def torch_info(a):
+    # BLAS_INFO is what torch was built against; the mapped libraries say what this process runs.
     code = ("import torch; c = torch.__config__.show(); "
             "b = [s.split('=')[1] for s in c.replace(',', ' ').split() if s.startswith('BLAS_INFO=')]; "
-            "print(torch.__version__, b[0] if b else 'unknown')")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+            "m = open('/proc/self/maps').read(); "
+            "run = 'openblas' if 'libopenblas' in m else 'reference (libblas)' if 'libblas' in m else 'unknown'; "
+            "print(torch.__version__, b[0] if b else 'unknown', run.replace(' ', '_'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=torch_env(a))
     if out.returncode != 0:
         raise SystemExit(f"block_vs_torch: {sys.executable} cannot import torch: {out.stderr.strip()[-500:]}\n"
                          "run it with Debian's /usr/bin/python3 (apt-get install python3-torch)")
-    version, blas = out.stdout.split()
-    return version, blas
+    version, built, mapped = out.stdout.split()
+    return version, f"{built}, mapped {mapped.replace('_', ' ')}"
 
 
 def run(cmd, env, what):
@@ -78,7 +95,7 @@ def laga_round(a, dtype, tmp):
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
     cmd = [a.bench_block, "--model", a.model, "--seq", str(a.seq), "--batch", str(a.batch), "--layers",
            str(a.layers), "--dtype", dtype, "--kernel", a.kernel, "--iters", str(a.iters), "--warmup",
-           str(a.warmup), "--threads", str(a.threads), "--json", out]
+           str(a.warmup), "--threads", str(a.threads), "--attn-backward", a.attn_backward, "--json", out]
     log = run(cmd, env, "bench_block")
     with open(out) as f:
         j = json.load(f)
@@ -92,7 +109,7 @@ def laga_round(a, dtype, tmp):
 
 def torch_round(a, dtype, tmp):
     out = os.path.join(tmp, f"torch_{dtype}.json")
-    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads))
+    env = torch_env(a)
     iters, warmup = (a.torch_fp32_iters, a.torch_fp32_warmup) if dtype == "fp32" else (a.iters, a.warmup)
     cmd = [sys.executable, TORCH_BLOCK, "--model", a.model, "--seq", str(a.seq), "--batch", str(a.batch),
            "--layers", str(a.layers), "--dtype", dtype, "--threads", str(a.threads), "--iters", str(iters),
@@ -126,7 +143,13 @@ def main():
     ap.add_argument("--torch-fp32-warmup", type=int, default=0)
     ap.add_argument("--check", metavar="DIR", help="first check the torch block on this laga dump")
     ap.add_argument("--json", help="write the table and every sample here")
+    ap.add_argument("--attn-backward", default="two-pass", choices=["two-pass", "one-pass"],
+                    help="laga's fused attention backward order")
+    ap.add_argument("--torch-blas", default="system", choices=["system", "openblas"],
+                    help="openblas: preload Debian's OpenBLAS into the torch processes alone")
     a = ap.parse_args()
+    if a.torch_blas == "openblas" and not os.path.exists(OPENBLAS):
+        ap.error(f"--torch-blas openblas needs {OPENBLAS}: apt-get install libopenblas0-pthread")
     dtypes = [d for d in a.dtypes.split(",") if d]
     if not os.access(a.bench_block, os.X_OK):
         ap.error(f"{a.bench_block} is not an executable; build it: ninja -C build-bench bench_block")
@@ -140,7 +163,7 @@ def main():
         print(out, end="")
 
     cpu, commit = machine()
-    tv, blas = torch_info()
+    tv, blas = torch_info(a)
     samples = {d: {"laga": {"fwd": [], "bwd": [], "total": []}, "torch": {"fwd": [], "bwd": [], "total": []}}
                for d in dtypes}
     meta, loads = {}, [os.getloadavg()[0]]
@@ -170,30 +193,32 @@ def main():
                      "laga_gflops": meta[d]["flops"]["total"] / 1e9 / L["total"]["median"],
                      "torch_gflops": meta[d]["flops"]["total"] / 1e9 / T["total"]["median"],
                      "threads": {"laga": meta[d]["laga_threads"], "torch": meta[d]["torch_threads"]},
-                     "target_met": ratio >= TARGET})
+                     "target": TARGET[d], "target_met": ratio >= TARGET[d]})
 
-    print(f"# block_vs_torch: MLA block forward + backward, laga (kernel {a.kernel}, form explicit, sp 1) "
-          f"vs PyTorch {tv} eager")
-    print(f"# machine: {cpu}, {a.threads} threads each, commit {commit}; torch BLAS_INFO={blas}")
+    print(f"# block_vs_torch: MLA block forward + backward, laga (kernel {a.kernel}, {a.attn_backward} attention "
+          f"backward, form explicit, sp 1) vs PyTorch {tv} eager")
+    print(f"# machine: {cpu}, {a.threads} threads each, commit {commit}; torch BLAS: built {blas}")
     print(f"# model {a.model}, T {a.seq}, B {a.batch}, layers {a.layers}; {a.rounds} alternating rounds; "
           f"medians over every timed iteration [min, max]")
     print(f"# noise: 1-minute load average {min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} cores "
           f"during the run (above the thread count, the two sides compete with other processes)")
     print(f"# {'dtype':>5} {'laga_s':>9} {'[min, max]':>17} {'torch_s':>9} {'[min, max]':>17} {'ratio':>6} "
-          f"{'fwd':>6} {'bwd':>6} {'laga_GF/s':>9} {'torch_GF/s':>10}  target {TARGET:g}x")
+          f"{'fwd':>6} {'bwd':>6} {'laga_GF/s':>9} {'torch_GF/s':>10}  target")
     print(f"# {'':>5} {'s':>9} {'s':>17} {'s':>9} {'s':>17} {'t/l':>6} {'t/l':>6} {'t/l':>6} {'1e9/s':>9} "
           f"{'1e9/s':>10}")
     for r in rows:
         L, T = r["laga"]["total"], r["torch"]["total"]
         print(f"  {r['dtype']:>5} {L['median']:9.3f} [{L['min']:7.3f}, {L['max']:7.3f}] {T['median']:9.3f} "
               f"[{T['min']:7.3f}, {T['max']:7.3f}] {r['ratio']:6.2f} {r['ratio_fwd']:6.2f} {r['ratio_bwd']:6.2f} "
-              f"{r['laga_gflops']:9.1f} {r['torch_gflops']:10.1f}  {'met' if r['target_met'] else 'NOT met'}")
+              f"{r['laga_gflops']:9.1f} {r['torch_gflops']:10.1f}  {r['target']:g}x "
+              f"{'met' if r['target_met'] else 'NOT met'}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"benchmark": "block_vs_torch", "machine": {"cpu": cpu, "commit": commit, "threads": a.threads},
                        "torch": {"version": tv, "blas": blas},
                        "config": {"model": a.model, "seq": a.seq, "batch": a.batch, "layers": a.layers,
-                                  "kernel": a.kernel, "rounds": a.rounds, "iters": a.iters, "warmup": a.warmup,
+                                  "kernel": a.kernel, "attn_backward": a.attn_backward, "torch_blas": a.torch_blas,
+                                  "rounds": a.rounds, "iters": a.iters, "warmup": a.warmup,
                                   "torch_fp32_iters": a.torch_fp32_iters, "torch_fp32_warmup": a.torch_fp32_warmup},
                        "rows": rows, "samples": samples, "load_average": loads, "checks": {d: meta[d]["check"] for d in dtypes}},
                       f, indent=1)
