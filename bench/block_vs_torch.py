@@ -17,7 +17,12 @@ Usage (Debian's torch imports only under /usr/bin/python3):
       [--attn-backward two-pass|one-pass] [--torch-blas system|openblas]
 --torch-blas openblas loads Debian's OpenBLAS (libopenblas0-pthread) into the torch processes alone
 (LD_PRELOAD of its libblas.so.3; Debian's torch links the reference BLAS, ~6 GFLOP/s in fp32); the
-system's BLAS is never changed. The header says which BLAS the torch process actually mapped.
+system's BLAS is never changed. The header says which BLAS the torch process actually mapped. Beware:
+installing libopenblas0-pthread makes it the system's libblas.so.3 (update-alternatives, priority 100
+over the reference's 10); set the system back with
+  update-alternatives --set libblas.so.3-x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/blas/libblas.so.3
+  update-alternatives --set liblapack.so.3-x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/lapack/liblapack.so.3
+so that only the preload decides. Without --torch-blas openblas the header then says "mapped reference".
 Targets (issue 12): laga / torch >= 3x in bf16, >= 2.5x in fp32 against torch on OpenBLAS.
 Exit: 0 measured (whether or not a target is met), 1 a run failed or the check disagreed, 2 usage.
 """
