@@ -152,6 +152,13 @@ std::vector<std::string> MlaConfig::problems() const {
                                 factor, rope_scaling.mscale, rope_scaling.mscale_all_dim));
     }
   }
+  // --ulysses: Pu divides P and H; below P only for laga (the form's own checks follow).
+  if (ulysses < 0) p.push_back(fmt::format("--ulysses {} must be positive (or 0: the whole --sp group)", ulysses));
+  if (ulysses > 0 && sp > 0 && sp % ulysses)
+    p.push_back(fmt::format("--ulysses {} does not divide --sp {}; try {}", ulysses, sp, divisors_str(sp)));
+  else if (ulysses > 0 && ulysses < sp && form != "laga")
+    p.push_back(fmt::format("--ulysses {} (< --sp {}) applies to laga only, not to form '{}'; try --ulysses {} or "
+                            "--form laga", ulysses, sp, form, sp));
   // The form's own conditions (the head-scatter forms': P | H) come before the sequence's.
   const Form* f = find_form_or_null(form);
   if (f) f->add_problems(*this, p);
@@ -189,6 +196,7 @@ nlohmann::json MlaConfig::to_json() const {
   j["seq_len"] = seq_len;
   j["batch"] = batch;
   j["sp"] = sp;
+  if (ulysses > 0) j["ulysses"] = ulysses;  // only when set: configs without it read as before
   j["form"] = form;
   j["kernel"] = kernel_name(kernel);
   j["dtype"] = dtype_name(dtype);
@@ -244,6 +252,7 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     c.seq_len = json_int(j, "seq_len", 16);
     c.batch = json_int(j, "batch", 1);
     c.sp = json_int(j, "sp", 1);
+    c.ulysses = json_int(j, "ulysses", 0);
     // A family and its regime ("absorbed" + "absorbed_kv": "shared") name one registered variant.
     if (j.contains("form"))
       c.form = resolve_form_label(j["form"].get<std::string>(), j.value("absorbed_kv", std::string("expanded")));

@@ -27,6 +27,8 @@ void build_app(CLI::App& app, Invocation& inv) {
   auto* run = app.add_subcommand("run", "one forward + backward of the block stack on P ranks, measured");
   add_common(run, flags, true);
   run->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  run->add_option("--ulysses", flags.ulysses, "laga: ranks per head-scatter group Pu (divides --sp and the heads; "
+                  "Pu < P runs a ring over the P/Pu groups; 0: Pu = P)")->capture_default_str();
   run->add_option("--form", flags.form, "a registered form (" + form_names() + "), or absorbed with --absorbed-kv")
       ->capture_default_str();
   run->add_option("--dump", inv.dump_dir, "write config.json and tensors.safetensors (whole tensors, gathered to rank 0)");
@@ -42,6 +44,8 @@ void build_app(CLI::App& app, Invocation& inv) {
   add_common(plan, flags, false);
   plan->get_option("--seq")->required(false);
   plan->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  plan->add_option("--ulysses", flags.ulysses, "laga: ranks per head-scatter group Pu (divides --sp and the heads; "
+                  "Pu < P runs a ring over the P/Pu groups; 0: Pu = P)")->capture_default_str();
   plan->add_flag("--sweep", inv.sweep, "tables over T × P × kernel and H, with linear fits of absorbed's excess");
   plan->add_option("--mem-limit", inv.mem_limit, "fail (exit 2) if the planned per-rank peak exceeds this, e.g. 80GB");
 
@@ -169,6 +173,8 @@ void check_invocation(const Invocation& inv) {
     LAGA_CHECK(inv.sweep || f.seq > 0, "laga plan needs --seq T (or --sweep)");
     CommonFlags g = f;
     if (inv.sweep && g.seq == 0) g.seq = 4096;
+    LAGA_CHECK(!inv.sweep || g.ulysses == 0, "laga plan --sweep sweeps P itself and takes no --ulysses; drop one");
+    if (g.ulysses > 0 && g.ulysses < g.sp) g.form = "laga";  // plan shows the forms that run it (cmd_plan.cpp)
     build_config(g);
   } else if (inv.command == "verify") {
     const Config base = build_config(f);
