@@ -52,6 +52,8 @@ void build_app(CLI::App& app, Invocation& inv) {
   auto* verify = app.add_subcommand("verify", "the forms against each other and the fp64 reference");
   add_common(verify, flags, true);
   verify->add_option("--sp", inv.sps, "rank counts to check, e.g. 1,2,4,8")->delimiter(',')->capture_default_str();
+  verify->add_option("--ulysses", flags.ulysses, "also check laga with head-scatter groups of Pu ranks × a ring over "
+                     "them, at every --sp that Pu divides with Pu < P")->capture_default_str();
 
   auto* bench = app.add_subcommand("bench", "the forms timed side by side, every row validated first: medians, spread and ratios");
   add_common(bench, flags, true);
@@ -177,8 +179,14 @@ void check_invocation(const Invocation& inv) {
     if (g.ulysses > 0 && g.ulysses < g.sp) g.form = "laga";  // plan shows the forms that run it (cmd_plan.cpp)
     build_config(g);
   } else if (inv.command == "verify") {
-    const Config base = build_config(f);
+    CommonFlags g = f;
+    g.ulysses = 0;
+    const Config base = build_config(g);
     for (int64_t P : inv.sps) base.with([&](MlaConfig& c) { c.sp = P; });
+    // laga --ulysses Pu: each P it runs at (Pu < P) must take it
+    LAGA_CHECK(f.ulysses >= 0, "--ulysses {} must be positive (or 0: none)", f.ulysses);
+    for (int64_t P : inv.sps)
+      if (f.ulysses > 0 && f.ulysses < P) base.with([&](MlaConfig& c) { c.sp = P, c.form = "laga", c.ulysses = f.ulysses; });
   } else if (inv.command == "bench") {
     LAGA_CHECK(inv.iters >= 1, "--iters {} must be at least 1", inv.iters);
     LAGA_CHECK(inv.warmup >= 0, "--warmup {} must be a number of iterations ≥ 0", inv.warmup);
