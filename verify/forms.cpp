@@ -142,6 +142,25 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
         add(b);
       }
     }
+    if (opt.ulysses > 0 && opt.ulysses < P) {
+      MlaConfig m = *base;
+      m.form = "laga", m.sp = P, m.ulysses = opt.ulysses;
+      const std::string label = displayed_form(m);
+      if (const auto problems = m.problems(); !problems.empty()) {
+        if (root) add(not_run(P, label, problems.front()));
+        continue;
+      }
+      Run r = run(Config(m), false);
+      if (!root) continue;
+      const auto err = errors(r.outputs, exact);
+      const Verdict v = form_vs_baseline(err, e_err, plain_err, base->dtype);
+      FormCase k{P, label, "fp64"};
+      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
+      k.criterion = fmt::format("≤ {:g} × max(explicit's error at P {}, the plain implementation's) + floor", kFormFactor,
+                                baseline_P);
+      summarize(k, err);
+      add(k);
+    }
   }
   return report;
 }

@@ -44,6 +44,10 @@ struct FormsOptions {
   std::vector<std::string> forms;  // labels to check besides explicit; empty: every registered form
   uint64_t seed = 1234;
   double timeout_s = 0;
+  // laga --ulysses Pu: at every P of the sweep that Pu divides with Pu < P, one more row, laga with
+  // head scatter in groups of Pu × a ring over the P/Pu groups ("laga (ulysses Pu)"), by the rule of
+  // the other forms against explicit at that P. 0: none.
+  int64_t ulysses = 0;
 };
 
 // One run of c on c->sp threads (run_group, the default seed): its whole y, dx and synced weight

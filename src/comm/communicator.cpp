@@ -210,6 +210,30 @@ std::unique_ptr<Communicator> Communicator::first_ranks_of(int P) {
                   backend(), size(), P, P, P);
 }
 
+std::unique_ptr<Communicator> Communicator::split_of(int, int, int, int) {
+  LAGA_FAIL_USAGE("the {} backend cannot split its group of {} ranks into sub-groups", backend(), size());
+}
+
+std::unique_ptr<Communicator> Communicator::split(const std::function<SplitKey(int rank)>& color_key) {
+  const int P = size(), me = rank();
+  const SplitKey mine = color_key(me);
+  LAGA_CHECK(mine.color >= 0, "split on rank {}: color {} is negative; colors are 0 or more", me, mine.color);
+  // This rank's place among the ranks of its color, ordered by (key, rank), as MPI_Comm_split orders them.
+  int sub_rank = 0, sub_size = 0;
+  for (int q = 0; q < P; ++q) {
+    const SplitKey k = color_key(q);
+    if (k.color != mine.color) continue;
+    ++sub_size;
+    if (k.key < mine.key || (k.key == mine.key && q < me)) ++sub_rank;
+  }
+  auto c = split_of(mine.color, mine.key, sub_rank, sub_size);
+  LAGA_ASSERT(c && c->size() == sub_size && c->rank() == sub_rank, "split on rank {}: the backend made rank {} of {}, "
+              "expected rank {} of {}", me, c ? c->rank() : -1, c ? c->size() : -1, sub_rank, sub_size);
+  c->led_ = led_;
+  c->set_timeout(timeout_s_);
+  return c;
+}
+
 void Communicator::forget(Pending* p) {
   auto it = std::find(queue_.begin(), queue_.end(), p);
   if (it != queue_.end()) queue_.erase(it);
@@ -218,9 +242,10 @@ void Communicator::forget(Pending* p) {
 // Fills in the ledger record: completion observed now, inside the call that began at call_t0.
 void Communicator::complete(Pending& p) {
   p.done = true;
-  if (!p.recorded || p.generation != ledger_.generation_) return;
-  CollectiveRecord& r = ledger_.records_[p.index];
-  r.completed_s = ledger_.now();
+  Ledger& led = *led_;
+  if (!p.recorded || p.generation != led.generation_) return;
+  CollectiveRecord& r = led.records_[p.index];
+  r.completed_s = led.now();
   r.seconds = r.completed_s - r.issued_s;
   r.wait_s = std::min(r.seconds, p.wait_s + seconds_since(p.call_t0));
 }
@@ -343,14 +368,15 @@ bool Communicator::test(CollectiveHandle& h) {
 CollectiveHandle Communicator::issue(std::unique_ptr<Pending> p, const RawOp& op, int64_t tensor_bytes,
                                      int64_t wire_bytes) {
   p->comm = this;
-  const double issued = ledger_.now();
+  Ledger& led = *led_;
+  const double issued = led.now();
   p->raw = start_raw(op);
   if (p->recorded) {
-    p->index = ledger_.records_.size();
-    p->generation = ledger_.generation_;
+    p->index = led.records_.size();
+    p->generation = led.generation_;
     CollectiveRecord r{p->op, p->tensor, p->dtype, 0, tensor_bytes, size() == 1 ? 0 : wire_bytes};
     r.issued_s = issued;
-    ledger_.records_.push_back(std::move(r));
+    led.records_.push_back(std::move(r));
   }
   if (p->phase == 1) queue_.push_back(p.get());
   if (!moves_data()) advance_queue();  // completes at once

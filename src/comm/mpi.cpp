@@ -227,6 +227,12 @@ class MpiCommunicator final : public Communicator {
                             where_.rank, r.what, timeout_s_, r.call, where_.host));
   }
 
+  std::unique_ptr<Communicator> split_of(int color, int key, int, int) override {
+    MPI_Comm sub = MPI_COMM_NULL;
+    LAGA_MPI(where_, MPI_Comm_split(comm_, color, key, &sub));
+    return std::make_unique<MpiCommunicator>(sub, true);
+  }
+
   std::unique_ptr<Communicator> first_ranks_of(int P) override {
     MPI_Comm sub = MPI_COMM_NULL;
     LAGA_MPI(where_, MPI_Comm_split(comm_, where_.rank < P ? 0 : MPI_UNDEFINED, where_.rank, &sub));

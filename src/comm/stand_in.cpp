@@ -37,6 +37,11 @@ std::unique_ptr<Communicator> NoPeersCommunicator::first_ranks_of(int P) {
   return c;
 }
 
+// The sub-group's other ranks are as absent as the parent's: a communicator of the same kind.
+std::unique_ptr<Communicator> NoPeersCommunicator::split_of(int, int, int sub_rank, int sub_size) {
+  return make(sub_rank, sub_size);
+}
+
 void StandInCommunicator::fill(const RawOp& op) {
   const int P = size(), me = rank();
   const int64_t b = op.bytes;

@@ -35,6 +35,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include <fmt/ranges.h>
@@ -81,40 +82,70 @@ struct Slot {
 
 constexpr int kLanes = 2;
 
+struct Group;
+
+// What a group and every sub-group split from it (and theirs) share: one lock, one condition
+// variable and one abort flag. An abort anywhere — the world or any sub-group — marks the family dead
+// and wakes every waiter of every group, so a rank blocked in one ring group leaves when a rank of
+// another group (or of the parent) fails, and no rank hangs.
+struct Family {
+  std::mutex m;
+  std::condition_variable cv;
+  uint64_t version = 0;  // bumped (and cv notified) at every change in any group
+  int reading = 0;       // copies in progress, outside the lock, in any group
+  bool aborted = false;
+  int failed_rank = -1;  // the failing rank's world rank
+  std::string reason;
+  // Sub-groups being made by a split: (parent group, its split count, color) -> the group and how
+  // many of its ranks still have to take it.
+  std::map<std::tuple<const Group*, uint64_t, int>, std::pair<std::shared_ptr<Group>, int>> forming;
+};
+
 struct Group {
-  explicit Group(int P) : P(P) {
+  Group(int P, std::shared_ptr<Family> family) : P(P), f(std::move(family)) {
     for (auto& v : issued) v.assign(size_t(P), 0);
   }
   const int P;
-  std::mutex m;
-  std::condition_variable cv;
+  const std::shared_ptr<Family> f;
   std::map<uint64_t, Slot> slots[kLanes];  // node-based: a Slot does not move while in use
   std::vector<uint64_t> issued[kLanes];    // operations each rank has posted on each lane
-  uint64_t version = 0;                    // bumped (and cv notified) at every change
-  int reading = 0;                         // copies in progress, outside the lock
-  bool aborted = false;
-  int failed_rank = -1;
-  std::string reason;
 };
 
 class ThreadsCommunicator final : public Communicator {
  public:
-  ThreadsCommunicator(std::shared_ptr<Group> group, int rank) : g_(std::move(group)), rank_(rank) {}
+  ThreadsCommunicator(std::shared_ptr<Group> group, int rank, int world_rank)
+      : g_(std::move(group)), f_(*g_->f), rank_(rank), world_rank_(world_rank) {}
   int rank() const override { return rank_; }
   int size() const override { return g_->P; }
   std::string backend() const override { return "threads"; }
 
   void abort(const std::string& reason) override {
-    std::lock_guard lk(g_->m);
+    std::lock_guard lk(f_.m);
     mark_aborted(reason);
   }
 
  protected:
+  // The sub-group's Group is made by the first of its ranks to arrive and taken by the others; no
+  // rank waits here (the sub-group's collectives meet in its own slots).
+  std::unique_ptr<Communicator> split_of(int color, int, int sub_rank, int sub_size) override {
+    std::lock_guard lk(f_.m);
+    if (f_.aborted) throw_aborted("split");
+    const auto id = std::make_tuple(static_cast<const Group*>(g_.get()), splits_++, color);
+    auto it = f_.forming.find(id);
+    if (it == f_.forming.end())
+      it = f_.forming.emplace(id, std::make_pair(std::make_shared<Group>(sub_size, g_->f), sub_size)).first;
+    std::shared_ptr<Group> sub = it->second.first;
+    LAGA_ASSERT(sub->P == sub_size, "rank {}: split of color {} into {} ranks, but another rank made it {}", world_rank_,
+                color, sub_size, sub->P);
+    if (--it->second.second == 0) f_.forming.erase(it);
+    return std::make_unique<ThreadsCommunicator>(std::move(sub), sub_rank, world_rank_);
+  }
+
   // Aborts, then waits out the copies in progress: afterwards nobody reads this rank's buffers.
   void abandon(const std::string& reason) override {
-    std::unique_lock lk(g_->m);
+    std::unique_lock lk(f_.m);
     mark_aborted(reason);
-    g_->cv.wait(lk, [&] { return g_->reading == 0; });
+    f_.cv.wait(lk, [&] { return f_.reading == 0; });
   }
 
   struct Request : RawRequest {
@@ -129,8 +160,8 @@ class ThreadsCommunicator final : public Communicator {
     auto r = std::make_unique<Request>();
     r->what = op.what;
     r->lane = op.lane;
-    std::lock_guard lk(g_->m);
-    if (g_->aborted) throw_aborted(op.what);
+    std::lock_guard lk(f_.m);
+    if (f_.aborted) throw_aborted(op.what);
     r->slot = g_->issued[op.lane][size_t(rank_)]++;
     Slot& s = g_->slots[op.lane].try_emplace(r->slot, g_->P).first->second;
     s.posts[size_t(rank_)] = Post{op.send, op.recv, kinds[int(op.kind)], op.bytes, op.root, op.what};
@@ -142,17 +173,17 @@ class ThreadsCommunicator final : public Communicator {
   bool test_raw(RawRequest& raw) override {
     auto& r = static_cast<Request&>(raw);
     if (r.done) return true;
-    std::unique_lock lk(g_->m);
+    std::unique_lock lk(f_.m);
     do_reads(lk);
     Slot& s = g_->slots[r.lane].at(r.slot);
     if (s.posted == g_->P && !s.mismatch.empty()) {
       lk.unlock();
       LAGA_ASSERT(false, "rank {}: {}", rank_, s.mismatch);
     }
-    seen_ = g_->version;
+    seen_ = f_.version;
     // A complete operation stays complete when the group is aborted afterwards.
     if (!s.has_read[size_t(rank_)] || s.reads_done < g_->P) {
-      if (g_->aborted) leave_aborted(lk, r.what);
+      if (f_.aborted) leave_aborted(lk, r.what);
       return false;
     }
     r.done = true;
@@ -161,19 +192,19 @@ class ThreadsCommunicator final : public Communicator {
   }
 
   void idle(int, double max_s) override {
-    std::unique_lock lk(g_->m);
-    auto changed = [&] { return g_->version != seen_ || g_->aborted; };
+    std::unique_lock lk(f_.m);
+    auto changed = [&] { return f_.version != seen_ || f_.aborted; };
     if (max_s > 0)
-      g_->cv.wait_for(lk, std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+      f_.cv.wait_for(lk, std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                               std::chrono::duration<double>(max_s)),
                       changed);
     else
-      g_->cv.wait(lk, changed);
+      f_.cv.wait(lk, changed);
   }
 
   [[noreturn]] void timed_out(RawRequest& raw) override {
     auto& r = static_cast<Request&>(raw);
-    std::unique_lock lk(g_->m);
+    std::unique_lock lk(f_.m);
     std::vector<int> missing;
     std::string doing;
     const Slot& s = g_->slots[r.lane].at(r.slot);
@@ -190,35 +221,35 @@ class ThreadsCommunicator final : public Communicator {
                     missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), doing);
     // Abort under the same lock: no late rank may start reading our buffers after we have left.
     mark_aborted(message);
-    g_->cv.wait(lk, [&] { return g_->reading == 0; });
+    f_.cv.wait(lk, [&] { return f_.reading == 0; });
     throw Error(ErrorKind::failure, __FILE__, __LINE__, message);
   }
 
  private:
   // Caller holds the lock.
   void changed() {
-    ++g_->version;
-    g_->cv.notify_all();
+    ++f_.version;
+    f_.cv.notify_all();
   }
 
   // Caller holds the lock. The first rank to abort names the failure; later calls change nothing.
   void mark_aborted(const std::string& reason) {
-    if (!g_->aborted) {
-      g_->aborted = true;
-      g_->failed_rank = rank_;
-      g_->reason = reason;
+    if (!f_.aborted) {
+      f_.aborted = true;
+      f_.failed_rank = world_rank_;
+      f_.reason = reason;
     }
     changed();
   }
 
   [[noreturn]] void throw_aborted(const std::string& what) const {
     throw Error(ErrorKind::failure, __FILE__, __LINE__,
-                fmt::format("rank {}: {} aborted: rank {} failed: {}", rank_, what, g_->failed_rank, g_->reason));
+                fmt::format("rank {}: {} aborted: rank {} failed: {}", world_rank_, what, f_.failed_rank, f_.reason));
   }
 
   // The group is aborted: wait out the copies in progress (bounded), then throw.
   [[noreturn]] void leave_aborted(std::unique_lock<std::mutex>& lk, const std::string& what) {
-    g_->cv.wait(lk, [&] { return g_->reading == 0; });
+    f_.cv.wait(lk, [&] { return f_.reading == 0; });
     throw_aborted(what);
   }
 
@@ -244,17 +275,17 @@ class ThreadsCommunicator final : public Communicator {
     for (int lane = 0; lane < kLanes; ++lane) {
       for (;;) {
         const uint64_t k = read_upto_[lane];
-        if (g_->aborted || k >= g_->issued[lane][size_t(rank_)]) break;
+        if (f_.aborted || k >= g_->issued[lane][size_t(rank_)]) break;
         Slot& s = g_->slots[lane].at(k);
         if (s.posted < g_->P) break;
         check(s, g_->P);
         ++read_upto_[lane];
         if (!s.mismatch.empty()) continue;  // nobody reads it; its waiters fail
-        ++g_->reading;
+        ++f_.reading;
         lk.unlock();
         copy(s);
         lk.lock();
-        --g_->reading;
+        --f_.reading;
         s.has_read[size_t(rank_)] = 1;
         ++s.reads_done;
         changed();
@@ -290,9 +321,12 @@ class ThreadsCommunicator final : public Communicator {
   }
 
   std::shared_ptr<Group> g_;
+  Family& f_;       // g_->f's: kept alive by g_
   int rank_;
+  int world_rank_;  // this rank in the run_threads group (names the failing rank)
+  uint64_t splits_ = 0;  // splits of this communicator so far: every rank of it splits in the same order
   uint64_t read_upto_[kLanes] = {0, 0};  // this rank's next slot to read, per lane
-  uint64_t seen_ = 0;                    // g_->version at this rank's last test
+  uint64_t seen_ = 0;                    // f_.version at this rank's last test
 };
 
 }  // namespace
@@ -301,7 +335,8 @@ void run_threads(int P, const std::function<void(Communicator&)>& fn, double tim
   LAGA_CHECK(P >= 1, "run_threads: {} ranks; try 1, 2, 4, 8", P);
   LAGA_CHECK(timeout_s >= 0, "run_threads: timeout {} s is negative; try 0 (wait forever) or a positive count",
              timeout_s);
-  auto group = std::make_shared<Group>(P);
+  auto group = std::make_shared<Group>(P, std::make_shared<Family>());
+  Family& family = *group->f;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(P));
   const int omp_threads = std::max(1, int(std::thread::hardware_concurrency()) / P);
   std::vector<std::thread> threads;
@@ -309,7 +344,7 @@ void run_threads(int P, const std::function<void(Communicator&)>& fn, double tim
   for (int r = 0; r < P; ++r) {
     threads.emplace_back([&, r] {
       omp_set_num_threads(omp_threads);
-      ThreadsCommunicator comm(group, r);
+      ThreadsCommunicator comm(group, r, r);
       comm.set_timeout(timeout_s);
       try {
         fn(comm);
@@ -324,12 +359,12 @@ void run_threads(int P, const std::function<void(Communicator&)>& fn, double tim
   }
   for (auto& t : threads) t.join();
   // The first rank to fail caused the others' "aborted" errors: rethrow its own.
-  if (group->failed_rank >= 0 && errors[group->failed_rank]) std::rethrow_exception(errors[group->failed_rank]);
+  if (family.failed_rank >= 0 && errors[family.failed_rank]) std::rethrow_exception(errors[family.failed_rank]);
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
-  if (group->aborted)
+  if (family.aborted)
     throw Error(ErrorKind::failure, __FILE__, __LINE__,
-                fmt::format("run_threads: rank {} aborted the group: {}", group->failed_rank, group->reason));
+                fmt::format("run_threads: rank {} aborted the group: {}", family.failed_rank, family.reason));
 }
 
 }  // namespace laga

@@ -298,11 +298,11 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   // The planner's ledger: every layer's forward collectives (the form's declared ones, a ring pair
   // once per hop, and the block's o for a form whose output is on its heads), then every layer's
   // backward ones (do, the adjoints, and what the form sends again).
-  const Form& form = find_form(m.form);
+  const Form& form = form_of(m);
   const int64_t o_pair = form.output() == Form::Output::heads ? 1 : 0;
   int64_t per_layer_fwd = o_pair, per_layer_bwd = o_pair;
   for (const DeclaredCollective& d : form.collectives()) {
-    const int64_t hops = d.per_ring_hop ? P - 1 : 1;
+    const int64_t hops = d.per_ring_hop ? form.ring_hops(m) : 1;
     per_layer_fwd += hops, per_layer_bwd += hops * (d.forward_again_in_backward ? 2 : 1);
   }
   const PlannedComm comm = plan_comm(c);

@@ -28,7 +28,7 @@ Tensor gather_rows(const MlaConfig& c, Communicator& comm, const Tensor& shard, 
   Shape s = shard.shape();
   s[0] *= comm.size();
   Tensor whole = Tensor::empty(s, shard.dtype(), tag);
-  if (find_form(c.form).layout() == TokenLayout::contiguous) {
+  if (form_of(c).layout() == TokenLayout::contiguous) {
     comm.all_gather(shard.raw(), whole.raw(), shard.numel(), shard.dtype(), "gather." + tag);
     return whole;
   }

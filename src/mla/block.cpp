@@ -83,7 +83,7 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
   LAGA_ASSERT(query_runs == 1, "form {} ran the query path {} times; once is the contract", form.name(), query_runs);
   fault_point("forward", int(ctx.r));
   if (form.output() == Form::Output::heads)
-    s.o = gather_heads(ctx.comm, o_g, "o", "act.o").reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});  // o back to the tokens
+    s.o = gather_heads(ctx.heads_comm(), o_g, "o", "act.o").reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});  // o back to the tokens
   else
     s.o = o_g.reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});                                        // already on them
   o_g = Tensor();
@@ -116,7 +116,7 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
     s.o = Tensor();
     check_finite(do_local, "do", step);
     if (form.output() == Form::Output::heads)
-      dout = scatter_heads(ctx.comm, do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv}), "do", "grad.o");
+      dout = scatter_heads(ctx.heads_comm(), do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv}), "do", "grad.o");
     else
       dout = do_local.reshape({ctx.N, ctx.B, ctx.H, ctx.Dv});
   }
@@ -184,7 +184,7 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
 Tensor stack_forward(const Config& cfg, const Weights& w, const Tensor& x, StackSaved& saved, Communicator& comm) {
   const MlaConfig& c = *cfg;
   const RankCtx ctx(cfg, comm);
-  const Form& form = find_form(c.form);
+  const Form& form = form_of(c);
   check_shape(x, {ctx.N, ctx.B, ctx.D}, "x");
   check_dtype(x, c.dtype, "x");
   LAGA_CHECK(int64_t(w.layers.size()) == c.num_layers, "{} layers of weights for num_layers {}", w.layers.size(),
@@ -202,7 +202,7 @@ Tensor stack_backward(const Config& cfg, const Weights& w, StackSaved& saved, co
                       Communicator& comm) {
   const MlaConfig& c = *cfg;
   const RankCtx ctx(cfg, comm);
-  const Form& form = find_form(c.form);
+  const Form& form = form_of(c);
   check_shape(dy, {ctx.N, ctx.B, ctx.D}, "dy");
   LAGA_CHECK(saved.layers.size() == size_t(c.num_layers), "backward without a matching forward");
   Tensor g = dy;

@@ -166,10 +166,17 @@ std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) con
                                 factor, rope_scaling.mscale, rope_scaling.mscale_all_dim));
     }
   }
-  // The form's own conditions (the head-scatter forms': P | H) come before the sequence's.
+  // --ulysses: Pu divides P and H; below P only for laga (the form's own checks follow).
+  if (ulysses < 0) p.push_back(fmt::format("--ulysses {} must be positive (or 0: the whole --sp group)", ulysses));
+  if (ulysses > 0 && sp > 0 && sp % ulysses)
+    p.push_back(fmt::format("--ulysses {} does not divide --sp {}; try {}", ulysses, sp, divisors_str(sp)));
+  else if (f && ulysses > 0 && ulysses < sp && f->name() != "laga")  // a condition of the form
+    p.push_back(fmt::format("--ulysses {} (< --sp {}) applies to laga only, not to form '{}'; try --ulysses {} or "
+                            "--form laga", ulysses, sp, form, sp));
   if (kernel == Kernel::eager && attn_backward == AttnBackward::one_pass)
     p.push_back("--attn-backward one-pass is an order of the fused kernel's backward; use --kernel fused or "
                 "--attn-backward two-pass");
+  // The form's own conditions (the head-scatter forms': P | H) come before the sequence's.
   if (f) f->add_problems(*this, p);
   if (sp > 0 && seq_len > 0 && seq_len % sp)
     p.push_back(fmt::format("--sp {} does not divide --seq {}; try {}", sp, seq_len, divisors_str(seq_len)));
@@ -205,6 +212,7 @@ nlohmann::json MlaConfig::to_json() const {
   j["seq_len"] = seq_len;
   j["batch"] = batch;
   j["sp"] = sp;
+  if (ulysses > 0) j["ulysses"] = ulysses;  // only when set: configs without it read as before
   j["form"] = form;
   j["kernel"] = kernel_name(kernel);
   j["dtype"] = dtype_name(dtype);
@@ -261,6 +269,7 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     c.seq_len = json_int(j, "seq_len", 16);
     c.batch = json_int(j, "batch", 1);
     c.sp = json_int(j, "sp", 1);
+    c.ulysses = json_int(j, "ulysses", 0);
     // A family and its regime ("absorbed" + "absorbed_kv": "shared") name one registered variant.
     if (j.contains("form"))
       c.form = resolve_form_label(j["form"].get<std::string>(), j.value("absorbed_kv", std::string("expanded")));

@@ -16,7 +16,7 @@ BlockFlops block_flops(const MlaConfig& c) {
   double q = Lq > 0 ? D * Lq + Lq * H * Dqk : D * H * Dqk;
   double macs = q + D * (Lkv + Dr) + Lkv * H * (Dn + Dv) + H * Dv * D;
   double projections = 2 * macs * tokens;
-  const Form& form = find_form(c.form);
+  const Form& form = form_of(c);
   const double attention = form.attention_forward_flops(c);
   BlockFlops f;
   f.attention_forward = attention * double(c.num_layers);
@@ -55,7 +55,7 @@ AttentionShape attention_shape_of(std::string_view form) {
 }
 
 std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
-  const Form& form = find_form(c.form);
+  const Form& form = form_of(c);
   const double tok = double(c.seq_len * c.batch), L = double(c.num_layers), s = double(dtype_size(c.dtype));
   const double D = double(c.hidden_size), H = double(c.num_attention_heads), Lq = double(c.q_lora_rank);
   const double Lkv = double(c.kv_lora_rank), Dr = double(c.qk_rope_head_dim), Dn = double(c.qk_nope_head_dim);

@@ -32,6 +32,15 @@ expect 2 "\-\-sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8" -- "$l
 expect 2 "\-\-sp 4 does not divide --seq 18; try 1, 2, 3, 6, 9, 18" -- "$laga" run --model tiny --seq 18 --sp 4
 expect 2 "unknown form 'fancy'; valid: explicit, absorbed-expanded, absorbed-shared, laga" -- "$laga" run --model tiny --seq 16 --form fancy
 expect 2 "\-\-seq 36 is not a multiple of 2 × \-\-sp 4 = 8 (ring-kv's zigzag layout .*; try \-\-seq 32 or 40" -- "$laga" run --model tiny --seq 36 --sp 4 --form ring-kv
+# --ulysses (laga's head scatter × ring): Pu divides P and H, laga only below P, 2·Pr divides T; a laga
+# P that does not divide H names the --ulysses values that run it
+expect 2 "\-\-ulysses 3 does not divide \-\-sp 8; try 1, 2, 4, 8" -- "$laga" run --model tiny --seq 32 --sp 8 --form laga --ulysses 3
+expect 2 "\-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" -- "$laga" run --model tiny --seq 48 --sp 12 --form laga --ulysses 6
+expect 2 "\-\-ulysses 2 (< \-\-sp 8) applies to laga only, not to form 'explicit'; try \-\-ulysses 8 or \-\-form laga" -- "$laga" run --model tiny --seq 32 --sp 8 --form explicit --ulysses 2
+expect 2 "\-\-seq 12 is not a multiple of 2 × (\-\-sp 4 / \-\-ulysses 1) = 8 .*; try \-\-seq 8 or 16" -- "$laga" run --model tiny --seq 12 --sp 4 --form laga --ulysses 1
+expect 2 "\-\-sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8, or \-\-ulysses 2, 4, 8" -- "$laga" run --model tiny --seq 16 --sp 16 --form laga
+expect 2 "\-\-ulysses 3 does not divide \-\-sp 32" -- "$laga" plan --model deepseek-v2-lite --seq 4096 --sp 32 --ulysses 3
+expect 2 "\-\-ulysses 3 does not divide \-\-sp 4; try 1, 2, 4" -- "$laga" verify --model tiny --seq 32 --sp 2,4 --ulysses 3
 expect 2 "unknown kernel 'flash'; valid: eager, fused" -- "$laga" run --model tiny --seq 16 --kernel flash
 expect 2 "unknown dlatent sum 'half' (--dlatent-sum, JSON dlatent_sum); valid: fp32, storage" -- "$laga" run --model tiny --seq 16 --sp 2 --form laga --dlatent-sum half
 expect 2 "unknown dtype 'fp16'; valid: fp32, bf16" -- "$laga" run --model tiny --seq 16 --dtype fp16

@@ -89,5 +89,46 @@ for place in forward backward; do
   fi
 done
 
+# laga --ulysses Pu (head scatter in groups × a ring over them, on sub-communicators): MPI with overlap
+# on bitwise equal to threads with overlap off; a rank failing in backward (inside one ring group)
+# takes every rank down under both backends.
+for spec in 4:2 8:2 8:4 4:1; do
+  P=${spec%:*} Pu=${spec#*:}
+  for dtype in fp32 bf16; do
+    tag="$P.$Pu.$dtype.ulysses"
+    "$laga" run "${common[@]}" --sp "$P" --form laga --ulysses "$Pu" --dtype "$dtype" --comm threads \
+      --dump "$work/t.$tag" >/dev/null || { fail "threads run $tag"; continue; }
+    if ! timeout 120 "${mpi[@]}" -np "$P" "$laga" run "${common[@]}" --sp "$P" --form laga --ulysses "$Pu" \
+        --dtype "$dtype" --overlap on --dump "$work/m.$tag" >"$work/out" 2>&1; then
+      fail "mpirun -np $P $tag: $(tail -3 "$work/out")"
+      continue
+    fi
+    grep -q "(mpi) .*form laga (ulysses $Pu)" "$work/out" || fail "mpirun -np $P $tag did not run laga (ulysses $Pu) under MPI"
+    if cmp -s "$work/t.$tag/tensors.safetensors" "$work/m.$tag/tensors.safetensors"; then
+      echo "ok: P=$P --ulysses $Pu $dtype: MPI (overlap on) bitwise equal to threads (overlap off)"
+    else
+      fail "P=$P --ulysses $Pu $dtype: MPI dump differs from threads"
+    fi
+    rm -rf "$work/t.$tag" "$work/m.$tag"
+  done
+done
+for launcher in threads mpi; do
+  start=$(date +%s)
+  if [ "$launcher" = threads ]; then
+    timeout 60 "$laga" run "${common[@]}" --sp 4 --form laga --ulysses 2 --comm threads --inject-fault "3:backward" \
+      >"$work/out" 2>&1
+  else
+    timeout 60 "${mpi[@]}" -np 4 "$laga" run "${common[@]}" --sp 4 --form laga --ulysses 2 --inject-fault "3:backward" \
+      >"$work/out" 2>&1
+  fi
+  status=$?
+  took=$(( $(date +%s) - start ))
+  if [ "$status" -ne 0 ] && [ "$status" -ne 124 ] && [ "$took" -le 30 ] && grep -q "injected fault in backward on rank 3" "$work/out"; then
+    echo "ok: $launcher, --ulysses 2, rank 3 failing in backward -> status $status in $took s"
+  else
+    fail "$launcher, --ulysses 2, rank 3 failing in backward -> status $status in $took s: $(tail -3 "$work/out")"
+  fi
+done
+
 [ "$failures" -eq 0 ] && echo "forms_mpi: all cases pass" || echo "forms_mpi: $failures failures"
 [ "$failures" -eq 0 ]

@@ -55,7 +55,7 @@ MlaConfig build_spec(const CommonFlags& f) {
     LAGA_CHECK(!j.is_discarded(), "--config {}: not valid JSON", f.config_path);
     c = MlaConfig::from_json(j);
   }
-  c.seq_len = f.seq, c.sp = f.sp, c.batch = f.batch, c.num_layers = f.layers;
+  c.seq_len = f.seq, c.sp = f.sp, c.batch = f.batch, c.num_layers = f.layers, c.ulysses = f.ulysses;
   c.form = form_label(f.form, f.absorbed_kv);
   c.kernel = parse_kernel(f.kernel);
   c.dtype = parse_dtype(f.dtype);

@@ -23,7 +23,7 @@ namespace laga::cli {
 
 struct CommonFlags {
   std::string model = "tiny";
-  int64_t seq = 0, sp = 1, batch = 1, layers = 1;
+  int64_t seq = 0, sp = 1, batch = 1, layers = 1, ulysses = 0;
   std::string form = "explicit", kernel = "fused", absorbed_kv = "expanded", dtype = "bf16";
   std::string dlatent_sum{dlatent_sum_name(RunChoices{}.dlatent_sum)};
   std::string attn_backward{attn_backward_name(RunChoices{}.attn_backward)};

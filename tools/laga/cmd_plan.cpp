@@ -129,16 +129,55 @@ int sweep(const Config& base_cfg, std::ofstream* json_out) {
   return 0;
 }
 
+// laga with --ulysses Pu < P: the forms that run this P (laga's hybrid and the ring forms, which
+// need no --ulysses); the head-scatter forms cannot (P ∤ H is the usual reason for --ulysses), so
+// there is no explicit row to compare with.
+int plan_hybrid(const Config& base_cfg, std::ofstream* json_out, const std::string& mem_limit) {
+  const MlaConfig& base = *base_cfg;
+  fmt::print("laga plan: model {} T {} B {} P {} = {} × {} (--ulysses {}) L {} kernel {} dtype {} dlatent sum {} — per "
+             "rank\n", base.model, base.seq_len, base.batch, base.sp, base.head_group(), base.ring_groups(),
+             base.ulysses, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype),
+             dlatent_sum_name(base.dlatent_sum));
+  fmt::print("# laga (ulysses {}) and the ring forms run their own fused attention kernel\n", base.ulysses);
+  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "form", "activation peak", "saved", "fwd peak",
+             "bwd peak", "comm tensor", "comm wire");
+  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "", "bytes", "bytes", "bytes", "bytes", "bytes",
+             "bytes");
+  nlohmann::json forms;
+  std::vector<Config> shown{base_cfg};
+  for (const char* ring : {"ring-kv", "ring-latent"}) {
+    MlaConfig m = base;
+    m.form = ring, m.ulysses = 0;
+    if (m.problems().empty()) shown.emplace_back(m);
+  }
+  for (const Config& c : shown) {
+    const std::string label = displayed_form(*c);
+    nlohmann::json j = plan_json(c);
+    fmt::print("  {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", label, j["activation_peak_bytes"].get<int64_t>(),
+               j["saved_bytes"].get<int64_t>(), j["forward_peak_bytes"].get<int64_t>(),
+               j["backward_peak_bytes"].get<int64_t>(), j["comm"]["tensor_bytes"].get<int64_t>(),
+               j["comm"]["wire_bytes"].get<int64_t>());
+    forms[label] = j;
+  }
+  if (json_out) *json_out << nlohmann::json{{"command", "plan"}, {"config", base.to_json()}, {"forms", forms}}.dump(2) << "\n";
+  if (!mem_limit.empty())
+    for (const Config& c : shown) check_mem_limit(plan_memory(c), 1, parse_bytes(mem_limit), "--mem-limit " + mem_limit);
+  return 0;
+}
+
 }  // namespace
 
 int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) {
   CommonFlags g = f;
   if (do_sweep && g.seq == 0) g.seq = 4096;
+  if (g.ulysses > 0 && g.ulysses < g.sp) g.form = "laga";  // only laga takes --ulysses below P
+  const bool hybrid = g.ulysses > 0 && g.ulysses < g.sp;
   FormsAt at;
-  const Config base_cfg = do_sweep ? build_config(g) : build_config_for_all_forms(g, &at);
+  const Config base_cfg = do_sweep || hybrid ? build_config(g) : build_config_for_all_forms(g, &at);
   const MlaConfig& base = *base_cfg;
   auto json_out = open_output(f.json_path, "--json");
   if (do_sweep) return sweep(base_cfg, json_out.get());
+  if (base.hybrid()) return plan_hybrid(base_cfg, json_out.get(), mem_limit);
   fmt::print("laga plan: model {} T {} B {} P {} L {} kernel {}{} dtype {} dlatent sum {} — per rank\n", base.model,
              base.seq_len, base.batch, base.sp, base.num_layers, kernel_name(base.kernel),
              base.kernel == Kernel::fused ? fmt::format(" ({} backward)", attn_backward_name(base.attn_backward)) : "",

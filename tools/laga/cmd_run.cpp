@@ -45,12 +45,12 @@ void print_collectives(const nlohmann::json& rank, bool overlap) {
 
 void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const RankResult& r0, std::ofstream* json_out,
             const std::string& dump_dir, const std::string& backend) {
-  const std::string_view own = find_form(c.form).own_kernel();
+  const std::string_view own = form_of(c).own_kernel();
   const std::string kernel = own.empty() || own == kernel_name(c.kernel) ? std::string(kernel_name(c.kernel))
                                          : fmt::format("{} (the form's own; --kernel {} does not apply)", own,
                                                        kernel_name(c.kernel));
   fmt::print("laga run: model {} T {} B {} P {} ({}) L {} form {} kernel {} dtype {} overlap {}\n", c.model, c.seq_len,
-             c.batch, c.sp, backend, c.num_layers, c.form, kernel, dtype_name(c.dtype), c.overlap ? "on" : "off");
+             c.batch, c.sp, backend, c.num_layers, displayed_form(c), kernel, dtype_name(c.dtype), c.overlap ? "on" : "off");
   fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "rank", "fwd", "bwd", "comm tensor", "comm wire",
              "activation peak", "saved");
   fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "", "s", "s", "bytes", "bytes", "bytes", "bytes");

@@ -19,12 +19,14 @@
 namespace laga::cli {
 
 int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps) {
-  const Config base = build_config(f);
+  CommonFlags g = f;
+  g.ulysses = 0;  // the forms' base; laga --ulysses is one more row per P (FormsOptions::ulysses)
+  const Config base = build_config(g);
   auto json_out = open_output(f.json_path, "--json");
   verify::FormsReport report;
   const bool root = launch(launch_kind(f.comm), [&](Launcher& launcher) {
     verify::FormsOptions opt;
-    opt.seed = f.seed, opt.timeout_s = f.timeout_s;
+    opt.seed = f.seed, opt.timeout_s = f.timeout_s, opt.ulysses = f.ulysses;
     report = verify::check_forms(base, sps, launcher, opt);
   });
   if (!root) return 0;

@@ -27,6 +27,8 @@ void build_app(CLI::App& app, Invocation& inv) {
   auto* run = app.add_subcommand("run", "one forward + backward of the block stack on P ranks, measured");
   add_common(run, flags, true);
   run->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  run->add_option("--ulysses", flags.ulysses, "laga: ranks per head-scatter group Pu (divides --sp and the heads; "
+                  "Pu < P runs a ring over the P/Pu groups; 0: Pu = P)")->capture_default_str();
   run->add_option("--form", flags.form, "a registered form (" + form_names() + "), or absorbed with --absorbed-kv")
       ->capture_default_str();
   run->add_option("--dump", inv.dump_dir, "write config.json and tensors.safetensors (whole tensors, gathered to rank 0)");
@@ -42,12 +44,16 @@ void build_app(CLI::App& app, Invocation& inv) {
   add_common(plan, flags, false);
   plan->get_option("--seq")->required(false);
   plan->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  plan->add_option("--ulysses", flags.ulysses, "laga: ranks per head-scatter group Pu (divides --sp and the heads; "
+                  "Pu < P runs a ring over the P/Pu groups; 0: Pu = P)")->capture_default_str();
   plan->add_flag("--sweep", inv.sweep, "tables over T × P × kernel and H, with linear fits of absorbed's excess");
   plan->add_option("--mem-limit", inv.mem_limit, "fail (exit 2) if the planned per-rank peak exceeds this, e.g. 80GB");
 
   auto* verify = app.add_subcommand("verify", "the forms against each other and the fp64 reference");
   add_common(verify, flags, true);
   verify->add_option("--sp", inv.sps, "rank counts to check, e.g. 1,2,4,8")->delimiter(',')->capture_default_str();
+  verify->add_option("--ulysses", flags.ulysses, "also check laga with head-scatter groups of Pu ranks × a ring over "
+                     "them, at every --sp that Pu divides with Pu < P")->capture_default_str();
 
   auto* bench = app.add_subcommand("bench", "the forms timed side by side, every row validated first: medians, spread and ratios");
   add_common(bench, flags, true);
@@ -173,14 +179,23 @@ void check_invocation(const Invocation& inv) {
     LAGA_CHECK(inv.sweep || f.seq > 0, "laga plan needs --seq T (or --sweep)");
     CommonFlags g = f;
     if (inv.sweep && g.seq == 0) g.seq = 4096;
-    inv.sweep ? build_config(g) : build_config_for_all_forms(g);
+    LAGA_CHECK(!inv.sweep || g.ulysses == 0, "laga plan --sweep sweeps P itself and takes no --ulysses; drop one");
+    const bool hybrid = g.ulysses > 0 && g.ulysses < g.sp;
+    if (hybrid) g.form = "laga";  // plan shows the forms that run it (cmd_plan.cpp)
+    inv.sweep || hybrid ? build_config(g) : build_config_for_all_forms(g);
   } else if (inv.command == "verify") {
-    const Config base = build_config(f);
+    CommonFlags g = f;
+    g.ulysses = 0;
+    const Config base = build_config(g);
     for (int64_t P : inv.sps) {  // each P must suit some form; a form that refuses it is reported as not run
       MlaConfig m = *base;
       m.sp = P;
       forms_at(m);
     }
+    // laga --ulysses Pu: each P it runs at (Pu < P) must take it
+    LAGA_CHECK(f.ulysses >= 0, "--ulysses {} must be positive (or 0: none)", f.ulysses);
+    for (int64_t P : inv.sps)
+      if (f.ulysses > 0 && f.ulysses < P) base.with([&](MlaConfig& c) { c.sp = P, c.form = "laga", c.ulysses = f.ulysses; });
   } else if (inv.command == "bench") {
     LAGA_CHECK(inv.iters >= 1, "--iters {} must be at least 1", inv.iters);
     LAGA_CHECK(inv.warmup >= 0, "--warmup {} must be a number of iterations ≥ 0", inv.warmup);

@@ -35,6 +35,11 @@
 //
 // A rank that fails calls abort() (the launchers do it for an escaping exception): every other rank
 // leaves its current or next collective with an error instead of waiting forever.
+//
+// split() makes sub-communicators (MPI_Comm_split's groups: the ranks of one color, ordered by key),
+// e.g. the head-scatter groups and the ring of laga with --ulysses. A sub-communicator records into
+// its parent's ledger (so every consumer of the rank's ledger sees its collectives, with wire bytes of
+// the sub-group's size), and an abort anywhere (parent or any sub-group) brings the whole family down.
 #pragma once
 
 #include <chrono>
@@ -88,6 +93,10 @@ class Ledger {
 };
 
 class Communicator;
+// A rank's place in a split: ranks of the same color form a group, ordered by (key, parent rank).
+struct SplitKey {
+  int color = 0, key = 0;
+};
 // Throws laga::Error(usage) on every rank unless all ranks pass the same value (compared by a 64-bit
 // hash and the length; only those travel). Not recorded in the ledger: it is not attention traffic.
 void check_same_everywhere(Communicator& c, const std::string& what, const std::string& value);
@@ -174,7 +183,16 @@ class Communicator {
   void set_timeout(double seconds) { timeout_s_ = seconds; }
   double timeout() const { return timeout_s_; }
 
-  Ledger& ledger() { return ledger_; }
+  // The ledger this communicator records into: its own, or for a sub-communicator its parent's.
+  Ledger& ledger() { return *led_; }
+
+  // The sub-communicator of this rank's color (MPI_Comm_split): collective over this group, with no
+  // collective of it in flight; every rank passes the same function, which gives every rank's
+  // (color, key) — a function rather than this rank's pair because the backends without peers
+  // (stand-in, meta) must know the sub-group's size and their rank in it without asking anyone.
+  // The result records into this communicator's ledger, starts with its timeout, and must not outlive
+  // it; aborting either aborts both (and every other sub-group of the family).
+  std::unique_ptr<Communicator> split(const std::function<SplitKey(int rank)>& color_key);
 
  protected:
   // Backends implement raw, non-blocking byte movement; the public calls above check, time, record
@@ -218,6 +236,9 @@ class Communicator {
   virtual void abandon(const std::string& reason) {}
   // The communicator of this group's first P ranks (see first_ranks); called with 1 ≤ P ≤ size().
   virtual std::unique_ptr<Communicator> first_ranks_of(int P);
+  // The backend's split: this rank's color and key, and (computed from every rank's pair) its rank in
+  // the sub-group of sub_size ranks. By default a usage error.
+  virtual std::unique_ptr<Communicator> split_of(int color, int key, int sub_rank, int sub_size);
   double timeout_s_ = 0;
 
  private:
@@ -234,6 +255,7 @@ class Communicator {
   void forget(Pending* p);
 
   Ledger ledger_;
+  Ledger* led_ = &ledger_;  // where records go: ledger_, or the parent's (split)
   // all_reduces whose first phase is in flight, in issue order: their second phases are issued in
   // this order on every rank.
   std::deque<Pending*> queue_;

@@ -31,6 +31,7 @@ class NoPeersCommunicator : public Communicator {
   void idle(int, double) final {}
   [[noreturn]] void timed_out(RawRequest& r) final;
   std::unique_ptr<Communicator> first_ranks_of(int P) final;
+  std::unique_ptr<Communicator> split_of(int color, int key, int sub_rank, int sub_size) final;
 
  private:
   int rank_, size_;

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -55,6 +56,14 @@ struct RunShape {
   int64_t seq_len = 0;     // T, global
   int64_t batch = 1;       // B
   int64_t sp = 1;          // P
+  // Pu (--ulysses): ranks per head-scatter group; 0 means Pu = P (one group, today's head scatter).
+  // Pu < P (laga only, P = Pu × Pr): head scatter inside groups of Pu consecutive ranks and a ring
+  // over the Pr groups (docs/design.md §2.7).
+  int64_t ulysses = 0;
+
+  int64_t head_group() const { return ulysses > 0 ? ulysses : sp; }          // Pu
+  int64_t ring_groups() const { return sp / std::max<int64_t>(head_group(), 1); }  // Pr
+  bool hybrid() const { return ulysses > 0 && ulysses < sp; }              // head scatter × ring
 };
 
 // The dtype in which the forms that all-gather the latent (laga, laga-recompute, both absorbed) send
@@ -98,7 +107,7 @@ struct MlaConfig : ModelDims, RunShape, RunChoices {
   static std::vector<std::string> preset_names();
 
   int64_t tokens_per_rank() const { return seq_len / sp; }             // N (per batch entry)
-  int64_t heads_per_rank() const { return num_attention_heads / sp; }  // Hr
+  int64_t heads_per_rank() const { return num_attention_heads / head_group(); }  // Hr = H/Pu
 
   // Empty when valid. Besides ranges and divisibility: a registered form, every double finite, no
   // model dimension above kMaxModelDim, the largest tensors of a run addressable in int64 bytes, and a

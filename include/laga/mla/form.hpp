@@ -27,7 +27,10 @@ namespace laga {
 // Which global tokens a rank holds. contiguous: rank r holds [r·N, (r+1)·N) (the head-scatter forms).
 // zigzag: the sequence cut into 2P chunks of C = T/(2P), rank r holds chunks r and 2P−1−r, in that
 // order (the ring forms: under causal attention every rank then has the same work).
-enum class TokenLayout { contiguous, zigzag };
+// zigzag_groups (laga with --ulysses Pu < P): the sequence cut into 2Pr chunks, group g (ranks
+// g·Pu .. g·Pu + Pu − 1) holds chunks g and 2Pr−1−g concatenated, and its rank u holds rows
+// [u·N, (u+1)·N) of that concatenation (one or two segments).
+enum class TokenLayout { contiguous, zigzag, zigzag_groups };
 std::string_view token_layout_name(TokenLayout layout);
 
 // A run of global token positions [pos0, pos0 + len) held by one rank, as len consecutive local rows.
@@ -49,6 +52,14 @@ struct RankCtx {
   int64_t pos0;  // global position of this rank's first token: r·N (contiguous layout)
   std::vector<TokenSegment> segments;  // token_segments(c, r)
   DType dt;
+  // laga with --ulysses (c.hybrid()): Pu ranks per head-scatter group, Pr groups on the ring, this
+  // rank's group g and place u in it, and the two sub-communicators (split from comm here, so making
+  // a RankCtx is collective then); Hr = H/Pu. Otherwise Pu = P, Pr = 1, g = 0, u = r and both null.
+  int64_t Pu, Pr, g, u;
+  std::shared_ptr<Communicator> heads_group;  // ranks g·Pu .. g·Pu + Pu − 1, rank u
+  std::shared_ptr<Communicator> ring;         // ranks u, Pu + u, ..., rank g
+  // Where the head-scatter all-to-alls (q, o and their adjoints) run: the group, or the whole comm.
+  Communicator& heads_comm() const { return heads_group ? *heads_group : comm; }
   RankCtx(const Config& c, Communicator& comm);  // the group must have c->sp ranks
 };
 
@@ -70,8 +81,8 @@ struct DeclaredCollective {
   CollectiveOp backward_op;
   std::string backward;
   bool forward_again_in_backward = false;
-  // A ring pair (send_recv): issued once per hop, P − 1 times per layer (its forward_again_in_backward
-  // and its adjoint too). The forward issues the plain pairs first, then the ring pairs hop by hop,
+  // A ring pair (send_recv): issued once per hop, Form::ring_hops times per layer (P − 1 for the ring
+  // forms, Pr − 1 for laga with --ulysses; its forward_again_in_backward and its adjoint too). The forward issues the plain pairs first, then the ring pairs hop by hop,
   // each hop in the declared order.
   bool per_ring_hop = false;
 };
@@ -119,6 +130,8 @@ class Form {
   // The collectives of one layer's core, in the forward's issue order; for Output::heads the block
   // adds the o/do pair around it.
   virtual std::vector<DeclaredCollective> collectives() const = 0;
+  // How many times per layer a per_ring_hop pair is issued: P − 1 (the ring forms).
+  virtual int64_t ring_hops(const MlaConfig& c) const { return c.sp - 1; }
   // Executed FLOPs of the core's attention forward over the whole sequence, all ranks
   // (FlashAttention-3's convention, attention_forward_flops); the backward is 2.5× this.
   virtual double attention_forward_flops(const MlaConfig& c) const = 0;
@@ -152,6 +165,11 @@ const std::vector<const Form*>& registered_forms();
 inline constexpr std::string_view kBaselineForm = "explicit";
 const Form* find_form_or_null(std::string_view name);
 const Form& find_form(std::string_view name);  // usage error naming the valid labels
+// The form that runs config c: find_form(c.form), except laga with --ulysses Pu < P, which runs the
+// head-scatter × ring variant (not registered: to the user it is laga with --ulysses).
+const Form& form_of(const MlaConfig& c);
+// How commands name c's form: its label, "laga (ulysses 8)" for the variant.
+std::string displayed_form(const MlaConfig& c);
 std::string form_names();                      // "explicit, absorbed-expanded, absorbed-shared, laga, ..."
 // The one rule of the commands that run every form (plan, verify): a config whose problems lie apart
 // from any form (problems_apart_from_form) is refused as a whole (usage error); a form whose own

@@ -15,6 +15,8 @@
 
 namespace laga::forms {
 
+void add_laga_problems(const MlaConfig& c, std::vector<std::string>& p);  // laga_ring.cpp
+
 namespace {
 
 struct LagaSaved final : CoreSaved {
@@ -75,6 +77,8 @@ class Laga final : public Form {
   }
 
   bool exact_at_one_rank() const override { return true; }
+  // P | H, or the --ulysses values that would run it (laga_ring.cpp, which runs --ulysses Pu < P).
+  void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override { add_laga_problems(c, p); }
 
   std::vector<DeclaredCollective> collectives() const override {
     using Op = CollectiveOp;

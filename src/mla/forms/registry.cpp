@@ -1,6 +1,7 @@
 // The registry of forms: one line per form. A form added here appears in every command (plan, run,
 // verify, bench, train), every test sweep over forms, and every label table.
 #include <algorithm>
+#include <memory>
 
 #include "laga/mla/form.hpp"
 
@@ -16,6 +17,7 @@ const Form& laga_recompute_form();
 const Form& laga_fused_form();
 const Form& ring_kv_form();
 const Form& ring_latent_form();
+const Form& laga_ring_form();
 }  // namespace forms
 
 const std::vector<const Form*>& registered_forms() {
@@ -37,6 +39,16 @@ const Form* find_form_or_null(std::string_view name) {
   for (const Form* f : registered_forms())
     if (f->name() == name) return f;
   return nullptr;
+}
+
+const Form& form_of(const MlaConfig& c) {
+  if (c.hybrid() && c.form == "laga") return forms::laga_ring_form();
+  return find_form(c.form);
+}
+
+std::string displayed_form(const MlaConfig& c) {
+  if (c.hybrid() && c.form == "laga") return fmt::format("laga (ulysses {})", c.ulysses);
+  return c.form;
 }
 
 std::string form_names() {
@@ -105,14 +117,34 @@ void Form::add_head_scatter_problems(const MlaConfig& c, std::vector<std::string
 }
 
 std::string_view token_layout_name(TokenLayout layout) {
-  return layout == TokenLayout::zigzag ? "zigzag" : "contiguous";
+  switch (layout) {
+    case TokenLayout::contiguous: return "contiguous";
+    case TokenLayout::zigzag: return "zigzag";
+    case TokenLayout::zigzag_groups: return "zigzag over groups";
+  }
+  return "unknown";
 }
 
 std::vector<TokenSegment> token_segments(const MlaConfig& c, int64_t rank) {
   const int64_t P = c.sp, N = c.tokens_per_rank();
-  if (find_form(c.form).layout() == TokenLayout::contiguous) return {{rank * N, N}};
-  const int64_t C = c.seq_len / (2 * P);
-  return {{rank * C, C}, {(2 * P - 1 - rank) * C, C}};
+  const TokenLayout layout = form_of(c).layout();
+  if (layout == TokenLayout::contiguous) return {{rank * N, N}};
+  if (layout == TokenLayout::zigzag) {
+    const int64_t C = c.seq_len / (2 * P);
+    return {{rank * C, C}, {(2 * P - 1 - rank) * C, C}};
+  }
+  // zigzag_groups: group g = rank / Pu holds chunks g and 2Pr−1−g of C = T/(2Pr), concatenated; its
+  // rank u = rank % Pu holds rows [u·N, (u+1)·N) of that concatenation (one segment, or two when the
+  // rows straddle the chunks' seam).
+  const int64_t Pu = c.head_group(), Pr = c.ring_groups(), g = rank / Pu, u = rank % Pu, C = c.seq_len / (2 * Pr);
+  const int64_t lo = u * N, hi = lo + N;
+  std::vector<TokenSegment> segs;
+  const int64_t chunk_pos[2] = {g * C, (2 * Pr - 1 - g) * C};
+  for (int k = 0; k < 2; ++k) {
+    const int64_t a = std::max(lo, k * C), b = std::min(hi, (k + 1) * C);
+    if (a < b) segs.push_back({chunk_pos[k] + (a - k * C), b - a});
+  }
+  return segs;
 }
 
 RankCtx::RankCtx(const Config& cfg, Communicator& cm)
@@ -120,9 +152,16 @@ RankCtx::RankCtx(const Config& cfg, Communicator& cm)
       D(cfg->hidden_size), H(cfg->num_attention_heads), Hr(cfg->heads_per_rank()), Lq(cfg->q_lora_rank),
       Lkv(cfg->kv_lora_rank), Dn(cfg->qk_nope_head_dim), Dr(cfg->qk_rope_head_dim), Dqk(cfg->qk_head_dim()),
       Dv(cfg->v_head_dim), Dl(cfg->latent_dim()), pos0(cm.rank() * cfg->tokens_per_rank()), segments(token_segments(*cfg, cm.rank())),
-      dt(cfg->dtype) {
+      dt(cfg->dtype), Pu(cfg->head_group()), Pr(cfg->ring_groups()), g(cm.rank() / cfg->head_group()),
+      u(cm.rank() % cfg->head_group()) {
   LAGA_CHECK(cfg->sp == cm.size(), "config says --sp {} but the group has {} ranks; run with --sp {}", cfg->sp,
              cm.size(), cm.size());
+  if (Pr > 1) {  // collective over the group: every rank makes its RankCtx at the same point
+    const int64_t pu = Pu;
+    heads_group = std::shared_ptr<Communicator>(
+        cm.split([pu](int q) { return SplitKey{int(q / pu), int(q % pu)}; }));
+    ring = std::shared_ptr<Communicator>(cm.split([pu](int q) { return SplitKey{int(q % pu), int(q / pu)}; }));
+  }
 }
 
 }  // namespace laga

@@ -25,10 +25,151 @@
 // tokens, synced with the other gradients).
 // The chunk attentions always run on the fused kernel (o_f32, grads_f32), whatever --kernel says: the
 // eager kernel keeps no log-sum-exp, so its partial attentions could not be merged.
-#include "common.hpp"
+#include "ring.hpp"
+
 #include "laga/comm/pairs.hpp"
 
 namespace laga::forms {
+
+std::vector<ChunkPair> hop_pairs(int64_t r, int64_t src) {
+  // The pairs of hop s on ring position r (the block of src = (r − s) mod P), in the order they are
+  // merged. At s = 0: (0,0) and (1,1) causal, (1,0) full. Else (1,0) is always full (chunk src ≤ P−1
+  // < 2P−1−r), (0,1) is always later, and exactly one of (0,0) (src < r) and (1,1) (src > r) is
+  // earlier: every position does two full C × C blocks per hop.
+  if (src == r) return {{0, 0, true}, {1, 0, false}, {1, 1, true}};
+  if (src < r) return {{0, 0, false}, {1, 0, false}};
+  return {{1, 0, false}, {1, 1, false}};
+}
+
+namespace {
+
+// Rows [u·C, (u+1)·C) of a [2C, B, Hs, d] tensor: local chunk u.
+Tensor chunk(const RingView& rv, const Tensor& t, int u) { return t.rows(u * rv.C, (u + 1) * rv.C); }
+
+AttentionFwdParams chunk_attention(const RankCtx& ctx, const RingView& rv, const Tensor& q, const Tensor& k,
+                                   const Tensor& v, const Tensor& o, const ChunkPair& pr) {
+  AttentionFwdParams p;
+  p.B = ctx.B, p.T = rv.C, p.Hq = rv.Hs, p.Hkv = rv.Hs, p.Dqk = ctx.Dqk, p.Dv = ctx.Dv;
+  p.dtype = ctx.dt, p.scale = float(ctx.c.softmax_scale()), p.causal = pr.causal;
+  p.one_pass_backward = ctx.c.attn_backward == AttnBackward::one_pass;
+  p.q = chunk(rv, q, pr.qu).raw(), p.q_stride = dense_strides(ctx.B, rv.Hs, ctx.Dqk);
+  p.k = chunk(rv, k, pr.ku).raw(), p.k_stride = dense_strides(ctx.B, rv.Hs, ctx.Dqk);
+  p.v = chunk(rv, v, pr.ku).raw(), p.v_stride = dense_strides(ctx.B, rv.Hs, ctx.Dv);
+  p.o = o.raw(), p.o_stride = dense_strides(ctx.B, rv.Hs, ctx.Dv);
+  return p;
+}
+
+}  // namespace
+
+void hop_forward(const RankCtx& ctx, const RingView& rv, int64_t src, const Tensor& q, const Tensor& k, const Tensor& v,
+                 Tensor& o_acc, Tensor* lse, bool* first) {
+  for (const ChunkPair& pr : hop_pairs(rv.r, src)) {
+    Tensor o_part = Tensor::empty({rv.C, ctx.B, rv.Hs, ctx.Dv}, DType::f32, "act.o_part");
+    AttentionFwdParams p = chunk_attention(ctx, rv, q, k, v, o_part, pr);
+    p.o_f32 = true;
+    AttentionSaved part = attention_forward(Kernel::fused, p);
+    Tensor acc = chunk(rv, o_acc, pr.qu);
+    attention_merge(o_part, part.lse, acc, lse[pr.qu], first[pr.qu]);
+    first[pr.qu] = false;
+  }
+}
+
+void hop_backward(const RankCtx& ctx, const RingView& rv, int64_t src, const Tensor& q, const Tensor& k, const Tensor& v,
+                  const Tensor& o, const Tensor& dout, const Tensor* const* lse, Tensor& dq_acc, Tensor& dk_acc,
+                  Tensor& dv_acc) {
+  const int64_t C = rv.C;
+  for (const ChunkPair& pr : hop_pairs(rv.r, src)) {
+    Tensor dq = Tensor::empty({C, ctx.B, rv.Hs, ctx.Dqk}, DType::f32, "grad.q_part");
+    Tensor dk = Tensor::empty({C, ctx.B, rv.Hs, ctx.Dqk}, DType::f32, "grad.k_part");
+    Tensor dv = Tensor::empty({C, ctx.B, rv.Hs, ctx.Dv}, DType::f32, "grad.v_part");
+    const AttentionFwdParams fwd = chunk_attention(ctx, rv, q, k, v, chunk(rv, o, pr.qu), pr);
+    AttentionBwdParams p;
+    static_cast<AttentionFwdParams&>(p) = fwd;
+    p.dout = chunk(rv, dout, pr.qu).raw(), p.dout_stride = dense_strides(ctx.B, rv.Hs, ctx.Dv);
+    p.dq = dq.raw(), p.dq_stride = dense_strides(ctx.B, rv.Hs, ctx.Dqk);
+    p.dk = dk.raw(), p.dk_stride = dense_strides(ctx.B, rv.Hs, ctx.Dqk);
+    p.dv = dv.raw(), p.dv_stride = dense_strides(ctx.B, rv.Hs, ctx.Dv);
+    p.grads_f32 = true;
+    AttentionSaved final_lse;
+    final_lse.lse = *lse[pr.qu];
+    attention_backward(Kernel::fused, p, final_lse);
+    Tensor dq_c = chunk(rv, dq_acc, pr.qu), dk_c = chunk(rv, dk_acc, pr.ku), dv_c = chunk(rv, dv_acc, pr.ku);
+    add_into(dq_c, dq), add_into(dk_c, dk), add_into(dv_c, dv);
+  }
+}
+
+Tensor ring_latent_forward(const RankCtx& ctx, const RingView& rv, const LayerWeights& w, Tensor latent,
+                           const std::function<Tensor()>& query, RingLatentState& s, const std::string& name) {
+  const int64_t C = rv.C, M = 2 * C, P = rv.P;
+  s.latent = std::move(latent);
+  Tensor lat = s.latent;
+  InFlight lat_next;
+  if (P > 1) lat_next = issue(ctx, ring_shift_start(rv.comm, lat, name, "act.latent_ring"));
+  s.q = query();                                                                     // L1
+  Tensor o_acc = Tensor::empty({M, ctx.B, rv.Hs, ctx.Dv}, DType::f32, "act.o_acc");
+  Tensor lse[2] = {Tensor::empty({ctx.B, rv.Hs, C}, DType::f32, "act.lse"),
+                   Tensor::empty({ctx.B, rv.Hs, C}, DType::f32, "act.lse")};
+  bool first[2] = {true, true};
+  for (int64_t hop = 0; hop < P; ++hop) {                                            // L2
+    if (hop > 0) {
+      lat = lat_next.wait();
+      if (hop + 1 < P) lat_next = issue(ctx, ring_shift_start(rv.comm, lat, name, "act.latent_ring"));
+    }
+    Tensor k = Tensor::empty({M, ctx.B, rv.Hs, ctx.Dqk}, ctx.dt, "act.k_hop");
+    Tensor v = Tensor::empty({M, ctx.B, rv.Hs, ctx.Dv}, ctx.dt, "act.v_hop");
+    up_project_forward(ctx, lat, w.wkv_b, rv.h0, rv.Hs, k, v);
+    hop_forward(ctx, rv, (rv.r - hop + P) % P, s.q, k, v, o_acc, lse, first);
+  }
+  lat = Tensor();
+  s.o = o_acc.to(ctx.dt, "act.o_att");                                               // L3
+  o_acc = Tensor();
+  s.lse0 = std::move(lse[0]), s.lse1 = std::move(lse[1]);
+  return s.o;
+}
+
+RingLatentGrads ring_latent_backward(const RankCtx& ctx, const RingView& rv, const LayerWeights& w, RingLatentState& s,
+                                     Tensor dout, LayerWeights& g, const std::string& name,
+                                     const std::string& grad_name) {
+  const int64_t M = 2 * rv.C, P = rv.P;
+  Tensor dq_acc = Tensor::zeros({M, ctx.B, rv.Hs, ctx.Dqk}, DType::f32, "grad.q_acc");
+  Tensor dlat_own = Tensor::zeros({M, ctx.B, ctx.Dl}, DType::f32, "grad.latent_acc");
+  Tensor dlat_tr;  // the travelling block's fp32 dlatent (hops ≥ 1)
+  Tensor lat = s.latent;
+  const Tensor* lse[2] = {&s.lse0, &s.lse1};
+  for (int64_t hop = 0; hop < P; ++hop) {
+    InFlight lat_next;
+    if (hop + 1 < P)  // L2 again: the next hop's latent in flight behind this hop's backward
+      lat_next = issue(ctx, ring_shift_start(rv.comm, lat, name, "act.latent_ring"));
+    if (hop == 1) dlat_tr = Tensor::zeros({M, ctx.B, ctx.Dl}, DType::f32, "grad.latent_ring");
+    {
+      Tensor k = Tensor::empty({M, ctx.B, rv.Hs, ctx.Dqk}, ctx.dt, "act.k_hop");  // recomputed
+      Tensor v = Tensor::empty({M, ctx.B, rv.Hs, ctx.Dv}, ctx.dt, "act.v_hop");
+      up_project_forward(ctx, lat, w.wkv_b, rv.h0, rv.Hs, k, v);
+      Tensor dk = Tensor::zeros({M, ctx.B, rv.Hs, ctx.Dqk}, DType::f32, "grad.k_acc");
+      Tensor dv = Tensor::zeros({M, ctx.B, rv.Hs, ctx.Dv}, DType::f32, "grad.v_acc");
+      hop_backward(ctx, rv, (rv.r - hop + P) % P, s.q, k, v, s.o, dout, lse, dq_acc, dk, dv);
+      k = v = Tensor();
+      const Tensor dk_l = dk.to(ctx.dt, "grad.k_hop"), dv_l = dv.to(ctx.dt, "grad.v_hop");
+      dk = dv = Tensor();
+      Tensor dlat = Tensor::empty({M, ctx.B, ctx.Dl}, DType::f32, "grad.latent_hop");  // R1 backward
+      up_project_backward(ctx, lat, w.wkv_b, rv.h0, rv.Hs, dk_l, dv_l, dlat, g.wkv_b);
+      add_into(hop == 0 ? dlat_own : dlat_tr, dlat);
+    }
+    if (hop + 1 < P) lat = lat_next.wait();
+    if (hop >= 1) {  // the travelling block's dlatent on to the next rank (after the last hop: its owner)
+      InFlight next = issue(ctx, ring_shift_start(rv.comm, std::move(dlat_tr), grad_name, "grad.latent_ring"));
+      dlat_tr = next.wait();
+    }
+  }
+  lat = Tensor();
+  dout = Tensor();
+  s.q = s.o = s.lse0 = s.lse1 = s.latent = Tensor();
+  if (P > 1) {
+    add_into(dlat_own, dlat_tr);
+    dlat_tr = Tensor();
+  }
+  return {std::move(dq_acc), std::move(dlat_own)};
+}
 
 namespace {
 
@@ -42,84 +183,7 @@ struct RingKvSaved final : CoreSaved {
   }
 };
 
-// A query chunk × key chunk pair of one hop: local chunk indices (0: chunk r, 1: chunk 2P−1−r) and
-// whether it is the diagonal (causal) block.
-struct ChunkPair {
-  int qu, ku;
-  bool causal;
-};
-
-// The pairs of hop s on rank r (K/V of rank src = (r − s) mod P), in the order they are merged. At
-// s = 0: (0,0) and (1,1) causal, (1,0) full. Else (1,0) is always full (chunk src ≤ P−1 < 2P−1−r),
-// (0,1) is always later, and exactly one of (0,0) (src < r) and (1,1) (src > r) is earlier: every
-// rank does two full C × C blocks per hop.
-std::vector<ChunkPair> hop_pairs(int64_t r, int64_t src) {
-  if (src == r) return {{0, 0, true}, {1, 0, false}, {1, 1, true}};
-  if (src < r) return {{0, 0, false}, {1, 0, false}};
-  return {{1, 0, false}, {1, 1, false}};
-}
-
-int64_t chunk_len(const RankCtx& ctx) { return ctx.T / (2 * ctx.P); }
-
-// Rows [u·C, (u+1)·C) of a [N, B, H, d] tensor: local chunk u.
-Tensor chunk(const RankCtx& ctx, const Tensor& t, int u) {
-  const int64_t C = chunk_len(ctx);
-  return t.rows(u * C, (u + 1) * C);
-}
-
-AttentionFwdParams chunk_attention(const RankCtx& ctx, const Tensor& q, const Tensor& k, const Tensor& v,
-                                   const Tensor& o, const ChunkPair& pr) {
-  AttentionFwdParams p;
-  p.B = ctx.B, p.T = chunk_len(ctx), p.Hq = ctx.H, p.Hkv = ctx.H, p.Dqk = ctx.Dqk, p.Dv = ctx.Dv;
-  p.dtype = ctx.dt, p.scale = float(ctx.c.softmax_scale()), p.causal = pr.causal;
-  p.one_pass_backward = ctx.c.attn_backward == AttnBackward::one_pass;
-  p.q = chunk(ctx, q, pr.qu).raw(), p.q_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
-  p.k = chunk(ctx, k, pr.ku).raw(), p.k_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
-  p.v = chunk(ctx, v, pr.ku).raw(), p.v_stride = dense_strides(ctx.B, ctx.H, ctx.Dv);
-  p.o = o.raw(), p.o_stride = dense_strides(ctx.B, ctx.H, ctx.Dv);
-  return p;
-}
-
-// R3 on one hop: the attention of this rank's query chunks over the held K/V block (of rank src),
-// each pair's fp32 partial merged into o_acc [N, B, H, Dv] and lse[qu] [B, H, C] (first[qu]: none yet).
-void hop_forward(const RankCtx& ctx, int64_t src, const Tensor& q, const Tensor& k, const Tensor& v, Tensor& o_acc,
-                 Tensor* lse, bool* first) {
-  for (const ChunkPair& pr : hop_pairs(ctx.r, src)) {
-    Tensor o_part = Tensor::empty({chunk_len(ctx), ctx.B, ctx.H, ctx.Dv}, DType::f32, "act.o_part");
-    AttentionFwdParams p = chunk_attention(ctx, q, k, v, o_part, pr);
-    p.o_f32 = true;
-    AttentionSaved part = attention_forward(Kernel::fused, p);
-    Tensor acc = chunk(ctx, o_acc, pr.qu);
-    attention_merge(o_part, part.lse, acc, lse[pr.qu], first[pr.qu]);
-    first[pr.qu] = false;
-  }
-}
-
-// R3's backward on one hop, FlashAttention-2 style with the final o [N, B, H, Dv] and lse of each
-// query chunk: dq (+= into dq_acc [N, B, H, Dqk] fp32) and the held block's dk, dv (+= into dk_acc,
-// dv_acc [N, B, H, ·] fp32).
-void hop_backward(const RankCtx& ctx, int64_t src, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& o,
-                  const Tensor& dout, const Tensor* const* lse, Tensor& dq_acc, Tensor& dk_acc, Tensor& dv_acc) {
-  const int64_t C = chunk_len(ctx);
-  for (const ChunkPair& pr : hop_pairs(ctx.r, src)) {
-    Tensor dq = Tensor::empty({C, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.q_part");
-    Tensor dk = Tensor::empty({C, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.k_part");
-    Tensor dv = Tensor::empty({C, ctx.B, ctx.H, ctx.Dv}, DType::f32, "grad.v_part");
-    const AttentionFwdParams fwd = chunk_attention(ctx, q, k, v, chunk(ctx, o, pr.qu), pr);
-    AttentionBwdParams p;
-    static_cast<AttentionFwdParams&>(p) = fwd;
-    p.dout = chunk(ctx, dout, pr.qu).raw(), p.dout_stride = dense_strides(ctx.B, ctx.H, ctx.Dv);
-    p.dq = dq.raw(), p.dq_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
-    p.dk = dk.raw(), p.dk_stride = dense_strides(ctx.B, ctx.H, ctx.Dqk);
-    p.dv = dv.raw(), p.dv_stride = dense_strides(ctx.B, ctx.H, ctx.Dv);
-    p.grads_f32 = true;
-    AttentionSaved final_lse;
-    final_lse.lse = *lse[pr.qu];
-    attention_backward(Kernel::fused, p, final_lse);
-    Tensor dq_c = chunk(ctx, dq_acc, pr.qu), dk_c = chunk(ctx, dk_acc, pr.ku), dv_c = chunk(ctx, dv_acc, pr.ku);
-    add_into(dq_c, dq), add_into(dk_c, dk), add_into(dv_c, dv);
-  }
-}
+RingView ring_view(const RankCtx& ctx) { return {ctx.comm, ctx.P, ctx.r, ctx.T / (2 * ctx.P), 0, ctx.H}; }
 
 void add_ring_problems(const MlaConfig& c, std::vector<std::string>& p, std::string_view form);
 
@@ -151,7 +215,8 @@ class RingKv final : public RingForm {
   Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<RingKvSaved>();
-    const int64_t C = chunk_len(ctx);
+    const RingView rv = ring_view(ctx);
+    const int64_t C = rv.C;
     s->k = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "act.k_local");  // R1
     s->v = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, "act.v_local");
     up_project_forward(ctx, latent, w.wkv_b, 0, ctx.H, s->k, s->v);
@@ -176,7 +241,7 @@ class RingKv final : public RingForm {
           v_next = issue(ctx, ring_shift_start(ctx.comm, v, "v", "act.v_ring"));
         }
       }
-      hop_forward(ctx, (ctx.r - hop + ctx.P) % ctx.P, s->q, k, v, o_acc, lse, first);
+      hop_forward(ctx, rv, (ctx.r - hop + ctx.P) % ctx.P, s->q, k, v, o_acc, lse, first);
     }
     k = v = Tensor();
     s->o = o_acc.to(ctx.dt, "act.o_att");                                              // R4
@@ -190,6 +255,7 @@ class RingKv final : public RingForm {
   Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
                   LayerWeights& g, const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<RingKvSaved&>(*saved);
+    const RingView rv = ring_view(ctx);
     Tensor dq_acc = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.q_acc");
     Tensor dk_own = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.k_acc");
     Tensor dv_own = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dv}, DType::f32, "grad.v_acc");
@@ -208,7 +274,7 @@ class RingKv final : public RingForm {
       }
       Tensor& dk_into = hop == 0 ? dk_own : dk_tr;
       Tensor& dv_into = hop == 0 ? dv_own : dv_tr;
-      hop_backward(ctx, (ctx.r - hop + ctx.P) % ctx.P, s.q, k, v, s.o, dout, lse, dq_acc, dk_into, dv_into);
+      hop_backward(ctx, rv, (ctx.r - hop + ctx.P) % ctx.P, s.q, k, v, s.o, dout, lse, dq_acc, dk_into, dv_into);
       if (hop + 1 < ctx.P) k = k_next.wait(), v = v_next.wait();
       if (hop >= 1) {  // the travelling block's dk, dv on to the next rank (after the last hop: its owner)
         InFlight dk_next = issue(ctx, ring_shift_start(ctx.comm, std::move(dk_tr), "dk", "grad.k_ring"));
@@ -274,13 +340,8 @@ void add_ring_problems(const MlaConfig& c, std::vector<std::string>& p, std::str
 // The block's dlatent travels back around the ring in fp32 like ring-kv's dk, dv (P − 1 hops, owner's
 // own contribution added last), at (P − 1)·E·Dl·4 bytes per layer and rank.
 struct RingLatentSaved final : CoreSaved {
-  Tensor latent;      // [N, B, Dl]      this rank's [ckv | kpe]: travels again in backward
-  Tensor q;           // [N, B, H, Dqk]
-  Tensor o;           // [N, B, H, Dv]   the final output, storage dtype
-  Tensor lse0, lse1;  // [B, H, C] fp32
-  void for_each(const std::function<void(const char*, const Tensor&)>& f) const override {
-    f("latent", latent), f("q", q), f("o_att", o), f("lse0", lse0), f("lse1", lse1);
-  }
+  RingLatentState st;
+  void for_each(const std::function<void(const char*, const Tensor&)>& f) const override { st.for_each(f); }
 };
 
 class RingLatent final : public RingForm {
@@ -294,31 +355,7 @@ class RingLatent final : public RingForm {
   Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<RingLatentSaved>();
-    const int64_t C = chunk_len(ctx);
-    s->latent = std::move(latent);
-    Tensor lat = s->latent;
-    InFlight lat_next;
-    if (ctx.P > 1) lat_next = issue(ctx, ring_shift_start(ctx.comm, lat, "latent", "act.latent_ring"));
-    s->q = query();                                                                    // L1
-    Tensor o_acc = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, DType::f32, "act.o_acc");
-    Tensor lse[2] = {Tensor::empty({ctx.B, ctx.H, C}, DType::f32, "act.lse"),
-                     Tensor::empty({ctx.B, ctx.H, C}, DType::f32, "act.lse")};
-    bool first[2] = {true, true};
-    for (int64_t hop = 0; hop < ctx.P; ++hop) {                                        // L2
-      if (hop > 0) {
-        lat = lat_next.wait();
-        if (hop + 1 < ctx.P) lat_next = issue(ctx, ring_shift_start(ctx.comm, lat, "latent", "act.latent_ring"));
-      }
-      Tensor k = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "act.k_hop");
-      Tensor v = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, "act.v_hop");
-      up_project_forward(ctx, lat, w.wkv_b, 0, ctx.H, k, v);
-      hop_forward(ctx, (ctx.r - hop + ctx.P) % ctx.P, s->q, k, v, o_acc, lse, first);
-    }
-    lat = Tensor();
-    s->o = o_acc.to(ctx.dt, "act.o_att");                                              // L3
-    o_acc = Tensor();
-    s->lse0 = std::move(lse[0]), s->lse1 = std::move(lse[1]);
-    Tensor o = s->o;
+    Tensor o = ring_latent_forward(ctx, ring_view(ctx), w, std::move(latent), query, s->st, "latent");
     out = std::move(s);
     return o;
   }
@@ -326,46 +363,10 @@ class RingLatent final : public RingForm {
   Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
                   LayerWeights& g, const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<RingLatentSaved&>(*saved);
-    Tensor dq_acc = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.q_acc");
-    Tensor dlat_own = Tensor::zeros({ctx.N, ctx.B, ctx.Dl}, DType::f32, "grad.latent_acc");
-    Tensor dlat_tr;  // the travelling block's fp32 dlatent (hops ≥ 1)
-    Tensor lat = s.latent;
-    const Tensor* lse[2] = {&s.lse0, &s.lse1};
-    for (int64_t hop = 0; hop < ctx.P; ++hop) {
-      InFlight lat_next;
-      if (hop + 1 < ctx.P)  // L2 again: the next hop's latent in flight behind this hop's backward
-        lat_next = issue(ctx, ring_shift_start(ctx.comm, lat, "latent", "act.latent_ring"));
-      if (hop == 1) dlat_tr = Tensor::zeros({ctx.N, ctx.B, ctx.Dl}, DType::f32, "grad.latent_ring");
-      {
-        Tensor k = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "act.k_hop");  // recomputed
-        Tensor v = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, "act.v_hop");
-        up_project_forward(ctx, lat, w.wkv_b, 0, ctx.H, k, v);
-        Tensor dk = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dqk}, DType::f32, "grad.k_acc");
-        Tensor dv = Tensor::zeros({ctx.N, ctx.B, ctx.H, ctx.Dv}, DType::f32, "grad.v_acc");
-        hop_backward(ctx, (ctx.r - hop + ctx.P) % ctx.P, s.q, k, v, s.o, dout, lse, dq_acc, dk, dv);
-        k = v = Tensor();
-        const Tensor dk_l = dk.to(ctx.dt, "grad.k_hop"), dv_l = dv.to(ctx.dt, "grad.v_hop");
-        dk = dv = Tensor();
-        Tensor dlat = Tensor::empty({ctx.N, ctx.B, ctx.Dl}, DType::f32, "grad.latent_hop");  // R1 backward
-        up_project_backward(ctx, lat, w.wkv_b, 0, ctx.H, dk_l, dv_l, dlat, g.wkv_b);
-        add_into(hop == 0 ? dlat_own : dlat_tr, dlat);
-      }
-      if (hop + 1 < ctx.P) lat = lat_next.wait();
-      if (hop >= 1) {  // the travelling block's dlatent on to the next rank (after the last hop: its owner)
-        InFlight next = issue(ctx, ring_shift_start(ctx.comm, std::move(dlat_tr), "dlatent", "grad.latent_ring"));
-        dlat_tr = next.wait();
-      }
-    }
-    lat = Tensor();
-    dout = Tensor();
-    s.q = s.o = s.lse0 = s.lse1 = s.latent = Tensor();
-    if (ctx.P > 1) {
-      add_into(dlat_own, dlat_tr);
-      dlat_tr = Tensor();
-    }
-    query_backward(dq_acc.to(ctx.dt, "grad.q_local"));
-    dq_acc = Tensor();
-    return dlat_own.to(ctx.dt, "grad.latent");
+    RingLatentGrads d = ring_latent_backward(ctx, ring_view(ctx), w, s.st, std::move(dout), g, "latent", "dlatent");
+    query_backward(d.dq.to(ctx.dt, "grad.q_local"));
+    d.dq = Tensor();
+    return d.dlatent.to(ctx.dt, "grad.latent");
   }
 
   std::vector<DeclaredCollective> collectives() const override {

@@ -1,0 +1,213 @@
+// laga with --ulysses Pu < P (head scatter in groups of Pu ranks × a ring over the P/Pu groups):
+// its token layout (zigzag over groups, 1 or 2 segments per rank) covers the sequence once; it matches
+// explicit in fp32 within 1e-5 relative with more ranks than heads, and bf16 by the project's rule
+// (each tensor's error against fp64 ≤ 2 × max(explicit's, the plain implementation's) + floor);
+// --ulysses P is plain laga bit for bit; overlap on and off give the same bits; the plan equals the
+// measured run to the byte (memory and every ledger record, the sub-groups' collectives included);
+// the ledger holds exactly the declared collectives (the ring pair Pr − 1 times); and the refusals
+// name the value and the valid ones.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "laga/driver/plan.hpp"
+#include "laga/driver/run.hpp"
+#include "laga/mla/flops.hpp"
+#include "laga/mla/form.hpp"
+#include "reference/array.hpp"
+#include "reference/block_ref.hpp"
+#include "verify/compare.hpp"
+#include "verify/forms.hpp"
+
+namespace laga {
+namespace {
+
+// tiny has H = 8; with Pu = 3 (H 12) a rank's rows straddle its group's two chunks (two segments).
+MlaConfig tiny(int64_t T, int64_t P, int64_t Pu, DType dt = DType::f32) {
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.seq_len = T, c.sp = P, c.ulysses = Pu, c.batch = 2, c.num_layers = 2, c.dtype = dt, c.form = "laga";
+  if (Pu == 3) c.num_attention_heads = 12;
+  return c;
+}
+
+std::string problems_of(const MlaConfig& c) {
+  std::string s;
+  for (const auto& p : c.problems()) s += p + "; ";
+  return s;
+}
+
+TEST(Ulysses, SegmentsCoverTheSequenceOnceGroupByGroupInZigzagChunks) {
+  for (auto [T, P, Pu] : std::vector<std::array<int64_t, 3>>{{32, 4, 2}, {48, 4, 2}, {32, 16, 8}, {32, 16, 4}, {24, 6, 3}}) {
+    const MlaConfig c = tiny(T, P, Pu);
+    ASSERT_EQ(problems_of(c), "") << T << " " << P << " " << Pu;
+    const int64_t Pr = P / Pu, C = T / (2 * Pr), N = T / P;
+    std::vector<int> seen(size_t(T), 0);
+    for (int64_t r = 0; r < P; ++r) {
+      int64_t len = 0;
+      for (const auto& s : token_segments(c, r)) {
+        len += s.len;
+        for (int64_t t = s.pos0; t < s.pos0 + s.len; ++t) {
+          ++seen[size_t(t)];
+          const int64_t chunk = t / C, g = r / Pu;
+          EXPECT_TRUE(chunk == g || chunk == 2 * Pr - 1 - g) << "rank " << r << " token " << t;
+        }
+      }
+      EXPECT_EQ(len, N);
+    }
+    EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; }));
+  }
+  EXPECT_EQ(token_segments(tiny(24, 6, 3), 1).size(), 2u);  // rows [4, 8) of chunks of 6
+  // --ulysses P is the contiguous layout of plain laga
+  const MlaConfig plain = tiny(32, 4, 4);
+  for (int64_t r = 0; r < 4; ++r) {
+    const auto s = token_segments(plain, r);
+    ASSERT_EQ(s.size(), 1u);
+    EXPECT_EQ(s[0].pos0, r * 8);
+  }
+}
+
+TEST(Ulysses, MatchesExplicitInFp32WithMoreRanksThanHeads) {
+  const verify::Tensors want = verify::run_tensors(Config(tiny(32, 1, 0)).with([](MlaConfig& m) { m.form = "explicit"; }));
+  for (auto [P, Pu] : std::vector<std::array<int64_t, 2>>{{4, 2}, {16, 8}, {16, 4}, {8, 1}}) {
+    const verify::Tensors got = verify::run_tensors(Config(tiny(32, P, Pu)));
+    double worst = 0;
+    for (const auto& [name, e] : verify::errors(got, want)) {
+      EXPECT_LE(e.max_abs, 1e-5 * e.scale) << "P " << P << " Pu " << Pu << " " << name;
+      worst = std::max(worst, e.max_abs / e.scale);
+    }
+    std::printf("laga --sp %lld --ulysses %lld vs explicit P 1 (fp32): worst relative error %.3g\n", (long long)P,
+                (long long)Pu, worst);
+  }
+  // H 12, P 6 = 3 × 2: ranks with two token segments (RoPE and the driver's rows per segment)
+  MlaConfig m12 = tiny(24, 1, 3);
+  m12.form = "explicit", m12.ulysses = 0;
+  const Config e12(m12);
+  const verify::Tensors want12 = verify::run_tensors(e12);
+  for (const auto& [name, e] : verify::errors(verify::run_tensors(Config(tiny(24, 6, 3))), want12))
+    EXPECT_LE(e.max_abs, 1e-5 * e.scale) << "P 6 Pu 3 H 12 " << name;
+}
+
+TEST(Ulysses, Bf16WithinTheProjectsRule) {
+  const Config e1 = Config(tiny(32, 1, 0, DType::bf16)).with([](MlaConfig& m) { m.form = "explicit"; });
+  RunOptions opt;
+  opt.gather_tensors = true;
+  const RankResult one = run_group(e1, opt).front();
+  const auto w = ref::from_weights(one.weights);
+  const auto x = ref::from_tensor(one.x), dy = ref::from_tensor(one.dy);
+  const verify::Tensors exact = verify::reference_tensors(*e1, w, x, dy, std::nullopt);
+  const verify::Tensors plain = verify::reference_tensors(*e1, w, x, dy, DType::bf16);
+  const auto plain_err = verify::errors(plain, exact);
+  for (auto [P, Pu] : std::vector<std::array<int64_t, 2>>{{4, 2}, {16, 8}, {16, 4}}) {
+    // explicit at the same P where it runs (P | H), else at P = 1
+    const Config e = e1.with([&](MlaConfig& m) { m.sp = P <= 8 ? P : 1; });
+    const auto e_err = verify::errors(verify::run_tensors(e), exact);
+    const auto err = verify::errors(verify::run_tensors(Config(tiny(32, P, Pu, DType::bf16))), exact);
+    const verify::Verdict v = verify::form_vs_baseline(err, e_err, plain_err, DType::bf16);
+    EXPECT_TRUE(v.pass) << "P " << P << " Pu " << Pu << ": " << verify::summary(v);
+    std::printf("laga --sp %lld --ulysses %lld bf16: %s\n", (long long)P, (long long)Pu, verify::summary(v).c_str());
+  }
+}
+
+TEST(Ulysses, UlyssesEqualToSpIsPlainLagaBitwise) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const verify::Tensors laga = verify::run_tensors(Config(tiny(32, 4, 0, dt)));
+    const verify::Tensors same = verify::run_tensors(Config(tiny(32, 4, 4, dt)));
+    std::string where;
+    EXPECT_TRUE(verify::bitwise_equal(laga, same, &where)) << where;
+  }
+}
+
+TEST(Ulysses, OverlapOnAndOffGiveTheSameBits) {
+  for (DType dt : {DType::f32, DType::bf16}) {
+    const Config off(tiny(32, 8, 2, dt));
+    const verify::Tensors a = verify::run_tensors(off);
+    const verify::Tensors b = verify::run_tensors(off.with([](MlaConfig& m) { m.overlap = true; }));
+    std::string where;
+    EXPECT_TRUE(verify::bitwise_equal(a, b, &where)) << dtype_name(dt) << " " << where;
+  }
+}
+
+TEST(Ulysses, PlanMatchesMeasuredMemoryAndLedgerToTheByte) {
+  for (auto [T, P, Pu] : std::vector<std::array<int64_t, 3>>{{32, 4, 2}, {24, 6, 3}, {32, 16, 8}})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (bool overlap : {false, true}) {
+        MlaConfig c = tiny(T, P, Pu, dt);
+        c.overlap = overlap, c.q_lora_rank = overlap ? 0 : 48;
+        c.dlatent_sum = dt == DType::bf16 && overlap ? DlatentSum::fp32 : DlatentSum::storage;
+        const PlannedMemory plan = plan_memory(c);
+        const PlannedComm comm = plan_comm(c);
+        for (const RankResult& r : run_group(c, RunOptions{})) {
+          SCOPED_TRACE(fmt::format("T {} P {} Pu {} {} overlap {} rank {}", T, P, Pu, dtype_name(dt), overlap, r.rank));
+          EXPECT_EQ(plan.activation_peak_bytes, r.memory.activation_peak_bytes);
+          EXPECT_EQ(plan.saved_bytes, r.memory.saved_bytes);
+          EXPECT_EQ(plan.forward_peak_bytes, r.memory.forward_peak_bytes);
+          EXPECT_EQ(plan.backward_peak_bytes, r.memory.backward_peak_bytes);
+          EXPECT_EQ(plan.peak_breakdown, r.memory.peak_breakdown);
+          std::vector<CollectiveRecord> planned = comm.attention;
+          planned.insert(planned.end(), comm.grad_sync.begin(), comm.grad_sync.end());
+          ASSERT_EQ(planned.size(), r.collectives.size());
+          for (size_t i = 0; i < planned.size(); ++i) {
+            EXPECT_EQ(planned[i].op, r.collectives[i].op) << i;
+            EXPECT_EQ(planned[i].tensor, r.collectives[i].tensor) << i;
+            EXPECT_EQ(planned[i].tensor_bytes, r.collectives[i].tensor_bytes) << i;
+            EXPECT_EQ(planned[i].wire_bytes, r.collectives[i].wire_bytes) << i;
+          }
+        }
+      }
+}
+
+// Per layer and rank, closed form: the group's all-gather and reduce-scatter (Pu − 1)·E·Dl·s wire each,
+// 2(Pr − 1) hops of the group's latent Tg·B·Dl·s and (Pr − 1) of its fp32 dlatent, q's/dq's and o's/do's
+// all-to-alls (Pu − 1)/Pu of E·H·(Dqk | Dv)·s; and the forward's issue order: latent, q, the ring hop by
+// hop, o.
+TEST(Ulysses, LedgerHoldsExactlyTheDeclaredCollectivesWithTheClosedFormBytes) {
+  const int64_t T = 32, P = 8, Pu = 2, Pr = 4;
+  const Config c(tiny(T, P, Pu, DType::bf16));
+  const Form& f = form_of(*c);
+  EXPECT_EQ(f.ring_hops(*c), Pr - 1);
+  EXPECT_EQ(displayed_form(*c), "laga (ulysses 2)");
+  const PlannedComm plan = plan_comm(c);
+  std::vector<std::string> fwd;
+  for (const auto& r : plan.attention) fwd.push_back(r.tensor);
+  fwd.resize(2 + (Pr - 1) + 1);
+  std::vector<std::string> want{"latent", "q", "latent_g", "latent_g", "latent_g", "o"};
+  EXPECT_EQ(fwd, want);
+  const int64_t s = 2, E = T / P * c->batch, Eg = E * Pu, Dl = c->latent_dim(), H = 8;
+  const int64_t per_layer_wire = 2 * (Pu - 1) * E * Dl * s + 2 * (Pr - 1) * Eg * Dl * s + (Pr - 1) * Eg * Dl * 4 +
+                                 2 * (Pu - 1) * E * H * (c->qk_head_dim() + c->v_head_dim) * s / Pu;
+  EXPECT_EQ(plan.wire_bytes(), c->num_layers * per_layer_wire);
+  EXPECT_EQ(int64_t(plan.attention.size()), c->num_layers * (6 + 3 * (Pr - 1)));
+}
+
+TEST(Ulysses, UpProjectionFlopsCountEveryHopsHeadShard) {
+  const MlaConfig c = tiny(32, 16, 4);
+  MlaConfig laga = c;
+  laga.sp = 8, laga.ulysses = 0;  // plain laga (P | H): one up-projection of the sequence
+  const double up = 2.0 * 32 * 2 * double(c.kv_lora_rank) * 8 * double(c.qk_nope_head_dim + c.v_head_dim);
+  const BlockFlops a = block_flops(c), b = block_flops(laga);
+  EXPECT_DOUBLE_EQ(a.forward - b.forward, 3 * up * 2);            // Pr − 1 = 3 more, 2 layers
+  EXPECT_DOUBLE_EQ(a.backward - b.backward, (4 + 2 * 3) * up * 2);  // Pr recomputed + 2(Pr − 1)
+}
+
+TEST(Ulysses, RefusalsNameTheValueAndTheValidOnes) {
+  auto has = [](const MlaConfig& c, const std::string& text) {
+    const std::string p = problems_of(c);
+    EXPECT_NE(p.find(text), std::string::npos) << "want '" << text << "' in: " << p;
+  };
+  has(tiny(32, 8, 3), "--ulysses 3 does not divide --sp 8; try 1, 2, 4, 8");
+  MlaConfig e = tiny(32, 8, 2);
+  e.form = "explicit";
+  has(e, "--ulysses 2 (< --sp 8) applies to laga only, not to form 'explicit'; try --ulysses 8 or --form laga");
+  has(tiny(48, 12, 6), "--ulysses 6 does not divide num_attention_heads 8; try --ulysses 1, 2, 4");  // H 8
+  has(tiny(16, 16, 0), "--sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8, or --ulysses 2, 4, 8");
+  has(tiny(12, 4, 1), "--seq 12 is not a multiple of 2 × (--sp 4 / --ulysses 1) = 8");
+  EXPECT_EQ(problems_of(tiny(32, 8, 8)), "");
+  EXPECT_EQ(problems_of(tiny(32, 8, 0)), "");
+}
+
+}  // namespace
+}  // namespace laga
