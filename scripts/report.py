@@ -24,11 +24,16 @@ PAPER = {
 
 
 def load(d, name):
+    """The JSON a step wrote, or None when it wrote none or an unreadable one (a failed step may leave an
+    empty file); the step's own failure is listed in the Steps section."""
     p = os.path.join(d, name)
     if not os.path.exists(p):
         return None
     with open(p) as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except ValueError:
+            return None
 
 
 def mb(b):
@@ -374,7 +379,7 @@ def section_winners(r):
         r.p(table(["kernel", "T", "winner", "step s", "runner-up", "margin", "model error"], rows))
     else:
         r.missing("measured winners", "bench.threads.fused")
-    for hw in ("ascend-910b", "h100-class", "here"):
+    for hw in ("ascend-910b", "h100-class"):
         g = load(r.d, f"model.grid.{hw}.json")
         if not g:
             r.missing(f"model grid on {hw}", f"model.grid.{hw}")

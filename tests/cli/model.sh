@@ -67,6 +67,14 @@ print(f"ok: --grid: {len(rows)} cells")
 PY
 out=$("$laga" model --grid --hw "$src/docs/hw/h100-class.json" --link-scale 0 2>&1); status=$?
 [ "$status" -eq 2 ] && grep -q "link-scale 0 must be a positive factor" <<<"$out" || fail "--link-scale 0: status $status: $out"
+python3 - "$src/docs/hw/h100-class.json" "$tmp/one-node.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+j["link"].pop("inter_node", None)
+json.dump(j, open(sys.argv[2], "w"))
+PY
+out=$("$laga" model --grid --hw "$tmp/one-node.json" 2>&1); status=$?
+[ "$status" -eq 2 ] && grep -q "grid reaches P 64.*no link.inter_node" <<<"$out" || fail "--grid one node: status $status: $out"
 out=$("$laga" model --grid --hw "$src/docs/hw/h100-class.json" --seq 4096 2>&1); status=$?
 [ "$status" -eq 2 ] && grep -q "grid chooses its own" <<<"$out" || fail "--grid --seq: status $status: $out"
 

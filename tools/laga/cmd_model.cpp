@@ -200,6 +200,9 @@ HardwareSpec scale_links(HardwareSpec hw, double s) {
 // runner-up and over explicit where explicit runs.
 nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpec& base_hw) {
   const std::vector<double> scales = m.link_scale.empty() ? std::vector<double>{0.25, 1, 4} : m.link_scale;
+  LAGA_CHECK(base_hw.inter_node || base_hw.ranks_per_node >= 64,
+             "--grid reaches P 64, beyond the {} ranks per node of hardware file {}, which has no link.inter_node; "
+             "give a file with one (docs/hw/h100-class.json, docs/model.md §2)", base_hw.ranks_per_node, base_hw.path);
   fmt::print("laga model --grid on '{}' ({}): B {} L {} kernel {} dtype {} — per rank, one step, no overlap\n", base_hw.name,
              base_hw.path, f.batch, f.layers, f.kernel, f.dtype);
   fmt::print("# {:>6} {:<17} {:>4} {:>6} {:>3}  {:<18} {:>11} {:>9}  {:<18} {:>9}\n", "link×", "model", "H", "T", "P",
