@@ -129,6 +129,20 @@ int sweep(const Config& base_cfg, std::ofstream* json_out) {
   return 0;
 }
 
+// The per-form table of plan (and of plan_hybrid): its two header lines and a form's row of plan_json.
+void print_table_header() {
+  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "form", "activation peak", "saved", "fwd peak",
+             "bwd peak", "comm tensor", "comm wire");
+  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "", "bytes", "bytes", "bytes", "bytes", "bytes",
+             "bytes");
+}
+void print_table_row(std::string_view label, const nlohmann::json& j) {
+  fmt::print("  {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", label, j["activation_peak_bytes"].get<int64_t>(),
+             j["saved_bytes"].get<int64_t>(), j["forward_peak_bytes"].get<int64_t>(),
+             j["backward_peak_bytes"].get<int64_t>(), j["comm"]["tensor_bytes"].get<int64_t>(),
+             j["comm"]["wire_bytes"].get<int64_t>());
+}
+
 // laga with --ulysses Pu < P: the forms that run this P (laga's hybrid and the ring forms, which
 // need no --ulysses); the head-scatter forms cannot (P ∤ H is the usual reason for --ulysses), so
 // there is no explicit row to compare with.
@@ -139,10 +153,7 @@ int plan_hybrid(const Config& base_cfg, std::ofstream* json_out, const std::stri
              base.ulysses, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype),
              dlatent_sum_name(base.dlatent_sum));
   fmt::print("# laga (ulysses {}) and the ring forms run their own fused attention kernel\n", base.ulysses);
-  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "form", "activation peak", "saved", "fwd peak",
-             "bwd peak", "comm tensor", "comm wire");
-  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "", "bytes", "bytes", "bytes", "bytes", "bytes",
-             "bytes");
+  print_table_header();
   nlohmann::json forms;
   std::vector<Config> shown{base_cfg};
   for (const char* ring : {"ring-kv", "ring-latent"}) {
@@ -153,10 +164,7 @@ int plan_hybrid(const Config& base_cfg, std::ofstream* json_out, const std::stri
   for (const Config& c : shown) {
     const std::string label = displayed_form(*c);
     nlohmann::json j = plan_json(c);
-    fmt::print("  {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", label, j["activation_peak_bytes"].get<int64_t>(),
-               j["saved_bytes"].get<int64_t>(), j["forward_peak_bytes"].get<int64_t>(),
-               j["backward_peak_bytes"].get<int64_t>(), j["comm"]["tensor_bytes"].get<int64_t>(),
-               j["comm"]["wire_bytes"].get<int64_t>());
+    print_table_row(label, j);
     forms[label] = j;
   }
   if (json_out) *json_out << nlohmann::json{{"command", "plan"}, {"config", base.to_json()}, {"forms", forms}}.dump(2) << "\n";
@@ -170,8 +178,8 @@ int plan_hybrid(const Config& base_cfg, std::ofstream* json_out, const std::stri
 int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) {
   CommonFlags g = f;
   if (do_sweep && g.seq == 0) g.seq = 4096;
-  if (g.ulysses > 0 && g.ulysses < g.sp) g.form = "laga";  // only laga takes --ulysses below P
   const bool hybrid = g.ulysses > 0 && g.ulysses < g.sp;
+  if (hybrid) g.form = "laga";  // only laga takes --ulysses below P
   FormsAt at;
   const Config base_cfg = do_sweep || hybrid ? build_config(g) : build_config_for_all_forms(g, &at);
   const MlaConfig& base = *base_cfg;
@@ -186,10 +194,7 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
     if (!f->own_kernel().empty() && f->own_kernel() != kernel_name(base.kernel))
       fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n", f->name(), f->own_kernel(),
                  kernel_name(base.kernel));
-  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "form", "activation peak", "saved", "fwd peak",
-             "bwd peak", "comm tensor", "comm wire");
-  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "", "bytes", "bytes", "bytes", "bytes", "bytes",
-             "bytes");
+  print_table_header();
   // Keyed by label; each family with variants also under its own name, for the variant --form/--absorbed-kv
   // select (the "absorbed" key is the --absorbed-kv regime).
   nlohmann::json forms;
@@ -200,10 +205,7 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
       continue;
     }
     nlohmann::json j = plan_json(with(base_cfg, fm->name()));
-    fmt::print("  {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", fm->name(), j["activation_peak_bytes"].get<int64_t>(),
-               j["saved_bytes"].get<int64_t>(), j["forward_peak_bytes"].get<int64_t>(),
-               j["backward_peak_bytes"].get<int64_t>(), j["comm"]["tensor_bytes"].get<int64_t>(),
-               j["comm"]["wire_bytes"].get<int64_t>());
+    print_table_row(fm->name(), j);
     forms[std::string(fm->name())] = j;
     if (fm->family() != fm->name() && fm->name() == form_label(std::string(fm->family()), f.absorbed_kv))
       forms[std::string(fm->family())] = j;
