@@ -7,16 +7,16 @@
 //
 //   bench_attention [--seq 4096] [--batch 1] [--heads 16] [--kv-heads 16] [--dqk 192] [--dv 128]
 //                   [--dtype fp32,bf16] [--kernel fused,fused-1p,eager] [--matmul 2048]
-// fused-1p is the fused kernel with its one-pass backward (--attn-backward one-pass; docs/attention.md §4).
 //                   [--warmup 1] [--repeats 5] [--json FILE]
+// fused-1p is the fused kernel with its one-pass backward (--attn-backward one-pass; docs/attention.md §4).
 #include <cmath>
 #include <cstdio>
 #include <sstream>
 
 #include "harness.hpp"
+#include "matmul_bench.hpp"
 #include "laga/core/random.hpp"
 #include "laga/ops/attention.hpp"
-#include "laga/ops/matmul.hpp"
 
 using namespace laga;
 using namespace laga::bench;
@@ -74,37 +74,6 @@ Config parse(const std::vector<std::string>& args) {
   }
   return c;
 }
-
-// ---- matmul: the rate the kernels are compared with --------------------------------------------
-
-// C [n, n] fp32 = A B, A and B [n, n] in the dtype under test, on all threads.
-struct MatmulBench {
-  int64_t n;
-  Tensor a, b, c;
-  MatmulParams p;
-  MatmulBench(int64_t n_, DType dt) : n(n_) {
-    a = Tensor::empty({n, n}, dt, "a"), b = Tensor::empty({n, n}, dt, "b");  // [n, n] each
-    c = Tensor::empty({n, n}, DType::f32, "c");                                // [n, n]
-    fill_normal(a, 1, "a", 1.0);
-    fill_normal(b, 1, "b", 1.0);
-    p.M = p.N = p.K = n, p.ab_dtype = dt, p.c_dtype = DType::f32;
-    p.a = a.raw(), p.a_m_stride = n, p.b = b.raw(), p.b_k_stride = n, p.c = c.raw(), p.c_m_stride = n;
-  }
-  void run() const { matmul(p); }
-  int64_t validate() const {  // 64 sampled entries against an fp64 dot product
-    int64_t wrong = 0;
-    for (int64_t s = 0; s < 64; ++s) {
-      const int64_t i = (s * 7919) % n, j = (s * 104729 + 13) % n;
-      double ref = 0, mag = 0;
-      for (int64_t k = 0; k < n; ++k) {
-        ref += double(a.get(i * n + k)) * double(b.get(k * n + j));
-        mag += std::abs(double(a.get(i * n + k)) * double(b.get(k * n + j)));
-      }
-      if (!(std::abs(c.get(i * n + j) - ref) <= 1e-5 * mag)) ++wrong;
-    }
-    return wrong;
-  }
-};
 
 // ---- attention --------------------------------------------------------------------------------
 

@@ -1,6 +1,8 @@
 // bench_block: the MLA block stack's forward + backward on one rank (form explicit, sp 1), timed
 // with the shared harness (bench/harness.hpp): warm-up, repeats, median and spread of forward,
-// backward and their sum, tokens/s and achieved GFLOP/s; JSON beside the table.
+// backward and their sum, tokens/s and achieved GFLOP/s, each beside the rate of a plain oneDNN
+// matmul (n³, same dtype, bench/matmul_bench.hpp) timed in turns with the block in the same run
+// (vs_matmul); JSON beside the table.
 //
 // It validates before it reports: at startup the same dtype and kernel run a tiny configuration
 // that is compared with the fp64 reference (reference/block_ref.hpp) — y, dx and every weight
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "harness.hpp"
+#include "matmul_bench.hpp"
 #include "laga/comm/communicator.hpp"
 #include "laga/mla/config.hpp"
 #include "laga/core/random.hpp"
@@ -97,6 +100,7 @@ struct Args {
   int64_t seq = 2048, batch = 1, layers = 1;
   std::string dtype = "fp32", kernel = "fused", attn_backward = "two-pass";
   int iters = 5, warmup = 1, threads = 0;
+  int64_t matmul_n = 2048;
   std::string json;
 };
 
@@ -110,6 +114,7 @@ int run(const Args& a) {
   (void)Config(c);
   LAGA_CHECK(a.iters >= 1, "--iters {} must be at least 1", a.iters);
   LAGA_CHECK(a.warmup >= 0, "--warmup {} must be non-negative; try 0 or 1", a.warmup);
+  LAGA_CHECK(a.matmul_n >= 64, "--matmul {} must be at least 64; try 2048", a.matmul_n);
   int threads = a.threads;
   if (threads <= 0) {
     const char* env = std::getenv("OMP_NUM_THREADS");
@@ -119,7 +124,8 @@ int run(const Args& a) {
   const BlockFlops flops = block_flops(c);  // projections exact, attention by FA3's convention
   const double proj_fwd = flops.forward - flops.attention_forward, total_flops = flops.forward + flops.backward;
   const double tokens = double(c.seq_len) * double(c.batch);
-  std::vector<double> fwd_s, bwd_s, tot_s;
+  std::vector<double> fwd_s, bwd_s, tot_s, mm_s;
+  int64_t mm_wrong = 0;
   std::vector<int64_t> wrong_fwd, wrong_bwd;
   CheckResult check;
   int omp_threads = 0;
@@ -138,7 +144,11 @@ int run(const Args& a) {
     fill_normal(x, kSeed, "x", 1.0);
     fill_normal(dy, kSeed, "dy", 1.0);
 
+    const bench::MatmulBench mm(a.matmul_n, c.dtype);
     for (int it = 0; it < a.warmup + a.iters; ++it) {
+      const double tm = bench::now_s();
+      mm.run();
+      const double tm_s = bench::now_s() - tm;
       g.for_each([](const std::string&, Tensor& t) { t.fill(0.0f); });
       StackSaved saved;
       const double t0 = bench::now_s();
@@ -147,6 +157,7 @@ int run(const Args& a) {
       Tensor dx = stack_backward(c, w, saved, dy, g, comm);
       const double t2 = bench::now_s();
       if (it < a.warmup) continue;
+      mm_s.push_back(tm_s);
       fwd_s.push_back(t1 - t0);
       bwd_s.push_back(t2 - t1);
       tot_s.push_back(t2 - t0);
@@ -155,6 +166,7 @@ int run(const Args& a) {
       g.for_each([&](const std::string&, const Tensor& t) { bad += count_non_finite(t); });
       wrong_bwd.push_back(bad);
     }
+    mm_wrong = mm.validate();
   });
 
   if (!check.pass()) {
@@ -175,7 +187,9 @@ int run(const Args& a) {
                   c.qk_rope_head_dim, c.v_head_dim, c.seq_len, c.batch, c.num_layers, dtype_name(c.dtype),
                   kernel_name(c.kernel),
                   c.kernel == Kernel::fused ? fmt::format(" ({} backward)", attn_backward_name(c.attn_backward)) : ""),
-      fmt::format("{} timed iterations after {} warm-up; median [min, max]", a.iters, a.warmup),
+      fmt::format("{} timed iterations after {} warm-up, each after one {}^3 {} matmul (timed in turns); median "
+                  "[min, max]; vs_matmul = GFLOP/s over the matmul's median GFLOP/s",
+                  a.iters, a.warmup, a.matmul_n, dtype_name(c.dtype)),
       fmt::format("GFLOP: projections exact ({:.2f} fwd), attention FA3 convention ({:.2f} fwd, bwd 2.5x); "
                   "elementwise not counted",
                   proj_fwd / 1e9, flops.attention_forward / 1e9),
@@ -189,6 +203,7 @@ int run(const Args& a) {
                       {"tokens/s", "1/s", 11, 0},
                       {"GFLOP", "1e9", 9, 2},
                       {"GFLOP/s", "1e9/s", 9, 1},
+                      {"vs_matmul", "%", 10, 1},
                       {"#wrong", "", 7}});
   table.print_header(m);
   auto sum = [](const std::vector<int64_t>& v) {
@@ -196,11 +211,17 @@ int run(const Args& a) {
     for (int64_t x : v) s += x;
     return s;
   };
+  const double mm_flops = 2.0 * std::pow(double(a.matmul_n), 3);
+  const double mm_rate = mm_flops / bench::summarize(mm_s).median_s;
   auto row = [&](const char* phase, const std::vector<double>& s, double f, int64_t wrong) {
     const bench::Timing t = bench::summarize(s);
-    table.row({std::string(phase), t.median_s, t.min_s, t.max_s, tokens / t.median_s, f / 1e9, f / 1e9 / t.median_s},
+    const bool block = std::string(phase) != "matmul";  // tokens/s is the block's only
+    table.row({std::string(phase), t.median_s, t.min_s, t.max_s,
+               block ? bench::Cell(tokens / t.median_s) : bench::Cell(std::string("-")), f / 1e9,
+               f / 1e9 / t.median_s, 100.0 * f / t.median_s / mm_rate},
               wrong);
   };
+  row("matmul", mm_s, mm_flops, mm_wrong);
   row("fwd", fwd_s, flops.forward, sum(wrong_fwd));
   row("bwd", bwd_s, flops.backward, sum(wrong_bwd));
   row("total", tot_s, total_flops, 0);
@@ -212,6 +233,8 @@ int run(const Args& a) {
   extra["fwd_s"] = fwd_s;
   extra["bwd_s"] = bwd_s;
   extra["total_s"] = tot_s;
+  extra["matmul_n"] = a.matmul_n;
+  extra["matmul_s"] = mm_s;
   extra["flops"] = {{"proj_fwd", proj_fwd}, {"attn_fwd", flops.attention_forward}, {"fwd", flops.forward},
                     {"bwd", flops.backward}, {"total", total_flops}};
   extra["check"] = {{"pass", check.verdict.pass}, {"worst_tensor", check.verdict.worst},
@@ -234,6 +257,7 @@ int main(int argc, char** argv) {
   app.add_option("--attn-backward", a.attn_backward, "the fused kernel's backward order: two-pass, one-pass")
       ->capture_default_str();
   app.add_option("--iters,--repeats", a.iters, "timed iterations")->capture_default_str();
+  app.add_option("--matmul", a.matmul_n, "n of the n^3 matmul timed in turns with the block")->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed iterations first")->capture_default_str();
   app.add_option("--threads", a.threads, "OpenMP threads (default: OMP_NUM_THREADS, else every core)");
   app.add_option("--json", a.json, "write the rows and the per-iteration times here");
