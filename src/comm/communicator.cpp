@@ -220,16 +220,22 @@ std::unique_ptr<Communicator> Communicator::split(const std::function<SplitKey(i
   LAGA_CHECK(mine.color >= 0, "split on rank {}: color {} is negative; colors are 0 or more", me, mine.color);
   // This rank's place among the ranks of its color, ordered by (key, rank), as MPI_Comm_split orders them.
   int sub_rank = 0, sub_size = 0;
+  std::vector<std::pair<int, int>> members;  // (key, rank) of this color's ranks
   for (int q = 0; q < P; ++q) {
     const SplitKey k = color_key(q);
     if (k.color != mine.color) continue;
     ++sub_size;
+    members.emplace_back(k.key, q);
     if (k.key < mine.key || (k.key == mine.key && q < me)) ++sub_rank;
   }
+  std::sort(members.begin(), members.end());
+  auto group = std::make_shared<std::vector<int>>();
+  for (const auto& [key, q] : members) group->push_back(group_ ? (*group_)[size_t(q)] : q);
   auto c = split_of(mine.color, mine.key, sub_rank, sub_size);
   LAGA_ASSERT(c && c->size() == sub_size && c->rank() == sub_rank, "split on rank {}: the backend made rank {} of {}, "
               "expected rank {} of {}", me, c ? c->rank() : -1, c ? c->size() : -1, sub_rank, sub_size);
   c->led_ = led_;
+  c->group_ = std::move(group);
   c->set_timeout(timeout_s_);
   return c;
 }
@@ -376,6 +382,7 @@ CollectiveHandle Communicator::issue(std::unique_ptr<Pending> p, const RawOp& op
     p->generation = led.generation_;
     CollectiveRecord r{p->op, p->tensor, p->dtype, 0, tensor_bytes, size() == 1 ? 0 : wire_bytes};
     r.issued_s = issued;
+    r.group = group_;
     led.records_.push_back(std::move(r));
   }
   if (p->phase == 1) queue_.push_back(p.get());

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "laga/core/error.hpp"
@@ -216,59 +217,88 @@ const ComputeSpec& HardwareSpec::compute_for(DType d) const {
   return it->second;
 }
 
+namespace {
+
+// Where a collective's group sits: its size n, and over the nodes of ranks_per_node R consecutive
+// outermost ranks, whether it spans several and the most of its ranks any one node holds (m).
+struct GroupPlacement {
+  int64_t n = 0, per_node = 0;
+  bool crosses = false;
+};
+
+GroupPlacement placement(const CollectiveRecord& r, int64_t P, int64_t R) {
+  GroupPlacement g;
+  g.n = r.group_size(P);
+  if (!r.group) {
+    g.crosses = P > R, g.per_node = std::min(P, R);
+    return g;
+  }
+  std::map<int64_t, int64_t> count;  // node → ranks of the group on it
+  for (int q : *r.group) g.per_node = std::max(g.per_node, ++count[q / R]);
+  g.crosses = count.size() > 1;
+  return g;
+}
+
+}  // namespace
+
 CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r, int64_t P) {
   CollectiveTime t;
   t.record = r;
+  // A sub-group's collective (laga --ulysses: the head-scatter groups, the rings across them) runs
+  // over its own n ranks; it crosses nodes when its ranks sit on several, and there m of them share a
+  // node (m NICs carry its crossings at once).
+  const GroupPlacement g = placement(r, P, hw.ranks_per_node);
+  const int64_t n = g.n;
+  auto inter = [&]() -> const LinkSpec& {
+    LAGA_CHECK(hw.inter_node.has_value(),
+               "hardware file {}: field 'link.inter_node' is missing; it is needed for --sp {} over ranks_per_node {}",
+               hw.path, P, hw.ranks_per_node);
+    return *hw.inter_node;
+  };
   if (r.op == CollectiveOp::send_recv) {
     // One hop of a ring: every rank sends its tensor bytes to one neighbour at once, as one step of the
     // all-to-all's pairwise exchange, so at that link's all_to_all rate and latency: latency + bytes /
     // bandwidth per hop. Over several nodes the hop is as slow as its node crossing (one rank's own
     // inter-node bandwidth: only that rank's pair crosses).
     t.size_bytes = double(r.tensor_bytes);
-    if (P <= 1) return t;
+    if (n <= 1) return t;
     const CollectiveOp as = CollectiveOp::all_to_all;
     const LinkSpec& in = hw.intra_node;
     t.busbw_GBps = in.busbw_GBps.at(as), t.latency_s = in.latency(as);
-    if (P > hw.ranks_per_node) {
-      LAGA_CHECK(hw.inter_node.has_value(),
-                 "hardware file {}: field 'link.inter_node' is missing; it is needed for --sp {} over ranks_per_node {}",
-                 hw.path, P, hw.ranks_per_node);
+    if (g.crosses) {
       t.crosses_nodes = true;
-      t.busbw_GBps = std::min(t.busbw_GBps, hw.inter_node->busbw_GBps.at(as));
-      t.latency_s = std::max(t.latency_s, hw.inter_node->latency(as));
+      t.busbw_GBps = std::min(t.busbw_GBps, inter().busbw_GBps.at(as));
+      t.latency_s = std::max(t.latency_s, inter().latency(as));
     }
     t.seconds = t.latency_s + t.size_bytes / (t.busbw_GBps * 1e9);
     t.exposed_s = t.seconds;
     return t;
   }
   LAGA_ASSERT(parse_op(collective_name(r.op)), "the model has no rate for {}", collective_name(r.op));
-  t.size_bytes = nccl_size_bytes(r.op, P, double(r.tensor_bytes));
-  if (P <= 1) return t;  // an identity: no traffic, no latency
-  const double bus_bytes = t.size_bytes * bus_factor(r.op, P);
+  t.size_bytes = nccl_size_bytes(r.op, n, double(r.tensor_bytes));
+  if (n <= 1) return t;  // an identity: no traffic, no latency
+  const double bus_bytes = t.size_bytes * bus_factor(r.op, n);
   const LinkSpec& in = hw.intra_node;
-  if (P <= hw.ranks_per_node) {
+  if (!g.crosses) {
     t.busbw_GBps = in.busbw_GBps.at(r.op);
     t.latency_s = in.latency(r.op);
     t.seconds = t.latency_s + bus_bytes / (t.busbw_GBps * 1e9);
   } else {
-    LAGA_CHECK(hw.inter_node.has_value(),
-               "hardware file {}: field 'link.inter_node' is missing; it is needed for --sp {} over ranks_per_node {}",
-               hw.path, P, hw.ranks_per_node);
-    const LinkSpec& out = *hw.inter_node;
+    const LinkSpec& out = inter();
     t.crosses_nodes = true;
     t.latency_s = std::max(in.latency(r.op), out.latency(r.op));
     if (r.op == CollectiveOp::all_to_all) {
-      // Pairwise exchange: of the P−1 peers' chunks (S/P each), R−1 stay in the node (at the intra
-      // bus bandwidth) and P−R cross it (at the rank's own inter-node bandwidth); both parts at once.
-      const double R = double(hw.ranks_per_node), p = double(P), chunk = t.size_bytes / p;
-      const double s = std::max(chunk * (R - 1) / (in.busbw_GBps.at(r.op) * 1e9), chunk * (p - R) / (out.busbw_GBps.at(r.op) * 1e9));
+      // Pairwise exchange: of the n−1 peers' chunks (S/n each), m−1 stay in the node (at the intra
+      // bus bandwidth) and n−m cross it (at the rank's own inter-node bandwidth); both parts at once.
+      const double m = double(g.per_node), p = double(n), chunk = t.size_bytes / p;
+      const double s = std::max(chunk * (m - 1) / (in.busbw_GBps.at(r.op) * 1e9), chunk * (p - m) / (out.busbw_GBps.at(r.op) * 1e9));
       t.seconds = t.latency_s + s;
       t.busbw_GBps = bus_bytes / s / 1e9;
     } else {
       // A ring over ranks in several nodes runs each step at its slowest hop. NCCL-style rings run one
-      // channel per rank's NIC (rail), so the R ranks of a node carry the node crossings of R rings at
-      // once: the crossing hop's bus bandwidth is R × a rank's own inter-node bandwidth.
-      t.busbw_GBps = std::min(in.busbw_GBps.at(r.op), double(hw.ranks_per_node) * out.busbw_GBps.at(r.op));
+      // channel per rank's NIC (rail), so the m ranks of the group in a node carry the node crossings of
+      // m rings at once: the crossing hop's bus bandwidth is m × a rank's own inter-node bandwidth.
+      t.busbw_GBps = std::min(in.busbw_GBps.at(r.op), double(g.per_node) * out.busbw_GBps.at(r.op));
       t.seconds = t.latency_s + bus_bytes / (t.busbw_GBps * 1e9);
     }
   }
@@ -281,7 +311,7 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   const int64_t P = m.sp;
   const ComputeSpec& rates = hw.compute_for(m.dtype);
   FormPrediction f;
-  f.form = m.form;
+  f.form = displayed_form(m);
   for (PhaseFlops ph : phase_flops(m)) {
     ph.flops /= double(P), ph.bytes /= double(P);
     PhaseTime t{ph, 0, 0};

@@ -177,6 +177,51 @@ TEST(Model, AcrossNodesRingsRunAtTheSlowerLinkAndAllToAllSplitsItsTraffic) {
   }
 }
 
+TEST(Model, ASubGroupRunsOverItsOwnRanksAndCrossesNodesOnlyWhereTheyDo) {
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");  // 2 ranks per node
+  auto group = [](std::vector<int> ranks) { return std::make_shared<const std::vector<int>>(std::move(ranks)); };
+  CollectiveRecord r{CollectiveOp::all_gather, "latent", DType::bf16};
+  r.tensor_bytes = 1000;
+  // In a job of 8: ranks 0 and 1 share a node: S = 2000, bus bytes 1000 at the intra 1 GB/s, 1 µs.
+  r.group = group({0, 1});
+  EXPECT_FALSE(collective_time(hw, r, 8).crosses_nodes);
+  EXPECT_NEAR(collective_time(hw, r, 8).seconds, 1e-6 + 1000 / 1e9, 1e-15);
+  // Ranks 0, 2, 4, 6: four nodes, one rank in each: S = 4000, bus bytes 3000 at 1 × 0.25 GB/s, 3 µs.
+  r.group = group({0, 2, 4, 6});
+  EXPECT_TRUE(collective_time(hw, r, 8).crosses_nodes);
+  EXPECT_NEAR(collective_time(hw, r, 8).seconds, 3e-6 + 3000 / 0.25e9, 1e-15);
+  // Ranks 4 .. 7: two nodes, two ranks in each: as the whole group of 4 over 2 nodes.
+  r.group = group({4, 5, 6, 7});
+  CollectiveRecord whole = r;
+  whole.group = nullptr;
+  EXPECT_NEAR(collective_time(hw, r, 8).seconds, collective_time(hw, whole, 4).seconds, 1e-15);
+  // A ring hop between ranks 1 and 3 crosses (one rank's own inter-node link); between 2 and 3 it does not.
+  r.op = CollectiveOp::send_recv;
+  r.group = group({1, 3});
+  EXPECT_NEAR(collective_time(hw, r, 8).seconds, 3e-6 + 1000 / 0.25e9, 1e-15);
+  r.group = group({2, 3});
+  EXPECT_NEAR(collective_time(hw, r, 8).seconds, 1e-6 + 1000 / 1e9, 1e-15);
+}
+
+TEST(Model, LagaWithUlyssesGathersInsideANodeAndRingsAcrossNodes) {
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");  // 2 ranks per node
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.seq_len = 32, c.sp = 4, c.ulysses = 2, c.form = "laga";  // groups {0, 1} and {2, 3}, rings {0, 2}, {1, 3}
+  const FormPrediction p = predict(Config(c), hw);
+  EXPECT_EQ(p.form, "laga (ulysses 2)");
+  int hops = 0, gathers = 0;
+  for (const CollectiveTime& t : p.collectives) {
+    ASSERT_TRUE(t.record.group) << t.record.tensor;
+    EXPECT_EQ(t.record.group->size(), 2u) << t.record.tensor;
+    EXPECT_EQ(t.crosses_nodes, t.record.op == CollectiveOp::send_recv) << collective_name(t.record.op) << " "
+                                                                       << t.record.tensor;
+    hops += t.record.op == CollectiveOp::send_recv;
+    gathers += t.record.op == CollectiveOp::all_gather;
+  }
+  EXPECT_GT(hops, 0);
+  EXPECT_GT(gathers, 0);
+}
+
 TEST(LatencyBandwidthFit, RecoversKnownParameters) {
   std::vector<double> x, y, yn;
   for (double b = 1 << 12; b <= 1 << 26; b *= 4) {

@@ -155,6 +155,10 @@ TEST(Ulysses, PlanMatchesMeasuredMemoryAndLedgerToTheByte) {
             EXPECT_EQ(planned[i].tensor, r.collectives[i].tensor) << i;
             EXPECT_EQ(planned[i].tensor_bytes, r.collectives[i].tensor_bytes) << i;
             EXPECT_EQ(planned[i].wire_bytes, r.collectives[i].wire_bytes) << i;
+            // The group each ran on, as the job's ranks (the model's sub-group times read it): the plan
+            // is rank 0's.
+            ASSERT_EQ(bool(planned[i].group), bool(r.collectives[i].group)) << i;
+            if (planned[i].group && r.rank == 0) EXPECT_EQ(*planned[i].group, *r.collectives[i].group) << i;
           }
         }
       }

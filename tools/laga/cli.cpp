@@ -38,13 +38,13 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
 
 Config build_config(const CommonFlags& f) { return Config(build_spec(f)); }
 
-Config build_config_for_all_forms(const CommonFlags& f, FormsAt* at) {
+MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at) {
   MlaConfig c = build_spec(f);
-  FormsAt here = forms_at(c);
-  if (!here.refusal(find_form(c.form)).empty()) c.form = std::string(here.runnable.front()->name());
-  if (at) *at = std::move(here);
-  return Config(std::move(c));
+  at = forms_at(c);
+  return c;
 }
+
+Config config_as(const MlaConfig& spec, std::string_view name) { return Config(as_form(spec, name)); }
 
 MlaConfig build_spec(const CommonFlags& f) {
   MlaConfig c = MlaConfig::preset(f.model);

@@ -39,9 +39,12 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
 Config build_config(const CommonFlags& f);
 // The flags' configuration, not yet validated (for the commands that run every form: forms_at).
 MlaConfig build_spec(const CommonFlags& f);
-// The flags' configuration for a command that runs every form: refused as a whole only for problems
-// apart from any form (forms_at); its form is --form when that one can run it, else the first form that can.
-Config build_config_for_all_forms(const CommonFlags& f, FormsAt* at = nullptr);
+// The flags' configuration for a command that runs every form (plan, model): refused as a whole only
+// for problems apart from any form; *at says which forms run it (forms_at). Each form's own config is
+// config_as(spec, its name).
+MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at);
+// The validated config of spec as form `name` (as_form: --ulysses stays laga's alone).
+Config config_as(const MlaConfig& spec, std::string_view name);
 // The registered form label of --form (and, for a family with variants, --absorbed-kv); usage error
 // naming the valid spellings.
 std::string form_label(const std::string& form, const std::string& absorbed_kv);

@@ -80,22 +80,27 @@ nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const Hard
   // Every form by default, by the rule of the commands that run every form (forms_at): one that refuses
   // the config is listed as not run. Forms named with --forms must all run it.
   FormsAt at;
-  const Config base = m.forms.empty() ? build_config_for_all_forms(f, &at) : build_config(f);
-  const MlaConfig& b = *base;
+  const MlaConfig b = spec_for_all_forms(f, at);
   std::vector<std::string> labels;
   if (m.forms.empty())
     for (const Form* fm : at.runnable) labels.emplace_back(fm->name());
   else
-    for (const auto& name : m.forms) labels.push_back(form_label(name, f.absorbed_kv));
+    for (const auto& name : m.forms) {
+      labels.push_back(form_label(name, f.absorbed_kv));
+      MlaConfig named = b;
+      named.form = labels.back();
+      (void)Config(named);  // a named form must run the config as given (--ulysses included)
+    }
   std::vector<FormPrediction> preds;
-  for (const auto& l : labels) preds.push_back(predict(base.with([&](MlaConfig& c) { c.form = l; }), hw));
-  fmt::print("laga model: model {} T {} B {} P {} L {} kernel {} dtype {} on '{}' ({}) — per rank, one step "
-             "(forward + backward, no grad sync), no overlap\n", b.model, b.seq_len, b.batch, b.sp, b.num_layers,
-             kernel_name(b.kernel), dtype_name(b.dtype), hw.name, hw.path);
+  for (const auto& l : labels) preds.push_back(predict(config_as(b, l), hw));
+  fmt::print("laga model: model {} T {} B {} P {}{} L {} kernel {} dtype {} on '{}' ({}) — per rank, one step "
+             "(forward + backward, no grad sync), overlap {}\n", b.model, b.seq_len, b.batch, b.sp,
+             b.hybrid() ? fmt::format(" (laga: {} × {}, --ulysses {})", b.head_group(), b.ring_groups(), b.ulysses) : "",
+             b.num_layers, kernel_name(b.kernel), dtype_name(b.dtype), hw.name, hw.path, b.overlap ? "on" : "off");
   fmt::print("# {}\n", rates_line(hw, b.dtype));
   if (b.sp > hw.ranks_per_node)
-    fmt::print("# P {} > ranks_per_node {}: the collectives cross nodes ({} nodes)\n", b.sp, hw.ranks_per_node,
-               (b.sp + hw.ranks_per_node - 1) / hw.ranks_per_node);
+    fmt::print("# P {} > ranks_per_node {}: the job spans {} nodes; a collective crosses them where its group does\n",
+               b.sp, hw.ranks_per_node, (b.sp + hw.ranks_per_node - 1) / hw.ranks_per_node);
   fmt::print("# {:<18} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}\n", "form", "fwd", "bwd", "comm", "total",
              "compute", "comm share", "vs expl.");
   fmt::print("# {:<18} {:>11} {:>11} {:>11} {:>11} {:>11} {:>11} {:>9}\n", "", "s", "s", "s (exp.)", "s", "s", "%", "×");
@@ -196,8 +201,8 @@ HardwareSpec scale_links(HardwareSpec hw, double s) {
   return hw;
 }
 
-// --grid: every runnable form (forms_at) predicted per cell; the winner, and its margin over the
-// runner-up and over explicit where explicit runs.
+// --grid: every runnable form (forms_at), and laga with every --ulysses below P that runs, predicted
+// per cell; the winner, and its margin over the runner-up and over explicit where explicit runs.
 nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpec& base_hw) {
   const std::vector<double> scales = m.link_scale.empty() ? std::vector<double>{0.25, 1, 4} : m.link_scale;
   LAGA_CHECK(base_hw.inter_node || base_hw.ranks_per_node >= 64,
@@ -216,13 +221,21 @@ nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpe
           CommonFlags g = f;
           g.model = model, g.seq = T, g.sp = P, g.form = std::string(kBaselineForm);
           FormsAt at;
-          const Config base = build_config_for_all_forms(g, &at);
+          const MlaConfig base = spec_for_all_forms(g, at);
           std::vector<std::pair<double, std::string>> t;
           nlohmann::json times;
-          for (const Form* fm : at.runnable) {
-            const FormPrediction p = predict(base.with([&](MlaConfig& c) { c.form = std::string(fm->name()); }), hw);
-            t.emplace_back(p.total_s(), std::string(fm->name()));
-            times[std::string(fm->name())] = p.total_s();
+          std::vector<MlaConfig> candidates;
+          for (const Form* fm : at.runnable) candidates.push_back(as_form(base, fm->name()));
+          // laga with head-scatter groups of every Pu < P that divides P and H (a ring over P/Pu groups).
+          for (int64_t Pu = 1; Pu < P; ++Pu) {
+            MlaConfig h = as_form(base, "laga");
+            h.ulysses = Pu;
+            if (h.problems().empty()) candidates.push_back(h);
+          }
+          for (const MlaConfig& c : candidates) {
+            const FormPrediction p = predict(Config(c), hw);
+            t.emplace_back(p.total_s(), p.form);
+            times[p.form] = p.total_s();
           }
           std::sort(t.begin(), t.end());
           const double ex = times.contains(kBaselineForm) ? times[std::string(kBaselineForm)].get<double>() : 0;
@@ -230,10 +243,10 @@ nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpe
           const std::string second = t.size() > 1 ? t[1].second : "-";
           const std::string margin = t.size() > 1 ? fmt::format("{:.3f}×", t[1].first / t[0].first) : "-";
           fmt::print("  {:>6g} {:<17} {:>4} {:>6} {:>3}  {:<18} {:>11.5g} {:>9}  {:<18} {:>9}\n", s, model,
-                     base->num_attention_heads, T, P, t[0].second, t[0].first, vs, second, margin);
+                     base.num_attention_heads, T, P, t[0].second, t[0].first, vs, second, margin);
           nlohmann::json refused = nlohmann::json::object();
           for (const auto& r : at.refused) refused[std::string(r.form->name())] = r.reason;
-          rows.push_back({{"link_scale", s}, {"model", model}, {"heads", base->num_attention_heads}, {"seq", T}, {"sp", P},
+          rows.push_back({{"link_scale", s}, {"model", model}, {"heads", base.num_attention_heads}, {"seq", T}, {"sp", P},
                           {"winner", t[0].second}, {"winner_s", t[0].first}, {"times_s", times}, {"not_run", refused}});
         }
   }

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <functional>
 
 #include "cli.hpp"
 #include "commands.hpp"
@@ -129,7 +130,7 @@ int sweep(const Config& base_cfg, std::ofstream* json_out) {
   return 0;
 }
 
-// The per-form table of plan (and of plan_hybrid): its two header lines and a form's row of plan_json.
+// The per-form table of plan: its two header lines and a form's row of plan_json.
 void print_table_header() {
   fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "form", "activation peak", "saved", "fwd peak",
              "bwd peak", "comm tensor", "comm wire");
@@ -143,96 +144,77 @@ void print_table_row(std::string_view label, const nlohmann::json& j) {
              j["comm"]["wire_bytes"].get<int64_t>());
 }
 
-// laga with --ulysses Pu < P: the forms that run this P (laga's hybrid and the ring forms, which
-// need no --ulysses); the head-scatter forms cannot (P ∤ H is the usual reason for --ulysses), so
-// there is no explicit row to compare with.
-int plan_hybrid(const Config& base_cfg, std::ofstream* json_out, const std::string& mem_limit) {
-  const MlaConfig& base = *base_cfg;
-  fmt::print("laga plan: model {} T {} B {} P {} = {} × {} (--ulysses {}) L {} kernel {} dtype {} dlatent sum {} — per "
-             "rank\n", base.model, base.seq_len, base.batch, base.sp, base.head_group(), base.ring_groups(),
-             base.ulysses, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype),
-             dlatent_sum_name(base.dlatent_sum));
-  fmt::print("# laga (ulysses {}) and the ring forms run their own fused attention kernel\n", base.ulysses);
-  print_table_header();
-  nlohmann::json forms;
-  std::vector<Config> shown{base_cfg};
-  for (const char* ring : {"ring-kv", "ring-latent"}) {
-    MlaConfig m = base;
-    m.form = ring, m.ulysses = 0;
-    if (m.problems().empty()) shown.emplace_back(m);
-  }
-  for (const Config& c : shown) {
-    const std::string label = displayed_form(*c);
-    nlohmann::json j = plan_json(c);
-    print_table_row(label, j);
-    forms[label] = j;
-  }
-  if (json_out) *json_out << nlohmann::json{{"command", "plan"}, {"config", base.to_json()}, {"forms", forms}}.dump(2) << "\n";
-  if (!mem_limit.empty())
-    for (const Config& c : shown) check_mem_limit(plan_memory(c), 1, parse_bytes(mem_limit), "--mem-limit " + mem_limit);
-  return 0;
-}
-
 }  // namespace
 
 int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) {
-  CommonFlags g = f;
-  if (do_sweep && g.seq == 0) g.seq = 4096;
-  const bool hybrid = g.ulysses > 0 && g.ulysses < g.sp;
-  if (hybrid) g.form = "laga";  // only laga takes --ulysses below P
-  FormsAt at;
-  const Config base_cfg = do_sweep || hybrid ? build_config(g) : build_config_for_all_forms(g, &at);
-  const MlaConfig& base = *base_cfg;
   auto json_out = open_output(f.json_path, "--json");
-  if (do_sweep) return sweep(base_cfg, json_out.get());
-  if (base.hybrid()) return plan_hybrid(base_cfg, json_out.get(), mem_limit);
-  fmt::print("laga plan: model {} T {} B {} P {} L {} kernel {}{} dtype {} dlatent sum {} — per rank\n", base.model,
-             base.seq_len, base.batch, base.sp, base.num_layers, kernel_name(base.kernel),
+  if (do_sweep) {
+    CommonFlags g = f;
+    if (g.seq == 0) g.seq = 4096;
+    return sweep(build_config(g), json_out.get());
+  }
+  FormsAt at;
+  const MlaConfig base = spec_for_all_forms(f, at);
+  fmt::print("laga plan: model {} T {} B {} P {}{} L {} kernel {}{} dtype {} dlatent sum {} — per rank\n", base.model,
+             base.seq_len, base.batch, base.sp,
+             base.hybrid() ? fmt::format(" (laga: {} × {}, --ulysses {})", base.head_group(), base.ring_groups(),
+                                         base.ulysses)
+                           : "",
+             base.num_layers, kernel_name(base.kernel),
              base.kernel == Kernel::fused ? fmt::format(" ({} backward)", attn_backward_name(base.attn_backward)) : "",
              dtype_name(base.dtype), dlatent_sum_name(base.dlatent_sum));
-  for (const Form* f : registered_forms())
-    if (!f->own_kernel().empty() && f->own_kernel() != kernel_name(base.kernel))
-      fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n", f->name(), f->own_kernel(),
-                 kernel_name(base.kernel));
+  for (const Form* fm : at.runnable) {
+    const Form& runs_as = form_of(as_form(base, fm->name()));
+    if (!runs_as.own_kernel().empty() && runs_as.own_kernel() != kernel_name(base.kernel))
+      fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n",
+                 displayed_form(as_form(base, fm->name())), runs_as.own_kernel(), kernel_name(base.kernel));
+  }
   print_table_header();
-  // Keyed by label; each family with variants also under its own name, for the variant --form/--absorbed-kv
-  // select (the "absorbed" key is the --absorbed-kv regime).
+  // Keyed by label (laga's hybrid by "laga (ulysses Pu)"); each family with variants also under its own
+  // name, for the variant --form/--absorbed-kv select (the "absorbed" key is the --absorbed-kv regime).
   nlohmann::json forms;
+  auto key = [&](std::string_view name) { return displayed_form(as_form(base, name)); };
   for (const Form* fm : registered_forms()) {
     if (const std::string why = at.refusal(*fm); !why.empty()) {
       fmt::print("  {:<18} not run: {}\n", fm->name(), why);
       forms[std::string(fm->name())] = {{"not_run", why}};
       continue;
     }
-    nlohmann::json j = plan_json(with(base_cfg, fm->name()));
-    print_table_row(fm->name(), j);
-    forms[std::string(fm->name())] = j;
+    nlohmann::json j = plan_json(config_as(base, fm->name()));
+    print_table_row(key(fm->name()), j);
+    forms[key(fm->name())] = j;
     if (fm->family() != fm->name() && fm->name() == form_label(std::string(fm->family()), f.absorbed_kv))
       forms[std::string(fm->family())] = j;
   }
   const auto runs = [&](std::string_view name) { return at.refusal(find_form(name)).empty(); };
+  // A form's config with one more setting changed.
+  auto edited = [&](std::string_view name, const std::function<void(MlaConfig&)>& edit) {
+    MlaConfig m = as_form(base, name);
+    edit(m);
+    return Config(std::move(m));
+  };
   const nlohmann::json& ex = forms[std::string(kBaselineForm)];
   if (runs(kBaselineForm)) {
     std::string vs;
     for (const Form* fm : at.runnable)
       if (fm->name() != kBaselineForm)
-        vs += fmt::format("{}{} {:+.2f} %", vs.empty() ? "" : ", ", fm->name(),
-                          100 * (forms[std::string(fm->name())]["activation_peak_bytes"].get<double>() /
+        vs += fmt::format("{}{} {:+.2f} %", vs.empty() ? "" : ", ", key(fm->name()),
+                          100 * (forms[key(fm->name())]["activation_peak_bytes"].get<double>() /
                                      ex["activation_peak_bytes"].get<double>() - 1));
     fmt::print("  activation peak vs explicit: {}\n", vs);
   } else {
     fmt::print("  activation peak vs explicit: none (explicit is not run)\n");
   }
+  const nlohmann::json& lg = forms[runs("laga") ? key("laga") : std::string("laga")];
   if (runs(kBaselineForm) && runs("laga"))
-    fmt::print("  communication explicit / laga: {:.4f} (tensor bytes), {:.4f} (wire bytes)\n",
-               ex["comm"]["tensor_bytes"].get<double>() / forms["laga"]["comm"]["tensor_bytes"].get<double>(),
-               ex["comm"]["wire_bytes"].get<double>() / forms["laga"]["comm"]["wire_bytes"].get<double>());
+    fmt::print("  communication explicit / {}: {:.4f} (tensor bytes), {:.4f} (wire bytes)\n", key("laga"),
+               ex["comm"]["tensor_bytes"].get<double>() / lg["comm"]["tensor_bytes"].get<double>(),
+               ex["comm"]["wire_bytes"].get<double>() / lg["comm"]["wire_bytes"].get<double>());
   // What the other dtype of the dlatent partial sums would cost laga (the forms that gather the latent alike).
   const DlatentSum other = base.dlatent_sum == DlatentSum::fp32 ? DlatentSum::storage : DlatentSum::fp32;
   const nlohmann::json alt =
-      runs("laga") ? plan_json(base_cfg.with([&](MlaConfig& m) { m.form = "laga", m.dlatent_sum = other; }))
+      runs("laga") ? plan_json(edited("laga", [&](MlaConfig& m) { m.dlatent_sum = other; }))
                    : nlohmann::json{{"not_run", at.refusal(find_form("laga"))}};
-  const nlohmann::json& lg = forms["laga"];
   if (runs("laga")) fmt::print("  dlatent partial sums in {} ({} with --dlatent-sum {}): laga comm {:+} tensor bytes, {:+} wire bytes, "
              "activation peak {:+} bytes\n", dlatent_sum_name(base.dlatent_sum) == "fp32" ? "fp32" : dtype_name(base.dtype),
              dlatent_sum_name(other) == "fp32" ? "fp32" : dtype_name(base.dtype), dlatent_sum_name(other),
@@ -246,12 +228,11 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
     const AttnBackward flip = base.attn_backward == AttnBackward::one_pass ? AttnBackward::two_pass : AttnBackward::one_pass;
     std::string line;
     for (const Form* fm : at.runnable) {
-      const int64_t peak = plan_memory(base_cfg.with([&](MlaConfig& m) {
-                                         m.form = std::string(fm->name()), m.attn_backward = flip;
-                                       })).activation_peak_bytes;
-      const int64_t delta = peak - forms[std::string(fm->name())]["activation_peak_bytes"].get<int64_t>();
-      line += fmt::format("{}{} {:+}", line.empty() ? "" : ", ", fm->name(), delta);
-      other_order[std::string(fm->name())] = {{"activation_peak_bytes", peak}, {"delta_bytes", delta}};
+      const int64_t peak =
+          plan_memory(edited(fm->name(), [&](MlaConfig& m) { m.attn_backward = flip; })).activation_peak_bytes;
+      const int64_t delta = peak - forms[key(fm->name())]["activation_peak_bytes"].get<int64_t>();
+      line += fmt::format("{}{} {:+}", line.empty() ? "" : ", ", key(fm->name()), delta);
+      other_order[key(fm->name())] = {{"activation_peak_bytes", peak}, {"delta_bytes", delta}};
     }
     fmt::print("  with --attn-backward {}: activation peak {} bytes\n", attn_backward_name(flip), line);
     other_order["attn_backward"] = attn_backward_name(flip);
@@ -264,7 +245,7 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
   }
   if (!mem_limit.empty())
     for (const Form* fm : at.runnable)
-      check_mem_limit(plan_memory(with(base_cfg, fm->name())), 1, parse_bytes(mem_limit), "--mem-limit " + mem_limit);
+      check_mem_limit(plan_memory(config_as(base, fm->name())), 1, parse_bytes(mem_limit), "--mem-limit " + mem_limit);
   return 0;
 }
 

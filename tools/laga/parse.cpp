@@ -106,6 +106,8 @@ void build_app(CLI::App& app, Invocation& inv) {
   add_common(model, flags, false);
   model->get_option("--seq")->required(false);
   model->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
+  model->add_option("--ulysses", flags.ulysses, "laga: ranks per head-scatter group Pu (divides --sp and the heads; "
+                    "Pu < P runs a ring over the P/Pu groups; 0: Pu = P)")->capture_default_str();
   model->add_option("--forms", inv.model.forms, "forms to predict (default: every registered form)")->delimiter(',');
   model->add_option("--hw", inv.model.hw, "hardware file (JSON: compute rates, links, ranks per node; docs/model.md)");
   model->add_option("--bench-json", inv.model.bench_json, "a laga bench --json file: predicted against measured, per row");
@@ -180,9 +182,8 @@ void check_invocation(const Invocation& inv) {
     CommonFlags g = f;
     if (inv.sweep && g.seq == 0) g.seq = 4096;
     LAGA_CHECK(!inv.sweep || g.ulysses == 0, "laga plan --sweep sweeps P itself and takes no --ulysses; drop one");
-    const bool hybrid = g.ulysses > 0 && g.ulysses < g.sp;
-    if (hybrid) g.form = "laga";  // plan shows the forms that run it (cmd_plan.cpp)
-    inv.sweep || hybrid ? build_config(g) : build_config_for_all_forms(g);
+    FormsAt at;
+    inv.sweep ? (void)build_config(g) : (void)spec_for_all_forms(g, at);
   } else if (inv.command == "verify") {
     CommonFlags g = f;
     g.ulysses = 0;
@@ -250,13 +251,15 @@ void check_invocation(const Invocation& inv) {
       for (double s : m.link_scale)
         LAGA_CHECK(s > 0 && std::isfinite(s), "--link-scale {} must be a positive factor, e.g. 0.25 or 4", s);
       LAGA_CHECK(m.grid || m.link_scale.size() <= 1, "--link-scale takes one factor without --grid; give one, e.g. 4");
-      LAGA_CHECK(!m.grid || (f.seq == 0 && m.bench_json.empty() && m.forms.empty()),
-                 "--grid chooses its own models, T and P over every form; it takes no --seq, --bench-json or --forms");
+      LAGA_CHECK(!m.grid || (f.seq == 0 && m.bench_json.empty() && m.forms.empty() && f.ulysses == 0),
+                 "--grid chooses its own models, T, P and --ulysses over every form; it takes no --seq, --bench-json, "
+                 "--forms or --ulysses");
       LAGA_CHECK(m.comm_json.empty(), "--comm-json goes with --calibrate OUT.json");
       LAGA_CHECK(!m.hw.empty(), "laga model needs --hw FILE (a hardware file, docs/model.md), or --calibrate OUT.json");
       LAGA_CHECK(m.grid || f.seq > 0 || !m.bench_json.empty(), "laga model needs --seq T (or --bench-json FILE, or --grid)");
       if (f.seq > 0) {
-        m.forms.empty() ? build_config_for_all_forms(f) : build_config(f);
+        FormsAt at;
+        spec_for_all_forms(f, at);
         for (const auto& name : m.forms) build_config([&] { CommonFlags g = f; g.form = name; return g; }());
       }
     }

@@ -68,6 +68,11 @@ struct CollectiveRecord {
   double issued_s = 0;     // when this rank issued it, seconds since the ledger's epoch
   double completed_s = 0;  // when this rank observed its completion (in wait or test); 0 while in flight
   double wait_s = 0;       // time the caller was blocked for it: exposed; seconds − wait_s was hidden
+  // The group it ran on, as ranks of the outermost communicator, in the group's rank order; null
+  // for the outermost group itself (ranks 0 .. P−1). The performance model reads a sub-group's size
+  // and which nodes its ranks sit on from it.
+  std::shared_ptr<const std::vector<int>> group;
+  int64_t group_size(int64_t outer_size) const { return group ? int64_t(group->size()) : outer_size; }
 };
 
 class Ledger {
@@ -256,6 +261,7 @@ class Communicator {
 
   Ledger ledger_;
   Ledger* led_ = &ledger_;  // where records go: ledger_, or the parent's (split)
+  std::shared_ptr<const std::vector<int>> group_;  // this group as outermost ranks (split); null: outermost
   // all_reduces whose first phase is in flight, in issue order: their second phases are issued in
   // this order on every rank.
   std::deque<Pending*> queue_;

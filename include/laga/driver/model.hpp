@@ -101,9 +101,10 @@ struct FormPrediction {
   nlohmann::json to_json() const;
 };
 
-// The time of one collective of P ranks on hw (docs/model.md §1): P ≤ ranks_per_node uses the
-// intra-node link; beyond it the ring collectives run at min(intra busbw, ranks_per_node × a rank's
-// inter-node bandwidth) and the all-to-all splits its traffic between the two links (see model.cpp).
+// The time of one collective on hw in a job of P ranks (docs/model.md §1), over the group it ran on
+// (r.group: a sub-group's n ranks, else all P). A group within one node uses the intra-node link;
+// one over several nodes runs its ring collectives at min(intra busbw, m × a rank's inter-node
+// bandwidth), m = its ranks per node, and splits the all-to-all's traffic between the two links.
 CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r, int64_t P);
 
 // One training step (forward + backward, no grad sync) of c's form on one rank.

@@ -168,13 +168,17 @@ const Form& find_form(std::string_view name);  // usage error naming the valid l
 // The form that runs config c: find_form(c.form), except laga with --ulysses Pu < P, which runs the
 // head-scatter × ring variant (not registered: to the user it is laga with --ulysses).
 const Form& form_of(const MlaConfig& c);
+// c with form `name`: --ulysses (Pu) is laga's own option, so any other form gets Pu = 0 (its own
+// layout over the whole group). The one way the commands that run every form derive a form's config.
+MlaConfig as_form(MlaConfig c, std::string_view name);
 // How commands name c's form: its label, "laga (ulysses 8)" for the variant.
 std::string displayed_form(const MlaConfig& c);
 std::string form_names();                      // "explicit, absorbed-expanded, absorbed-shared, laga, ..."
 // The one rule of the commands that run every form (plan, verify): a config whose problems lie apart
 // from any form (problems_apart_from_form) is refused as a whole (usage error); a form whose own
 // conditions fail is "not run", with its first reason, and the command goes on with the others. A
-// config that no form can run is refused, naming each form's reason.
+// config that no form can run is refused, naming each form's reason. Each form is judged on
+// as_form(c, its name): --ulysses below P is laga's, the others run over the whole group.
 struct FormRefusal {
   const Form* form;
   std::string reason;

@@ -46,6 +46,12 @@ const Form& form_of(const MlaConfig& c) {
   return find_form(c.form);
 }
 
+MlaConfig as_form(MlaConfig c, std::string_view name) {
+  c.form = std::string(name);
+  if (name != "laga") c.ulysses = 0;
+  return c;
+}
+
 std::string displayed_form(const MlaConfig& c) {
   if (c.hybrid() && c.form == "laga") return fmt::format("laga (ulysses {})", c.ulysses);
   return c.form;
@@ -71,10 +77,9 @@ FormsAt forms_at(const MlaConfig& c) {
   }
   FormsAt at;
   for (const Form* f : registered_forms()) {
-    MlaConfig m = c;
-    m.form = std::string(f->name());
+    const MlaConfig m = as_form(c, f->name());
     std::vector<std::string> p;
-    f->add_problems(m, p);
+    form_of(m).add_problems(m, p);
     if (p.empty())
       at.runnable.push_back(f);
     else
