@@ -232,7 +232,8 @@ def section_throughput(r):
 
 def section_link(r):
     r.h("5. Throughput across the emulated link")
-    found = [(n, load(r.d, f"bench.link.{n}.json")) for n in ("slow", "matched", "matched.overlap", "fast")]
+    found = [(n, load(r.d, f"bench.link.{n}.json"))
+             for n in ("slow", "slow.overlap", "matched", "matched.overlap", "fast", "fast.overlap")]
     found = [(n, j) for n, j in found if j]
     if not found:
         return r.missing("bench across the link", "bench.link.matched")
@@ -252,8 +253,8 @@ def section_link(r):
         for form in sorted({row["variant"] for row in j["rows"]} - {"explicit"}):
             pts = sorted((row["seq"], row["speedup_vs_explicit"]) for row in j["rows"] if row["variant"] == form)
             ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{form}, {n}")
-        if n == "matched.overlap":
-            off = load(r.d, "bench.link.matched.json")
+        if n.endswith(".overlap"):
+            off = load(r.d, f"bench.link.{n[:-len('.overlap')]}.json")
             rows = []
             for row in j["rows"]:
                 c = row.get("collectives", {})
@@ -266,7 +267,7 @@ def section_link(r):
                 "overlap (the run above: another invocation), and the share of each collective's time hidden behind "
                 "compute (from the ledger's issue, completion and wait times).")
             r.p(table(["T", "form", "vs explicit-overlap", "vs explicit (off)", "hidden"], rows))
-        comm = load(r.d, f"bench_comm.link.{n}.json")
+        comm = None if n.endswith(".overlap") else load(r.d, f"bench_comm.link.{n}.json")
         if comm:
             big = max(comm["rows"], key=lambda x: x["bytes"])
             r.p(f"\nbench-comm through this link: largest {big['op']} {big['bytes']} B at busbw "
@@ -302,8 +303,12 @@ def section_model(r):
         r.p("Calibrated here: `" + json.dumps(hw.get("compute", {}))[:600] + "`")
     comparisons = []
     for name, title in (("model.vs_bench.fused.json", "one machine, fused"), ("model.vs_bench.eager.json", "one machine, eager"),
-                        ("model.vs_bench.link.matched.json", "link, matched"), ("model.vs_bench.link.fast.json", "link, 4× faster"),
-                        ("model.vs_bench.link.slow.json", "link, 4× slower")):
+                        ("model.vs_bench.link.matched.json", "link, matched"),
+                        ("model.vs_bench.link.matched.overlap.json", "link, matched, overlap"),
+                        ("model.vs_bench.link.fast.json", "link, 4× faster"),
+                        ("model.vs_bench.link.fast.overlap.json", "link, 4× faster, overlap"),
+                        ("model.vs_bench.link.slow.json", "link, 4× slower"),
+                        ("model.vs_bench.link.slow.overlap.json", "link, 4× slower, overlap")):
         j = load(r.d, name)
         if j and "comparison" in j:
             comparisons.append((title, j["comparison"]))

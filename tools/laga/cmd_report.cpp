@@ -201,15 +201,15 @@ int cmd_report(const std::string& out_dir, bool quick) {
                                             "--forms", link_forms, "--kernel", "fused", "--iters",
                                             iters, "--json", J(fmt::format("bench.link.{}.json", r.name))});
                      }, true});
-    // The same forms with their collectives overlapped (--overlap on), at the matched rate.
-    if (std::string(r.name) == "matched")
-      steps.push_back({"bench.link.matched.overlap", "throughput across the link at the matched rate, fused, overlap on",
-                       [&, r] {
-                         return link(r.factor, {laga, "bench", "--model", "small", "--seq", link_seqs, "--sp", "2",
-                                              "--forms", link_forms, "--kernel", "fused", "--iters",
-                                              iters, "--overlap", "on", "--json", J("bench.link.matched.overlap.json")});
-                       }, true});
-    // The model with this link's bench-comm (compute calibrated again, here), against the link's bench rows.
+    // The same forms with their collectives overlapped (--overlap on), at every rate.
+    steps.push_back({fmt::format("bench.link.{}.overlap", r.name),
+                     fmt::format("throughput across the link at the {} rate, fused, overlap on", r.name), [&, r] {
+                       return link(r.factor, {laga, "bench", "--model", "small", "--seq", link_seqs, "--sp", "2",
+                                            "--forms", link_forms, "--kernel", "fused", "--iters", iters, "--overlap",
+                                            "on", "--json", J(fmt::format("bench.link.{}.overlap.json", r.name))});
+                     }, true});
+    // The model with this link's bench-comm (compute calibrated again, here), against the link's bench
+    // rows without overlap and with it.
     steps.push_back({fmt::format("model.vs_bench.link.{}", r.name), fmt::format("the model against the link bench at the {} rate", r.name),
                      [&, r] {
                        const std::string hw = J(fmt::format("hw.link.{}.json", r.name));
@@ -218,10 +218,13 @@ int cmd_report(const std::string& out_dir, bool quick) {
                            fmt::format("set -e; test -s '{0}' || {{ echo 'no link bench-comm to calibrate from (the link "
                                        "steps were skipped)'; exit 77; }}; "
                                        "'{1}' model --calibrate '{2}' --comm-json '{0}' --sp 2; "
-                                       "'{1}' model --hw '{2}' --bench-json '{3}' --json '{4}'",
+                                       "'{1}' model --hw '{2}' --bench-json '{3}' --json '{4}'; "
+                                       "'{1}' model --hw '{2}' --bench-json '{5}' --json '{6}'",
                                        J(fmt::format("bench_comm.link.{}.json", r.name)), laga, hw,
                                        J(fmt::format("bench.link.{}.json", r.name)),
-                                       J(fmt::format("model.vs_bench.link.{}.json", r.name)))};
+                                       J(fmt::format("model.vs_bench.link.{}.json", r.name)),
+                                       J(fmt::format("bench.link.{}.overlap.json", r.name)),
+                                       J(fmt::format("model.vs_bench.link.{}.overlap.json", r.name)))};
                      }});
   }
   for (const char* kernel : {"fused", "eager"})
