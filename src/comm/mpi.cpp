@@ -34,6 +34,7 @@
 
 #include "laga/comm/communicator.hpp"
 #include "laga/core/error.hpp"
+#include "laga/core/machine.hpp"
 
 namespace laga {
 namespace {
@@ -293,8 +294,12 @@ int run_mpi(const std::function<void(Communicator&)>& fn, double timeout_s) {
     LAGA_MPI(where, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     LAGA_CHECK(provided >= MPI_THREAD_FUNNELED,
                "this MPI library gives thread level {}; laga needs MPI_THREAD_FUNNELED", provided);
-    const int cores = std::max(1, int(std::thread::hardware_concurrency()));
-    omp_set_num_threads(std::max(1, cores / local_size(MPI_COMM_WORLD, where)));
+    // Threads per rank: the cores this rank may run on, but no more than its share of the node's (the
+    // ranks MPI places on this node; an unbound rank's mask is the whole machine). A rank bound to one
+    // core (mpirun's default binding at 2 ranks, scripts/link.sh's taskset per namespace, where each
+    // namespace is a "node" of one rank) runs one thread.
+    const int online = std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
+    omp_set_num_threads(std::max(1, std::min(usable_cores(), online / local_size(MPI_COMM_WORLD, where))));
     MpiCommunicator comm(MPI_COMM_WORLD, false);
     comm.set_timeout(timeout_s);
     fn(comm);

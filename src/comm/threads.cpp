@@ -42,6 +42,7 @@
 
 #include "laga/comm/communicator.hpp"
 #include "laga/core/error.hpp"
+#include "laga/core/machine.hpp"
 
 namespace laga {
 namespace {
@@ -341,7 +342,7 @@ void run_threads(int P, const std::function<void(Communicator&)>& fn, double tim
   auto group = std::make_shared<Group>(P, std::make_shared<Family>());
   Family& family = *group->f;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(P));
-  const int omp_threads = std::max(1, int(std::thread::hardware_concurrency()) / P);
+  const int omp_threads = std::max(1, usable_cores() / P);  // the ranks share this process's cores
   std::vector<std::thread> threads;
   threads.reserve(size_t(P));
   for (int r = 0; r < P; ++r) {

@@ -4,6 +4,7 @@
 #include <sched.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -40,12 +41,17 @@ MachineInfo machine_info() {
   }
   for (const char* f : {"avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
     if (flags.count(f)) m.features += (m.features.empty() ? "" : " ") + std::string(f);
-  cpu_set_t set;
-  CPU_ZERO(&set);
   m.online = int(sysconf(_SC_NPROCESSORS_ONLN));
-  m.cores = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : m.online;
+  m.cores = usable_cores();
   m.commit = build_commit();
   return m;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
 }
 
 std::string MachineInfo::line() const {

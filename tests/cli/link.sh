@@ -60,6 +60,22 @@ for op in ("all_gather", "all_to_all"):
 PY
 [ -z "$(left_behind $pid)" ] || fail "after a run: $(left_behind $pid)"
 
+# 1b. Each namespace's rank is bound to its own core (link.sh's taskset) and is a "node" of one rank to
+# MPI: it must run one OpenMP thread on that core, not the machine's count (two threads on one core).
+cores=$(nproc)
+want=$(( cores / 2 > 0 ? cores / 2 : 1 ))
+"$link" --ranks 2 --rate ${rate_mbit}mbit -- "$laga" bench --model tiny --seq 64 --sp 2 --forms explicit --iters 1 \
+  --warmup 0 --timeout 120 >"$work/threads.out" 2>&1 &
+pid=$!
+wait $pid
+status=$?
+if [ "$status" -eq 0 ] && grep -q "threads per rank: $want (OpenMP" "$work/threads.out"; then
+  echo "ok: a rank under link.sh runs $want OpenMP thread(s) on its $want core(s)"
+else
+  fail "threads per rank under link.sh (want $want): status $status: $(grep -m1 'threads per rank' "$work/threads.out" || tail -3 "$work/threads.out")"
+fi
+[ -z "$(left_behind $pid)" ] || fail "after the bench: $(left_behind $pid)"
+
 # 2. SIGINT while mpirun runs (a sweep that would take minutes at 200mbit): exit 130, nothing left.
 # (Job control on: a background job of a script otherwise starts with SIGINT ignored, untrappable.)
 set -m

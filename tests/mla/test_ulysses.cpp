@@ -158,7 +158,9 @@ TEST(Ulysses, PlanMatchesMeasuredMemoryAndLedgerToTheByte) {
             // The group each ran on, as the job's ranks (the model's sub-group times read it): the plan
             // is rank 0's.
             ASSERT_EQ(bool(planned[i].group), bool(r.collectives[i].group)) << i;
-            if (planned[i].group && r.rank == 0) EXPECT_EQ(*planned[i].group, *r.collectives[i].group) << i;
+            if (planned[i].group && r.rank == 0) {
+              EXPECT_EQ(*planned[i].group, *r.collectives[i].group) << i;
+            }
           }
         }
       }

@@ -71,7 +71,7 @@ struct CollectiveRecord {
   // The group it ran on, as ranks of the outermost communicator, in the group's rank order; null
   // for the outermost group itself (ranks 0 .. P−1). The performance model reads a sub-group's size
   // and which nodes its ranks sit on from it.
-  std::shared_ptr<const std::vector<int>> group;
+  std::shared_ptr<const std::vector<int>> group = nullptr;
   int64_t group_size(int64_t outer_size) const { return group ? int64_t(group->size()) : outer_size; }
 };
 

@@ -23,6 +23,11 @@ struct MachineInfo {
 };
 
 MachineInfo machine_info();
+// The CPUs this process may run on (sched_getaffinity; the online count where that fails): what a
+// rank's OpenMP threads are sized from. Not std::thread::hardware_concurrency(), which counts every
+// CPU of the machine: a rank bound to one core (mpirun's binding, scripts/link.sh's taskset) would
+// run several threads on it.
+int usable_cores();
 // `git describe --always --dirty` of the source tree when this binary was built; "unknown" outside git.
 const char* build_commit();
 
