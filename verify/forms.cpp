@@ -47,9 +47,14 @@ Tensors run_tensors(const Config& c) {
 
 FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,
                         const FormsOptions& opt) {
+  // The same seed draws the same whole weights at every P and for every form: drawn once here (per
+  // process), each run copies them.
+  Weights initial = allocate_weights(*base, "verify.weights");
+  init_weights(initial, *base, opt.seed);
   RunOptions run_opt;
   run_opt.seed = opt.seed;
   run_opt.gather_tensors = true;
+  run_opt.initial_weights = &initial;
   // A whole run of c; its tensors on the root (rank 0 of the group), empty elsewhere.
   auto run = [&](const Config& c, bool keep_inputs) {
     Run out;

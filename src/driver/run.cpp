@@ -73,7 +73,12 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
   Weights w, g;
   {
     TrackerScope scope(tracker);
-    if (opt.weights_path.empty() || meta) {
+    if (opt.initial_weights && !meta) {
+      LAGA_CHECK(opt.weights_path.empty(), "run_rank: initial_weights and weights_path {} are two sources of "
+                 "weights; give one", opt.weights_path);
+      w = allocate_weights(c, "weights");
+      copy_weights(w, *opt.initial_weights);
+    } else if (opt.weights_path.empty() || meta) {
       w = allocate_weights(c, "weights");
       init_weights(w, c, opt.seed);
     } else {

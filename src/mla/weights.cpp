@@ -1,7 +1,11 @@
 #include "laga/mla/weights.hpp"
 
 #include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "laga/core/error.hpp"
 #include "laga/core/random.hpp"
 
 namespace laga {
@@ -101,6 +105,20 @@ void init_weights(Weights& w, const MlaConfig& c, uint64_t seed) {
     if (t.rank() == 1) fill_normal(t, seed, name, 0.1, 1.0);
     else fill_normal(t, seed, name, 1.0 / std::sqrt(double(t.dim(1))));
   });
+}
+
+void copy_weights(Weights& dst, const Weights& src) {
+  std::vector<std::pair<std::string, const Tensor*>> from;
+  src.for_each([&](const std::string& name, const Tensor& t) { from.emplace_back(name, &t); });
+  size_t i = 0;
+  dst.for_each([&](const std::string& name, Tensor& t) {
+    LAGA_CHECK(i < from.size() && from[i].first == name && from[i].second->shape() == t.shape() &&
+                   from[i].second->dtype() == t.dtype(),
+               "copy_weights: {} is not the source's tensor {} (another model or dtype)", name,
+               i < from.size() ? from[i].first : "(none left)");
+    t.copy_from(*from[i++].second);
+  });
+  LAGA_CHECK(i == from.size(), "copy_weights: the source has {} tensors, the destination {}", from.size(), i);
 }
 
 }  // namespace laga

@@ -15,6 +15,8 @@
 #include "laga/driver/plan.hpp"
 #include "laga/driver/run.hpp"
 #include "laga/mla/form.hpp"
+#include "laga/mla/weights.hpp"
+#include "verify/compare.hpp"
 #include "verify/forms.hpp"
 
 using namespace laga;
@@ -115,6 +117,34 @@ TEST(Forms, LedgerHoldsExactlyTheDeclaredCollectives) {
       EXPECT_EQ(fwd, want_fwd) << f->name() << (overlap ? " overlap on" : " overlap off");
       EXPECT_EQ(bwd, want_bwd) << f->name() << (overlap ? " overlap on" : " overlap off");
     }
+}
+
+// verify draws the weights once and every run copies them (RunOptions::initial_weights): the same
+// bits and the same tracked memory as a run that draws them itself.
+TEST(Forms, CopiedInitialWeightsRunAsDrawnOnes) {
+  MlaConfig m = MlaConfig::preset("tiny");
+  m.seq_len = 32, m.sp = 4, m.num_layers = 2, m.form = "laga", m.dtype = DType::bf16;
+  const Config c(m);
+  Weights initial = allocate_weights(m, "test.weights");
+  init_weights(initial, m, 77);
+  RunOptions drawn, copied;
+  drawn.seed = copied.seed = 77;
+  drawn.gather_tensors = copied.gather_tensors = true;
+  copied.initial_weights = &initial;
+  const std::vector<RankResult> a = run_group(c, drawn), b = run_group(c, copied);
+  std::string where;
+  EXPECT_TRUE(verify::bitwise_equal(verify::tensors_of(a[0].y, a[0].dx, a[0].grads),
+                                    verify::tensors_of(b[0].y, b[0].dx, b[0].grads), &where))
+      << where;
+  EXPECT_EQ(a[0].memory.baseline_bytes, b[0].memory.baseline_bytes);
+  EXPECT_EQ(a[0].memory.activation_peak_bytes, b[0].memory.activation_peak_bytes);
+  EXPECT_EQ(a[0].memory.peak_breakdown, b[0].memory.peak_breakdown);
+  // Weights of another model are refused, naming the first tensor that differs.
+  MlaConfig other = m;
+  other.hidden_size *= 2;
+  Weights wrong = allocate_weights(other, "test.wrong");
+  copied.initial_weights = &wrong;
+  EXPECT_THROW(run_group(c, copied), Error);
 }
 
 TEST(Forms, RegistryStartsWithTheBaselineAndNamesAreUnique) {

@@ -19,6 +19,10 @@ namespace laga {
 struct RunOptions {
   uint64_t seed = 1234;
   std::string weights_path;   // empty: init_weights(seed)
+  // Set: the weights are copied from here instead of drawn: the values init_weights(seed) gives this
+  // config's model and dtype, drawn once by a caller that runs many forms and P on them (verify).
+  // The copy is allocated and tracked as a drawn one is. Not with weights_path.
+  const Weights* initial_weights = nullptr;
   bool gather_tensors = false;  // gather whole x, dy, y, dx, weights and synced grads (for dumps, checks)
   bool grad_sync = true;        // all-reduce the weight gradients over the group after backward
 };

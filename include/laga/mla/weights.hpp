@@ -67,5 +67,7 @@ Weights allocate_weights(const MlaConfig& c, const std::string& tag = "weights")
 Weights zero_grads(const MlaConfig& c, const std::string& tag = "grads");
 // Deterministic initialisation from a seed: norms = 1 + small noise, projections ~ N(0, 1/fan_in).
 void init_weights(Weights& w, const MlaConfig& c, uint64_t seed);
+// dst's tensors = src's, by name, shape and dtype (both allocated for the same model and dtype).
+void copy_weights(Weights& dst, const Weights& src);
 
 }  // namespace laga
