@@ -46,6 +46,10 @@ MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at) {
 
 Config config_as(const MlaConfig& spec, std::string_view name) { return Config(as_form(spec, name)); }
 
+std::string ulysses_note(const MlaConfig& c) {
+  return c.hybrid() ? fmt::format(" (laga: {} × {}, --ulysses {})", c.head_group(), c.ring_groups(), c.ulysses) : "";
+}
+
 MlaConfig build_spec(const CommonFlags& f) {
   MlaConfig c = MlaConfig::preset(f.model);
   if (!f.config_path.empty()) {

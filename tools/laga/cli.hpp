@@ -45,6 +45,8 @@ MlaConfig build_spec(const CommonFlags& f);
 MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at);
 // The validated config of spec as form `name` (as_form: --ulysses stays laga's alone).
 Config config_as(const MlaConfig& spec, std::string_view name);
+// " (laga: Pu × Pr, --ulysses Pu)" after P in a command's header when laga runs head scatter × ring; "".
+std::string ulysses_note(const MlaConfig& c);
 // The registered form label of --form (and, for a family with variants, --absorbed-kv); usage error
 // naming the valid spellings.
 std::string form_label(const std::string& form, const std::string& absorbed_kv);

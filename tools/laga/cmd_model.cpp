@@ -81,21 +81,19 @@ nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const Hard
   // the config is listed as not run. Forms named with --forms must all run it.
   FormsAt at;
   const MlaConfig b = spec_for_all_forms(f, at);
-  std::vector<std::string> labels;
+  // Every runnable form as as_form gives it; a named one as given (--ulysses included: Config refuses it
+  // for a form other than laga).
+  std::vector<FormPrediction> preds;
   if (m.forms.empty())
-    for (const Form* fm : at.runnable) labels.emplace_back(fm->name());
+    for (const Form* fm : at.runnable) preds.push_back(predict(config_as(b, fm->name()), hw));
   else
     for (const auto& name : m.forms) {
-      labels.push_back(form_label(name, f.absorbed_kv));
       MlaConfig named = b;
-      named.form = labels.back();
-      (void)Config(named);  // a named form must run the config as given (--ulysses included)
+      named.form = form_label(name, f.absorbed_kv);
+      preds.push_back(predict(Config(std::move(named)), hw));
     }
-  std::vector<FormPrediction> preds;
-  for (const auto& l : labels) preds.push_back(predict(config_as(b, l), hw));
   fmt::print("laga model: model {} T {} B {} P {}{} L {} kernel {} dtype {} on '{}' ({}) — per rank, one step "
-             "(forward + backward, no grad sync), overlap {}\n", b.model, b.seq_len, b.batch, b.sp,
-             b.hybrid() ? fmt::format(" (laga: {} × {}, --ulysses {})", b.head_group(), b.ring_groups(), b.ulysses) : "",
+             "(forward + backward, no grad sync), overlap {}\n", b.model, b.seq_len, b.batch, b.sp, ulysses_note(b),
              b.num_layers, kernel_name(b.kernel), dtype_name(b.dtype), hw.name, hw.path, b.overlap ? "on" : "off");
   fmt::print("# {}\n", rates_line(hw, b.dtype));
   if (b.sp > hw.ranks_per_node)

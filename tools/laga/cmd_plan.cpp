@@ -156,24 +156,21 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
   FormsAt at;
   const MlaConfig base = spec_for_all_forms(f, at);
   fmt::print("laga plan: model {} T {} B {} P {}{} L {} kernel {}{} dtype {} dlatent sum {} — per rank\n", base.model,
-             base.seq_len, base.batch, base.sp,
-             base.hybrid() ? fmt::format(" (laga: {} × {}, --ulysses {})", base.head_group(), base.ring_groups(),
-                                         base.ulysses)
-                           : "",
-             base.num_layers, kernel_name(base.kernel),
+             base.seq_len, base.batch, base.sp, ulysses_note(base), base.num_layers, kernel_name(base.kernel),
              base.kernel == Kernel::fused ? fmt::format(" ({} backward)", attn_backward_name(base.attn_backward)) : "",
              dtype_name(base.dtype), dlatent_sum_name(base.dlatent_sum));
+  // A form's label in this table: laga's hybrid is "laga (ulysses Pu)".
+  auto key = [&](std::string_view name) { return displayed_form(as_form(base, name)); };
   for (const Form* fm : at.runnable) {
     const Form& runs_as = form_of(as_form(base, fm->name()));
     if (!runs_as.own_kernel().empty() && runs_as.own_kernel() != kernel_name(base.kernel))
-      fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n",
-                 displayed_form(as_form(base, fm->name())), runs_as.own_kernel(), kernel_name(base.kernel));
+      fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n", key(fm->name()),
+                 runs_as.own_kernel(), kernel_name(base.kernel));
   }
   print_table_header();
-  // Keyed by label (laga's hybrid by "laga (ulysses Pu)"); each family with variants also under its own
-  // name, for the variant --form/--absorbed-kv select (the "absorbed" key is the --absorbed-kv regime).
+  // Keyed by label; each family with variants also under its own name, for the variant
+  // --form/--absorbed-kv select (the "absorbed" key is the --absorbed-kv regime).
   nlohmann::json forms;
-  auto key = [&](std::string_view name) { return displayed_form(as_form(base, name)); };
   for (const Form* fm : registered_forms()) {
     if (const std::string why = at.refusal(*fm); !why.empty()) {
       fmt::print("  {:<18} not run: {}\n", fm->name(), why);
