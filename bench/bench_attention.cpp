@@ -269,7 +269,7 @@ int main(int argc, char** argv) {
     for (DType dt : c.dtypes) {
       const std::string dn(dtype_name(dt));
       const Measurements r = measure(c, dt, o);
-      const double mm_flops = 2.0 * std::pow(double(c.matmul_n), 3), mm_rate = mm_flops / r.matmul.median_s / 1e9;
+      const double mm_flops = MatmulBench::flops(c.matmul_n), mm_rate = mm_flops / r.matmul.median_s / 1e9;
       auto row = [&](const std::string& kernel, const std::string& phase, const Timing& t, double flops,
                      int64_t wrong) {
         const double rate = flops / t.median_s / 1e9;

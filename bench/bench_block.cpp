@@ -211,7 +211,7 @@ int run(const Args& a) {
     for (int64_t x : v) s += x;
     return s;
   };
-  const double mm_flops = 2.0 * std::pow(double(a.matmul_n), 3);
+  const double mm_flops = bench::MatmulBench::flops(a.matmul_n);
   const double mm_rate = mm_flops / bench::summarize(mm_s).median_s;
   auto row = [&](const char* phase, const std::vector<double>& s, double f, int64_t wrong) {
     const bench::Timing t = bench::summarize(s);

@@ -25,7 +25,7 @@ struct MatmulBench {
     p.M = p.N = p.K = n, p.ab_dtype = dt, p.c_dtype = DType::f32;
     p.a = a.raw(), p.a_m_stride = n, p.b = b.raw(), p.b_k_stride = n, p.c = c.raw(), p.c_m_stride = n;
   }
-  double flops() const { return 2.0 * double(n) * double(n) * double(n); }
+  static double flops(int64_t n) { return 2.0 * double(n) * double(n) * double(n); }  // 2n³
   void run() const { matmul(p); }
   int64_t validate() const {  // the number of 64 sampled entries off their fp64 value by more than 1e-5 of Σ|a b|
     int64_t wrong = 0;
