@@ -1,5 +1,6 @@
 // fp64 reference ops: linear, RMSNorm and RoPE with YaRN, forward and backward, by their
-// definitions (docs/design.md §1.1, §2.1; the backwards are derived in docs/block.md §3). Plain loops.
+// definitions (docs/design.md §1.1, §2.1; the backwards are derived in docs/block.md §3). Plain loops
+// (the linears' rows on OpenMP threads, each sum in its one order).
 //
 // The RoPE frequencies and the attention factor are recomputed here from the config's raw fields
 // (rope_theta, rope_scaling.*, qk_rope_head_dim, rope_interleaved) on purpose: the reference must not
@@ -99,6 +100,8 @@ Array linear_forward_t(const Array& x, const Array& w) {
   Shape ys = x.shape;
   ys.back() = O;
   Array y(ys);  // [..., O]
+  // Rows in parallel: each y[m, o] is one thread's sum, in the order of i (the same bits on any count).
+#pragma omp parallel for schedule(static)
   for (int64_t m = 0; m < M; ++m)
     for (int64_t o = 0; o < O; ++o) {
       double s = 0;
@@ -117,13 +120,19 @@ LinearGrads linear_backward_t(const Array& x, const Array& w, const Array& dy) {
   LAGA_CHECK(dy.numel() == M * O && dy.shape.back() == O, "linear backward: dy {} must be [..., O = {}] over {} rows",
              shape_str(dy.shape), O, M);
   LinearGrads g{Array(x.shape), Array(w.shape)};  // dx [..., I], dw [O, I]
+  // Two passes, each in parallel over the rows it writes; every element's sum keeps its order (dx over
+  // o, dw over m), so the bits do not depend on the thread count.
+#pragma omp parallel for schedule(static)
   for (int64_t m = 0; m < M; ++m)
     for (int64_t o = 0; o < O; ++o) {
       const double d = dy[m * O + o];
-      for (int64_t i = 0; i < I; ++i) {
-        g.dx[m * I + i] = Sum::add(g.dx[m * I + i], d * w[o * I + i]);
-        g.dw[o * I + i] = Sum::add(g.dw[o * I + i], d * x[m * I + i]);
-      }
+      for (int64_t i = 0; i < I; ++i) g.dx[m * I + i] = Sum::add(g.dx[m * I + i], d * w[o * I + i]);
+    }
+#pragma omp parallel for schedule(static)
+  for (int64_t o = 0; o < O; ++o)
+    for (int64_t m = 0; m < M; ++m) {
+      const double d = dy[m * O + o];
+      for (int64_t i = 0; i < I; ++i) g.dw[o * I + i] = Sum::add(g.dw[o * I + i], d * x[m * I + i]);
     }
   return g;
 }
