@@ -105,12 +105,16 @@ LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, Late
 HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
   const int64_t P = opt.sp;
   LAGA_CHECK(P >= 1, "--sp {} must be at least 1", P);
+  LAGA_CHECK(!opt.seqs.empty(), "calibration needs at least one sequence length T, e.g. 2048");
+  for (int64_t T : opt.seqs)
+    LAGA_CHECK(T >= 2 * P && T % P == 0 && T <= (int64_t(1) << 17),
+               "calibration at T {} with --sp {}: T must be a multiple of {} between {} and 131072, e.g. 2048", T, P, P,
+               2 * P);
   auto say = [&](const std::string& s) {
     if (opt.progress) opt.progress(s);
   };
-  // The `small` preset (DeepSeek's head dims, D 1024, H 16) at T 2048 on P ranks: E = T/P local rows.
+  // The `small` preset (DeepSeek's head dims, D 1024, H 16) at each T on P ranks: E = T/P local rows.
   MlaConfig small = MlaConfig::preset("small");
-  const int64_t T = 2048, E = T / std::max<int64_t>(P, 1);
   const int64_t D = small.hidden_size, H = small.num_attention_heads, Lq = small.q_lora_rank, Lkv = small.kv_lora_rank;
   const int64_t Dr = small.qk_rope_head_dim, Dqk = small.qk_head_dim(), Dv = small.v_head_dim, Dl = small.latent_dim();
   const int64_t Hr = std::max<int64_t>(1, std::min<int64_t>(2, H / P));  // 2 heads: the rate per head is what counts
@@ -119,96 +123,103 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
   const MachineInfo mi = machine_info();
   hw.source = fmt::format("measured by laga model --calibrate with laga's kernels: {}", mi.line());
   hw.ranks_per_node = std::max<int64_t>(P, 1);
+  std::string seq_list;
+  for (int64_t T : opt.seqs) seq_list += (seq_list.empty() ? "" : ", ") + std::to_string(T);
   nlohmann::json notes = {
       {"kind", "achieved rates (laga's own kernels on this machine), not peaks"},
       {"ranks", P},
       {"threads_per_rank", "max(1, cores / P), as laga bench"},
-      {"matmul", fmt::format("linear forward + backward of small's projections at {} rows (and the up-projection at {} rows): "
-                             "total FLOPs / total time", E, T)},
-      {"attention", fmt::format("T {}, B 1, {} query heads, causal; dense 192/128, latent 576/512 per head (fused: V padded to "
-                                "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP counting", T, Hr)},
-      {"elementwise", fmt::format("rmsnorm forward/backward and rope over [{}, {}]: bytes read + written / time", E, D)}};
+      {"seq", fmt::format("each rate measured at T {} (read between them in log T, held beyond)", seq_list)},
+      {"matmul", "linear forward + backward of small's projections at T/P rows (and the up-projection at T rows): "
+                 "total FLOPs / total time"},
+      {"attention", fmt::format("T, B 1, {} query heads, causal; dense 192/128, latent 576/512 per head (fused: V padded to "
+                                "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP counting", Hr)},
+      {"elementwise", fmt::format("rmsnorm forward/backward and rope over [T/P, {}]: bytes read + written / time", D)}};
   for (DType dt : {DType::bf16, DType::f32}) {
     const char* dn = dt == DType::bf16 ? "bf16" : "fp32";
     ComputeSpec cs;
-    {  // matmul: the projections' linear forward + backward ([rows, in] · [out, in]ᵀ)
-      struct Lin { int64_t rows, in, out; };
-      const Lin lins[] = {{E, D, Lq}, {E, Lq, H * Dqk}, {E, D, Lkv + Dr}, {T, Lkv, Hr * (Dqk - Dr + Dv)}, {E, H * Dv, D}};
-      double flops = 0, secs = 0;
-      for (const Lin& l : lins) {
-        secs += timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
-          Tensor x = random({l.rows, l.in}, dt, 1, "cal.x"), w = random({l.out, l.in}, dt, 2, "cal.w");
-          Tensor dy = random({l.rows, l.out}, dt, 3, "cal.dy"), dx = Tensor::empty({l.rows, l.in}, dt, "cal.dx");
-          Tensor dw = Tensor::zeros({l.out, l.in}, DType::f32, "cal.dw");
-          return [x, w, dy, dx, dw]() mutable {
-            Tensor y = linear_forward(x, w, "cal.y");
-            linear_backward(x, w, dy, &dx, false, dw);
+    for (const int64_t T : opt.seqs) {
+      const int64_t E = T / P;
+      {  // matmul: the projections' linear forward + backward ([rows, in] · [out, in]ᵀ)
+        struct Lin { int64_t rows, in, out; };
+        const Lin lins[] = {{E, D, Lq}, {E, Lq, H * Dqk}, {E, D, Lkv + Dr}, {T, Lkv, Hr * (Dqk - Dr + Dv)}, {E, H * Dv, D}};
+        double flops = 0, secs = 0;
+        for (const Lin& l : lins) {
+          secs += timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
+            Tensor x = random({l.rows, l.in}, dt, 1, "cal.x"), w = random({l.out, l.in}, dt, 2, "cal.w");
+            Tensor dy = random({l.rows, l.out}, dt, 3, "cal.dy"), dx = Tensor::empty({l.rows, l.in}, dt, "cal.dx");
+            Tensor dw = Tensor::zeros({l.out, l.in}, DType::f32, "cal.dw");
+            return [x, w, dy, dx, dw]() mutable {
+              Tensor y = linear_forward(x, w, "cal.y");
+              linear_backward(x, w, dy, &dx, false, dw);
+            };
+          });
+          flops += 6.0 * double(l.rows) * double(l.in) * double(l.out);
+        }
+        cs.matmul_tflops.by_seq[T] = flops / secs / 1e12;
+        say(fmt::format("{} T {} matmul: {:.4f} TFLOP/s", dn, T, flops / secs / 1e12));
+      }
+      {  // attention, per kernel and shape
+        const AttentionCase cases[] = {{"attention", Kernel::fused, Hr, Dqk, Dv, Dv},
+                                       {"eager_attention", Kernel::eager, Hr, Dqk, Dv, Dv},
+                                       {"latent_attention", Kernel::fused, Hr, Dl, Dl, Lkv},
+                                       {"eager_latent_attention", Kernel::eager, Hr, Dl, Lkv, Lkv},
+                                       {"mqa_attention", Kernel::fused, 1, Dl, Lkv, Lkv},
+                                       {"eager_mqa_attention", Kernel::eager, 1, Dl, Lkv, Lkv}};
+        for (const AttentionCase& a : cases) {
+          // Each rank its own tensors; a backward needs a forward's saved state, so it is timed after one.
+          auto make = [&](bool backward) {
+            return [&, backward]() -> std::function<void()> {
+              auto t = std::make_shared<std::vector<Tensor>>();
+              Tensor q = random({T, 1, Hr, a.Dqk}, dt, 4, "cal.q"), k = random({T, 1, a.Hkv, a.Dqk}, dt, 5, "cal.k");
+              Tensor v = random({T, 1, a.Hkv, a.Dv}, dt, 6, "cal.v"), o = Tensor::empty({T, 1, Hr, a.Dv}, dt, "cal.o");
+              Tensor dout = random({T, 1, Hr, a.Dv}, dt, 7, "cal.do");
+              Tensor dq = Tensor::empty(q.shape(), dt, "cal.dq"), dk = Tensor::empty(k.shape(), dt, "cal.dk");
+              Tensor dv = Tensor::empty(v.shape(), dt, "cal.dv");
+              *t = {q, k, v, o, dout, dq, dk, dv};
+              AttentionFwdParams p;
+              p.B = 1, p.T = T, p.Hq = Hr, p.Hkv = a.Hkv, p.Dqk = a.Dqk, p.Dv = a.Dv, p.dtype = dt;
+              p.scale = float(small.softmax_scale()), p.causal = true;
+              p.q = q.raw(), p.q_stride = dense_strides(1, Hr, a.Dqk), p.k = k.raw(), p.k_stride = dense_strides(1, a.Hkv, a.Dqk);
+              p.v = v.raw(), p.v_stride = dense_strides(1, a.Hkv, a.Dv), p.o = o.raw(), p.o_stride = dense_strides(1, Hr, a.Dv);
+              AttentionBwdParams b;
+              static_cast<AttentionFwdParams&>(b) = p;
+              b.dout = dout.raw(), b.dout_stride = p.o_stride, b.dq = dq.raw(), b.dq_stride = p.q_stride;
+              b.dk = dk.raw(), b.dk_stride = p.k_stride, b.dv = dv.raw(), b.dv_stride = p.v_stride;
+              const Kernel kernel = a.kernel;
+              if (!backward) return [t, p, kernel] { AttentionSaved s = attention_forward(kernel, p); };
+              auto saved = std::make_shared<AttentionSaved>(attention_forward(kernel, p));
+              return [t, b, kernel, saved] { attention_backward(kernel, b, *saved); };
+            };
+          };
+          const double fl = attention_forward_flops(1, Hr, T, a.Dqk, a.Dv_counted, true);
+          const double tf = timed_on_ranks(P, opt.reps, make(false));
+          const double tb = timed_on_ranks(P, opt.reps, make(true));
+          cs.attention_tflops[std::string(a.key) + "_fwd_tflops"].by_seq[T] = fl / tf / 1e12;
+          cs.attention_tflops[std::string(a.key) + "_bwd_tflops"].by_seq[T] = 2.5 * fl / tb / 1e12;
+          say(fmt::format("{} T {} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T, a.key, fl / tf / 1e12,
+                          2.5 * fl / tb / 1e12));
+        }
+      }
+      {  // elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in place
+        const double bytes = double(dtype_size(dt)) * (2.0 * E * D + 3.0 * E * D + 4.0 * E * H * Dr);
+        const double s = timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
+          Tensor x = random({E, D}, dt, 8, "cal.x"), w = random({D}, dt, 9, "cal.w"), dy = random({E, D}, dt, 10, "cal.dy");
+          Tensor dx = Tensor::empty({E, D}, dt, "cal.dx"), dw = Tensor::zeros({D}, DType::f32, "cal.dw");
+          Tensor qpe = random({E, H, Dr}, dt, 11, "cal.qpe");
+          RopeParams rp = rope_params(small.rope(), dt);
+          rp.x = qpe.raw(), rp.T = E, rp.inner = H, rp.t_stride = H * Dr, rp.inner_stride = Dr, rp.pos0 = 0;
+          // qpe is captured by name: rp only points into it.
+          return [x, w, dy, dx, dw, qpe, rp]() mutable {
+            Tensor y = rmsnorm_forward(x, w, 1e-6, "cal.y");
+            rmsnorm_backward(x, w, dy, 1e-6, dx, dw);
+            rope_forward(rp);
+            rope_backward(rp);
           };
         });
-        flops += 6.0 * double(l.rows) * double(l.in) * double(l.out);
+        cs.elementwise_GBps.by_seq[T] = bytes / s / 1e9;
+        say(fmt::format("{} T {} elementwise: {:.3f} GB/s", dn, T, bytes / s / 1e9));
       }
-      cs.matmul_tflops = flops / secs / 1e12;
-      say(fmt::format("{} matmul: {:.4f} TFLOP/s", dn, cs.matmul_tflops));
-    }
-    {  // attention, per kernel and shape
-      const AttentionCase cases[] = {{"attention", Kernel::fused, Hr, Dqk, Dv, Dv},
-                                     {"eager_attention", Kernel::eager, Hr, Dqk, Dv, Dv},
-                                     {"latent_attention", Kernel::fused, Hr, Dl, Dl, Lkv},
-                                     {"eager_latent_attention", Kernel::eager, Hr, Dl, Lkv, Lkv},
-                                     {"mqa_attention", Kernel::fused, 1, Dl, Lkv, Lkv},
-                                     {"eager_mqa_attention", Kernel::eager, 1, Dl, Lkv, Lkv}};
-      for (const AttentionCase& a : cases) {
-        // Each rank its own tensors; a backward needs a forward's saved state, so it is timed after one.
-        auto make = [&](bool backward) {
-          return [&, backward]() -> std::function<void()> {
-            auto t = std::make_shared<std::vector<Tensor>>();
-            Tensor q = random({T, 1, Hr, a.Dqk}, dt, 4, "cal.q"), k = random({T, 1, a.Hkv, a.Dqk}, dt, 5, "cal.k");
-            Tensor v = random({T, 1, a.Hkv, a.Dv}, dt, 6, "cal.v"), o = Tensor::empty({T, 1, Hr, a.Dv}, dt, "cal.o");
-            Tensor dout = random({T, 1, Hr, a.Dv}, dt, 7, "cal.do");
-            Tensor dq = Tensor::empty(q.shape(), dt, "cal.dq"), dk = Tensor::empty(k.shape(), dt, "cal.dk");
-            Tensor dv = Tensor::empty(v.shape(), dt, "cal.dv");
-            *t = {q, k, v, o, dout, dq, dk, dv};
-            AttentionFwdParams p;
-            p.B = 1, p.T = T, p.Hq = Hr, p.Hkv = a.Hkv, p.Dqk = a.Dqk, p.Dv = a.Dv, p.dtype = dt;
-            p.scale = float(small.softmax_scale()), p.causal = true;
-            p.q = q.raw(), p.q_stride = dense_strides(1, Hr, a.Dqk), p.k = k.raw(), p.k_stride = dense_strides(1, a.Hkv, a.Dqk);
-            p.v = v.raw(), p.v_stride = dense_strides(1, a.Hkv, a.Dv), p.o = o.raw(), p.o_stride = dense_strides(1, Hr, a.Dv);
-            AttentionBwdParams b;
-            static_cast<AttentionFwdParams&>(b) = p;
-            b.dout = dout.raw(), b.dout_stride = p.o_stride, b.dq = dq.raw(), b.dq_stride = p.q_stride;
-            b.dk = dk.raw(), b.dk_stride = p.k_stride, b.dv = dv.raw(), b.dv_stride = p.v_stride;
-            const Kernel kernel = a.kernel;
-            if (!backward) return [t, p, kernel] { AttentionSaved s = attention_forward(kernel, p); };
-            auto saved = std::make_shared<AttentionSaved>(attention_forward(kernel, p));
-            return [t, b, kernel, saved] { attention_backward(kernel, b, *saved); };
-          };
-        };
-        const double fl = attention_forward_flops(1, Hr, T, a.Dqk, a.Dv_counted, true);
-        const double tf = timed_on_ranks(P, opt.reps, make(false));
-        const double tb = timed_on_ranks(P, opt.reps, make(true));
-        cs.attention_tflops[std::string(a.key) + "_fwd_tflops"] = fl / tf / 1e12;
-        cs.attention_tflops[std::string(a.key) + "_bwd_tflops"] = 2.5 * fl / tb / 1e12;
-        say(fmt::format("{} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, a.key, fl / tf / 1e12, 2.5 * fl / tb / 1e12));
-      }
-    }
-    {  // elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in place
-      const double bytes = double(dtype_size(dt)) * (2.0 * E * D + 3.0 * E * D + 4.0 * E * H * Dr);
-      const double s = timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
-        Tensor x = random({E, D}, dt, 8, "cal.x"), w = random({D}, dt, 9, "cal.w"), dy = random({E, D}, dt, 10, "cal.dy");
-        Tensor dx = Tensor::empty({E, D}, dt, "cal.dx"), dw = Tensor::zeros({D}, DType::f32, "cal.dw");
-        Tensor qpe = random({E, H, Dr}, dt, 11, "cal.qpe");
-        RopeParams rp = rope_params(small.rope(), dt);
-        rp.x = qpe.raw(), rp.T = E, rp.inner = H, rp.t_stride = H * Dr, rp.inner_stride = Dr, rp.pos0 = 0;
-        // qpe is captured by name: rp only points into it.
-        return [x, w, dy, dx, dw, qpe, rp]() mutable {
-          Tensor y = rmsnorm_forward(x, w, 1e-6, "cal.y");
-          rmsnorm_backward(x, w, dy, 1e-6, dx, dw);
-          rope_forward(rp);
-          rope_backward(rp);
-        };
-      });
-      cs.elementwise_GBps = bytes / s / 1e9;
-      say(fmt::format("{} elementwise: {:.3f} GB/s", dn, cs.elementwise_GBps));
     }
     hw.compute[dt] = cs;
   }

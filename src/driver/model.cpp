@@ -50,6 +50,24 @@ struct Reader {
     if (!(x > 0) || !std::isfinite(x)) fail(field, fmt::format("= {} must be a positive number ({})", v.dump(), unit));
     return x;
   }
+  // A rate: one positive number for every T, or {"T": positive number, ...} measured at those T.
+  SeqRate rate(const json& v, const std::string& field, const char* unit) const {
+    if (!v.is_object()) return SeqRate::constant(positive(v, field, unit));
+    if (v.empty()) fail(field, fmt::format("is an empty object; give a positive number ({}) or {{\"T\": rate, ...}}", unit));
+    SeqRate r;
+    for (const auto& [k, x] : v.items()) {
+      if (k == "notes" || k == "source") continue;
+      int64_t T = 0;
+      const bool digits = !k.empty() && k.size() < 10 && std::all_of(k.begin(), k.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      if (digits) T = std::stoll(k);
+      if (T < 1)
+        fail(field + "." + k, fmt::format("is not a sequence length; the keys of a rate by T are positive integers "
+                                          "(\"2048\"), each with a positive number ({})", unit));
+      r.by_seq[T] = positive(x, field + "." + k, unit);
+    }
+    if (r.by_seq.empty()) fail(field, fmt::format("holds no rate; give {{\"T\": rate, ...}} ({})", unit));
+    return r;
+  }
   double non_negative(const json& v, const std::string& field, const char* unit) const {
     if (!v.is_number()) fail(field, fmt::format("is {} ({}), not a number ≥ 0 ({})", v.type_name(), v.dump(), unit));
     const double x = v.get<double>();
@@ -134,13 +152,30 @@ double LinkSpec::latency(CollectiveOp op) const {
   return it != latency_op_s.end() ? it->second : latency_s;
 }
 
-double ComputeSpec::attention_rate(Kernel kernel, AttentionShape shape, bool backward) const {
+double SeqRate::at(int64_t T) const {
+  LAGA_ASSERT(!by_seq.empty(), "a rate with no value");
+  auto hi = by_seq.lower_bound(T);
+  if (hi == by_seq.end()) return std::prev(hi)->second;  // beyond the longest T measured: held
+  if (hi->first == T || hi == by_seq.begin()) return hi->second;  // measured here, or below the shortest: held
+  auto lo = std::prev(hi);
+  const double f = std::log(double(T) / double(lo->first)) / std::log(double(hi->first) / double(lo->first));
+  return lo->second + f * (hi->second - lo->second);
+}
+
+json SeqRate::to_json() const {
+  if (by_seq.size() == 1 && by_seq.begin()->first == 0) return by_seq.begin()->second;
+  json j = json::object();
+  for (const auto& [T, r] : by_seq) j[std::to_string(T)] = r;
+  return j;
+}
+
+double ComputeSpec::attention_rate(Kernel kernel, AttentionShape shape, bool backward, int64_t T) const {
   const std::string dir = backward ? "bwd" : "fwd";
   const std::string eager = kernel == Kernel::eager ? "eager_" : "";
   const std::string sh = shape == AttentionShape::dense ? "" : std::string(attention_shape_name(shape)) + "_";
   for (const std::string& key : {eager + sh + "attention_" + dir + "_tflops", eager + "attention_" + dir + "_tflops",
                                  "attention_" + dir + "_tflops"})
-    if (auto it = attention_tflops.find(key); it != attention_tflops.end()) return it->second;
+    if (auto it = attention_tflops.find(key); it != attention_tflops.end()) return it->second.at(T);
   LAGA_ASSERT(false, "no attention rate {} (the required keys were checked on reading)", dir);
 }
 
@@ -167,12 +202,12 @@ HardwareSpec HardwareSpec::from_json(const json& j, const std::string& path) {
     for (const char* k : kAttentionKeys) known.insert(k);
     r.only(sec, f, known);
     ComputeSpec c;
-    c.matmul_tflops = r.positive(r.child(sec, f, "matmul_tflops", "a positive number (TFLOP/s)"), f + ".matmul_tflops", "TFLOP/s");
-    c.elementwise_GBps = r.positive(r.child(sec, f, "elementwise_GBps", "a positive number (GB/s)"), f + ".elementwise_GBps", "GB/s");
+    c.matmul_tflops = r.rate(r.child(sec, f, "matmul_tflops", "a positive number (TFLOP/s)"), f + ".matmul_tflops", "TFLOP/s");
+    c.elementwise_GBps = r.rate(r.child(sec, f, "elementwise_GBps", "a positive number (GB/s)"), f + ".elementwise_GBps", "GB/s");
     for (const char* k : {"attention_fwd_tflops", "attention_bwd_tflops"})
       r.child(sec, f, k, "a positive number (TFLOP/s)");
     for (const char* k : kAttentionKeys)
-      if (sec.contains(k)) c.attention_tflops[k] = r.positive(sec.at(k), f + "." + k, "TFLOP/s");
+      if (sec.contains(k)) c.attention_tflops[k] = r.rate(sec.at(k), f + "." + k, "TFLOP/s");
     hw.compute[dt] = c;
   }
   const json& link = r.object(r.child(j, "", "link", "an object with intra_node (and inter_node)"), "link");
@@ -198,8 +233,8 @@ HardwareSpec HardwareSpec::load(const std::string& path) {
 json HardwareSpec::to_json() const {
   json compute_j;
   for (const auto& [dt, c] : compute) {
-    json s = {{"matmul_tflops", c.matmul_tflops}, {"elementwise_GBps", c.elementwise_GBps}};
-    for (const auto& [k, v] : c.attention_tflops) s[k] = v;
+    json s = {{"matmul_tflops", c.matmul_tflops.to_json()}, {"elementwise_GBps", c.elementwise_GBps.to_json()}};
+    for (const auto& [k, v] : c.attention_tflops) s[k] = v.to_json();
     compute_j[dt == DType::bf16 ? "bf16" : "fp32"] = s;
   }
   json link = {{"intra_node", link_json(intra_node)}};
@@ -312,14 +347,19 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   const ComputeSpec& rates = hw.compute_for(m.dtype);
   FormPrediction f;
   f.form = displayed_form(m);
+  // A form with a kernel of its own runs it whatever --kernel says: the ring forms the fused kernel,
+  // laga-fused its latent kernel, whose tiles are the fused kernel's (the file has no rate of its own
+  // for it). The rate is read at the length of one kernel call.
+  const Kernel kernel = form_of(m).own_kernel().empty() ? m.kernel : Kernel::fused;
+  const int64_t call_seq = form_of(m).attention_call_seq(m);
   for (PhaseFlops ph : phase_flops(m)) {
     ph.flops /= double(P), ph.bytes /= double(P);
     PhaseTime t{ph, 0, 0};
     switch (ph.op) {
-      case OpClass::matmul: t.rate = rates.matmul_tflops * 1e12; break;
-      case OpClass::attention_forward: t.rate = rates.attention_rate(m.kernel, ph.shape, false) * 1e12; break;
-      case OpClass::attention_backward: t.rate = rates.attention_rate(m.kernel, ph.shape, true) * 1e12; break;
-      case OpClass::elementwise: t.rate = rates.elementwise_GBps * 1e9; break;
+      case OpClass::matmul: t.rate = rates.matmul_tflops.at(m.seq_len) * 1e12; break;
+      case OpClass::attention_forward: t.rate = rates.attention_rate(kernel, ph.shape, false, call_seq) * 1e12; break;
+      case OpClass::attention_backward: t.rate = rates.attention_rate(kernel, ph.shape, true, call_seq) * 1e12; break;
+      case OpClass::elementwise: t.rate = rates.elementwise_GBps.at(m.seq_len) * 1e9; break;
     }
     t.seconds = (ph.op == OpClass::elementwise ? ph.bytes : ph.flops) / t.rate;
     (ph.backward ? f.bwd_compute_s : f.fwd_compute_s) += t.seconds;

@@ -139,6 +139,8 @@ expect 2 "\-\-comm-json $tmp/nocomm.json: cannot open" -- "$laga" model --calibr
 echo '{"command": "bench-comm", "sp": 4, "rows": [{"op": "all_gather", "bytes": 1024, "time_s": 1e-5}]}' >"$tmp/comm-few.json"
 expect 2 "bench-comm file $tmp/comm-few.json: fewer than 2 valid sizes of all_gather" -- "$laga" model --calibrate "$tmp/out.json" --comm-json "$tmp/comm-few.json"
 expect 2 "\-\-comm-json goes with --calibrate" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw.json" --comm-json "$tmp/comm-few.json"
+expect 2 "\-\-calibrate-seq goes with --calibrate" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw.json" --calibrate-seq 2048
+expect 2 "\-\-calibrate-seq 1001: each T must be a multiple of --sp 2" -- "$laga" model --calibrate "$tmp/out.json" --sp 2 --calibrate-seq 2048,1001
 
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
 # The other side of the rule: exit 0, the refusing forms' rows say "not run" and why, the others have numbers.

@@ -316,6 +316,68 @@ TEST(HardwareSpec, RoundTripsThroughJson) {
   EXPECT_EQ(b.to_json(), a.to_json());
 }
 
+TEST(SeqRate, ReadsBetweenMeasuredLengthsInLogTAndHoldsTheEnds) {
+  const SeqRate r{{{1024, 10.0}, {4096, 30.0}}};
+  EXPECT_DOUBLE_EQ(r.at(1024), 10.0);
+  EXPECT_DOUBLE_EQ(r.at(4096), 30.0);
+  EXPECT_DOUBLE_EQ(r.at(2048), 20.0);  // halfway in log2: 10 + (1/2)·20
+  EXPECT_NEAR(r.at(1448), 10.0 + 20.0 * std::log2(1448.0 / 1024.0) / 2.0, 1e-12);
+  EXPECT_DOUBLE_EQ(r.at(64), 10.0);      // below the shortest: held, not extrapolated
+  EXPECT_DOUBLE_EQ(r.at(65536), 30.0);   // beyond the longest: held
+  EXPECT_DOUBLE_EQ(SeqRate::constant(7.0).at(123), 7.0);
+  EXPECT_EQ(SeqRate::constant(7.0).to_json(), json(7.0));
+  EXPECT_EQ(r.to_json(), json::parse(R"({"1024": 10.0, "4096": 30.0})"));
+}
+
+TEST(Model, ReadsEachRateAtTheLengthOfItsRunOrKernelCall) {
+  // Rates given by T: matmul and elementwise at the run's T, attention at one kernel call's length
+  // (T for laga; T/P for ring-latent, whose hops hold T/P tokens). Each phase's time must be its work
+  // over the rate read there.
+  json j = toy_hw();
+  j["compute"]["bf16"]["matmul_tflops"] = {{"16", 1.0}, {"64", 4.0}};
+  j["compute"]["bf16"]["attention_fwd_tflops"] = {{"8", 0.1}, {"32", 0.4}};
+  j["compute"]["bf16"]["elementwise_GBps"] = {{"32", 20.0}};
+  const HardwareSpec hw = HardwareSpec::from_json(j, "by-seq.json");
+  const ComputeSpec& cs = hw.compute_for(DType::bf16);
+  for (const char* form : {"laga", "ring-latent"}) {
+    const int64_t T = 32, P = 2;
+    const FormPrediction p = predict(tiny(form, T, P), hw);
+    const int64_t call = std::string(form) == "laga" ? T : T / P;
+    int checked = 0;
+    for (const PhaseTime& t : p.phases) {
+      double want = 0;
+      switch (t.phase.op) {
+        case OpClass::matmul: want = cs.matmul_tflops.at(T) * 1e12; break;  // 2.0 at T 32
+        case OpClass::elementwise: want = 20e9; break;
+        // at 32: the measured 0.4; at 16: halfway in log2 between 8 and 32, 0.25
+        case OpClass::attention_forward: want = (call == 32 ? 0.4 : 0.25) * 1e12; break;
+        case OpClass::attention_backward: want = 0.25e12; break;  // a plain number
+      }
+      EXPECT_DOUBLE_EQ(t.rate, want) << form << " " << t.phase.name;
+      EXPECT_DOUBLE_EQ(t.seconds, (t.phase.op == OpClass::elementwise ? t.phase.bytes : t.phase.flops) / want)
+          << form << " " << t.phase.name;
+      ++checked;
+    }
+    EXPECT_GT(checked, 8) << form;
+  }
+  EXPECT_DOUBLE_EQ(cs.matmul_tflops.at(32), 2.5);  // log2(32/16) / log2(64/16) = 1/2 of the way from 1 to 4
+}
+
+TEST(HardwareSpec, RefusesARateByTWithABadLengthOrValueNamingIt) {
+  json j = toy_hw();
+  j["compute"]["bf16"]["attention_fwd_tflops"] = {{"2k", 0.5}};
+  expect_refused(j, "compute.bf16.attention_fwd_tflops.2k");
+  j = toy_hw(), j["compute"]["bf16"]["matmul_tflops"] = {{"0", 1.0}};
+  expect_refused(j, "compute.bf16.matmul_tflops.0");
+  j = toy_hw(), j["compute"]["bf16"]["matmul_tflops"] = {{"2048", -1.0}};
+  expect_refused(j, "compute.bf16.matmul_tflops.2048");
+  j = toy_hw(), j["compute"]["bf16"]["elementwise_GBps"] = json::object();
+  expect_refused(j, "compute.bf16.elementwise_GBps");
+  j = toy_hw(), j["compute"]["bf16"]["matmul_tflops"] = {{"2048", 1.0}, {"8192", 2.0}};
+  const HardwareSpec a = HardwareSpec::from_json(j, "ok.json");
+  EXPECT_EQ(HardwareSpec::from_json(a.to_json(), "again.json").to_json(), a.to_json());
+}
+
 TEST(Model, TheDocsHardwareFilesPredictEveryForm) {
   for (const char* file : {"ascend-910b.json", "h100-class.json"}) {
     const HardwareSpec hw = HardwareSpec::load(std::string(LAGA_SOURCE_DIR) + "/docs/hw/" + file);

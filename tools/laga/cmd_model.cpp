@@ -27,11 +27,19 @@ nlohmann::json read_json(const std::string& path, const char* what) {
   return j;
 }
 
+// A rate as the file gives it: one number, or "x at T 2048, y at T 8192".
+std::string rate_text(const SeqRate& r) {
+  std::string s;
+  for (const auto& [T, x] : r.by_seq)
+    s += T == 0 ? fmt::format("{:.4g}", x) : fmt::format("{}{:.4g} at T {}", s.empty() ? "" : ", ", x, T);
+  return r.by_seq.size() > 1 ? "(" + s + ")" : s;
+}
+
 std::string rates_line(const HardwareSpec& hw, DType dt) {
   const ComputeSpec& c = hw.compute_for(dt);
-  std::string s = fmt::format("matmul {:.4g} TFLOP/s, attention fwd {:.4g} / bwd {:.4g} TFLOP/s, elementwise {:.4g} GB/s",
-                              c.matmul_tflops, c.attention_tflops.at("attention_fwd_tflops"),
-                              c.attention_tflops.at("attention_bwd_tflops"), c.elementwise_GBps);
+  std::string s = fmt::format("matmul {} TFLOP/s, attention fwd {} / bwd {} TFLOP/s, elementwise {} GB/s",
+                              rate_text(c.matmul_tflops), rate_text(c.attention_tflops.at("attention_fwd_tflops")),
+                              rate_text(c.attention_tflops.at("attention_bwd_tflops")), rate_text(c.elementwise_GBps));
   auto link = [](const LinkSpec& l) {
     std::string b;
     for (const auto& [op, v] : l.busbw_GBps) b += fmt::format("{}{} {:.4g}", b.empty() ? "" : ", ", collective_name(op), v);
@@ -47,6 +55,7 @@ int calibrate(const CommonFlags& f, const ModelFlags& m) {
   auto json_out = open_output(f.json_path, "--json");
   CalibrationOptions opt;
   opt.sp = f.sp;
+  if (!m.calibrate_seqs.empty()) opt.seqs = m.calibrate_seqs;
   opt.link = m.comm_json.empty();
   LAGA_CHECK(!opt.link || f.sp >= 2, "--calibrate measures the threads link between --sp ranks: give --sp 2 or more, "
              "or --comm-json FILE from laga bench-comm --json");

@@ -22,6 +22,7 @@
 #include "cli.hpp"
 #include "commands.hpp"
 #include "laga/core/error.hpp"
+#include "laga/driver/model.hpp"
 
 extern char** environ;
 
@@ -122,13 +123,16 @@ int cmd_report(const std::string& out_dir, bool quick) {
   };
   std::vector<Rate> rates = {{"matched", 1.0}, {"fast", 4.0}, {"slow", 0.25}};
   if (quick) rates.resize(1);
+  const std::string link_seqs = quick ? "2048" : "2048,4096";
   auto tc_rate = [&](double factor) -> std::string {
-    auto matmul_tflops = [](const std::string& path) {
-      std::ifstream in(path);
-      const nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-      const nlohmann::json* v = j.is_discarded() ? nullptr : &j;
-      for (const char* key : {"compute", "bf16", "matmul_tflops"}) v = v && v->contains(key) ? &(*v)[key] : nullptr;
-      return v && v->is_number() ? v->get<double>() : 0.0;
+    // The bf16 matmul rate at the link rows' first T (0 when the file is missing or unreadable: the
+    // link steps then fail, saying why).
+    auto matmul_tflops = [&](const std::string& path) {
+      try {
+        return HardwareSpec::load(path).compute_for(DType::bf16).matmul_tflops.at(std::stoll(link_seqs));
+      } catch (const std::exception&) {
+        return 0.0;
+      }
     };
     const double here = matmul_tflops(J("hw.here.json")), npu = matmul_tflops(src + "/docs/hw/ascend-910b.json");
     if (here <= 0 || npu <= 0) return "";
@@ -137,7 +141,6 @@ int cmd_report(const std::string& out_dir, bool quick) {
                                                           {"here_matmul_tflops", here}, {"matched_Bps", matched}}.dump(2);
     return fmt::format("{}kbit", std::llround(matched * factor * 8 / 1000));
   };
-  const std::string link_seqs = quick ? "2048" : "2048,4096";
   const std::string link_forms = quick ? "explicit,laga" : "explicit,laga,laga-recompute,laga-fused,ring-kv,ring-latent";
   auto link = [&](double factor, std::vector<std::string> args) {
     const std::string rate = tc_rate(factor);
@@ -176,7 +179,7 @@ int cmd_report(const std::string& out_dir, bool quick) {
   // from bench-comm), just before the benchmarks it is compared with.
   steps.push_back({"model.calibrate", "the performance model calibrated on this machine (P 2)", [&] {
     return std::vector<std::string>{laga, "model", "--calibrate", J("hw.here.json"), "--comm-json",
-                                    J("bench_comm.threads.json"), "--sp", "2"};
+                                    J("bench_comm.threads.json"), "--sp", "2", "--calibrate-seq", seqs};
   }});
   steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused", [&] {
     return bench("fused", J("bench.threads.fused.json"), seqs);
@@ -217,14 +220,14 @@ int cmd_report(const std::string& out_dir, bool quick) {
                            "bash", "-c",
                            fmt::format("set -e; test -s '{0}' || {{ echo 'no link bench-comm to calibrate from (the link "
                                        "steps were skipped)'; exit 77; }}; "
-                                       "'{1}' model --calibrate '{2}' --comm-json '{0}' --sp 2; "
+                                       "'{1}' model --calibrate '{2}' --comm-json '{0}' --sp 2 --calibrate-seq {7}; "
                                        "'{1}' model --hw '{2}' --bench-json '{3}' --json '{4}'; "
                                        "'{1}' model --hw '{2}' --bench-json '{5}' --json '{6}'",
                                        J(fmt::format("bench_comm.link.{}.json", r.name)), laga, hw,
                                        J(fmt::format("bench.link.{}.json", r.name)),
                                        J(fmt::format("model.vs_bench.link.{}.json", r.name)),
                                        J(fmt::format("bench.link.{}.overlap.json", r.name)),
-                                       J(fmt::format("model.vs_bench.link.{}.overlap.json", r.name)))};
+                                       J(fmt::format("model.vs_bench.link.{}.overlap.json", r.name)), link_seqs)};
                      }});
   }
   for (const char* kernel : {"fused", "eager"})

@@ -49,6 +49,7 @@ struct ModelFlags {
   std::string hw, calibrate_out, comm_json, bench_json;
   std::vector<std::string> forms;
   std::vector<double> link_scale;
+  std::vector<int64_t> calibrate_seqs;  // --calibrate-seq: T at which --calibrate measures every rate (none: 2048)
   bool grid = false;
 };
 int cmd_model(const CommonFlags& f, const ModelFlags& m);

@@ -117,6 +117,8 @@ void build_app(CLI::App& app, Invocation& inv) {
   model->add_flag("--grid", inv.model.grid, "the winner of every cell of a grid: deepseek-v2-lite and -v3, T 4K-64K, P 8-64, "
                   "the link scales");
   model->add_option("--comm-json", inv.model.comm_json, "with --calibrate: the link from a laga bench-comm --json file");
+  model->add_option("--calibrate-seq", inv.model.calibrate_seqs, "with --calibrate: measure every rate at these T "
+                    "(default 2048; the model reads between them in log T)")->delimiter(',');
 }
 
 // Parses into the fields app is bound to; the status to end with now, or nullopt.
@@ -247,7 +249,12 @@ void check_invocation(const Invocation& inv) {
       LAGA_CHECK(m.hw.empty() && m.bench_json.empty() && f.seq == 0,
                  "--calibrate measures this machine and writes a hardware file; it takes no --hw, --bench-json or --seq");
       LAGA_CHECK(f.sp >= 1 && f.sp <= 64, "--sp {} must be 1 .. 64", f.sp);
+      for (int64_t T : m.calibrate_seqs)
+        LAGA_CHECK(T >= 2 * f.sp && T % f.sp == 0 && T <= (int64_t(1) << 17),
+                   "--calibrate-seq {}: each T must be a multiple of --sp {} between {} and 131072, e.g. 2048", T, f.sp,
+                   2 * f.sp);
     } else {
+      LAGA_CHECK(m.calibrate_seqs.empty(), "--calibrate-seq goes with --calibrate OUT.json");
       for (double s : m.link_scale)
         LAGA_CHECK(s > 0 && std::isfinite(s), "--link-scale {} must be a positive factor, e.g. 0.25 or 4", s);
       LAGA_CHECK(m.grid || m.link_scale.size() <= 1, "--link-scale takes one factor without --grid; give one, e.g. 4");

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "laga/driver/model.hpp"
 
@@ -16,6 +17,7 @@ namespace laga {
 struct CalibrationOptions {
   int64_t sp = 2;       // ranks working at once
   int reps = 2;         // timed repeats per measurement after one warm-up; the fastest is kept
+  std::vector<int64_t> seqs = {2048};  // T at which every compute rate is measured (a rate by T, model.hpp)
   bool link = true;     // measure the threads link (else the caller supplies one, e.g. from bench-comm)
   std::function<void(const std::string&)> progress;  // one line per measurement, when set
 };

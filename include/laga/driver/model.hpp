@@ -45,15 +45,28 @@ struct LinkSpec {
   double latency(CollectiveOp op) const;
 };
 
+// A compute rate that may depend on the sequence length: one number for every T, or rates measured at
+// some T (the file's {"2048": x, "8192": y}), read between two of them linearly in log T and held at
+// the ends (never extrapolated). A kernel's rate grows with the work per call (longer rows amortise
+// its per-row cost), so a rate measured at one T misjudges the others (docs/model.md §3).
+struct SeqRate {
+  std::map<int64_t, double> by_seq;  // T → rate; the key 0 alone: the same rate at every T
+  static SeqRate constant(double rate) { return SeqRate{{{0, rate}}}; }
+  double at(int64_t T) const;
+  nlohmann::json to_json() const;  // a number when constant, else {"T": rate, ...}
+};
+
 struct ComputeSpec {
-  double matmul_tflops = 0;
-  double elementwise_GBps = 0;
+  SeqRate matmul_tflops;     // at the run's T (the projections' rows are T/P)
+  SeqRate elementwise_GBps;  // at the run's T
   // Attention rates, TFLOP/s in the FlashAttention-3 counting of mla/flops.hpp, keyed by the file's
-  // names: "[eager_][latent_|mqa_]attention_{fwd,bwd}_tflops". attention_fwd_tflops and
-  // attention_bwd_tflops (fused, per-head 192/128-like heads) are required; the others are optional.
-  std::map<std::string, double> attention_tflops;
-  // The rate of attention in this regime; falls back from [eager_][shape_] to [eager_] to the fused dense rate.
-  double attention_rate(Kernel kernel, AttentionShape shape, bool backward) const;
+  // names: "[eager_][latent_|mqa_]attention_{fwd,bwd}_tflops", each at the length of one kernel call
+  // (Form::attention_call_seq). attention_fwd_tflops and attention_bwd_tflops (fused, per-head
+  // 192/128-like heads) are required; the others are optional.
+  std::map<std::string, SeqRate> attention_tflops;
+  // The rate of attention in this regime at call length T; falls back from [eager_][shape_] to
+  // [eager_] to the fused dense rate.
+  double attention_rate(Kernel kernel, AttentionShape shape, bool backward, int64_t T) const;
 };
 
 struct HardwareSpec {

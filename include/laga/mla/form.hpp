@@ -132,6 +132,10 @@ class Form {
   virtual std::vector<DeclaredCollective> collectives() const = 0;
   // How many times per layer a per_ring_hop pair is issued: P − 1 (the ring forms).
   virtual int64_t ring_hops(const MlaConfig& c) const { return c.sp - 1; }
+  // The length of one attention kernel call, queries and keys (the performance model reads the
+  // kernel's rate there, driver/model.hpp): the whole sequence T for the head-scatter forms; a ring
+  // form's calls are a hop's blocks, which hold T / (ring ranks) tokens.
+  virtual int64_t attention_call_seq(const MlaConfig& c) const { return c.seq_len; }
   // Executed FLOPs of the core's attention forward over the whole sequence, all ranks
   // (FlashAttention-3's convention, attention_forward_flops); the backward is 2.5× this.
   virtual double attention_forward_flops(const MlaConfig& c) const = 0;

@@ -91,6 +91,7 @@ class LagaRing final : public Form {
     return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"}, {Op::all_to_all, "q", Op::all_to_all, "dq"}, ring};
   }
   int64_t ring_hops(const MlaConfig& c) const override { return c.ring_groups() - 1; }
+  int64_t attention_call_seq(const MlaConfig& c) const override { return c.seq_len / c.ring_groups(); }
 
   // The chunk pairs of the Pr groups cover the causal triangle exactly, every head once.
   double attention_forward_flops(const MlaConfig& c) const override {

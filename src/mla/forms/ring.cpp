@@ -196,6 +196,7 @@ class RingForm : public Form {
   std::string_view own_kernel() const override { return "fused"; }
   Output output() const override { return Output::tokens; }
   TokenLayout layout() const override { return TokenLayout::zigzag; }
+  int64_t attention_call_seq(const MlaConfig& c) const override { return c.seq_len / c.sp; }  // chunks r, 2P−1−r
   double attention_forward_flops(const MlaConfig& c) const override {
     return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(), c.v_head_dim, true);
   }
