@@ -104,7 +104,10 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
     // reason. Where explicit itself refuses P, the others are held to explicit's error at P = 1.
     MlaConfig m = *base;
     m.sp = P;
-    const FormsAt here = forms_at(m);
+    MlaConfig with_ulysses = m;  // laga's --ulysses row, where it runs at this P, counts as a form that runs
+    if (opt.ulysses > 0 && opt.ulysses < P) with_ulysses.ulysses = opt.ulysses;
+    (void)forms_at(with_ulysses);
+    const FormsAt here = judge_forms(m);
     const std::string baseline_refusal = here.refusal(find_form(kBaselineForm));
     const int64_t baseline_P = baseline_refusal.empty() ? P : 1;
     Run e = baseline_P == 1 ? one : run(at(kBaselineForm, P), false);

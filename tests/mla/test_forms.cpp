@@ -89,6 +89,39 @@ TEST(Forms, SmallT128Bf16FusedPassesAtEveryP) {
   expect_pass(k, check(k, {1, 2, 4, 8}, {"laga"}));
 }
 
+TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
+  // tiny (H 8) at T 80, P 16: no head-scatter form runs (16 ∤ 8) and no ring form (32 ∤ 80), but laga
+  // --ulysses 4 does (4 | 8, 2 × 4 groups | 80). verify must check that row, held to explicit's error
+  // at P 1, instead of refusing the P.
+  const Case k{"tiny", DType::f32, Kernel::fused, 80, 1, 1};
+  verify::FormsReport report;
+  launch(LaunchKind::threads, [&](Launcher& l) {
+    verify::FormsOptions opt;
+    opt.ulysses = 4;
+    report = verify::check_forms(k.config(), {1, 16}, l, opt);
+  });
+  int ulysses_rows = 0, not_run_at_16 = 0;
+  for (const auto& c : report.cases) {
+    if (c.sp != 16) continue;
+    if (c.form == "laga (ulysses 4)") {
+      ++ulysses_rows;
+      EXPECT_TRUE(c.pass) << c.criterion;
+    } else {
+      ++not_run_at_16;
+      EXPECT_EQ(c.vs, "not run") << c.form;
+    }
+  }
+  EXPECT_EQ(ulysses_rows, 1);
+  EXPECT_EQ(not_run_at_16, int(registered_forms().size()));  // every registered form listed as not run
+  EXPECT_TRUE(report.pass);
+  // A P where nothing runs, laga --ulysses included, is still refused as a whole.
+  launch(LaunchKind::threads, [&](Launcher& l) {
+    verify::FormsOptions opt;
+    opt.ulysses = 3;  // 3 ∤ 8
+    EXPECT_THROW(verify::check_forms(k.config(), {1, 16}, l, opt), Error);
+  });
+}
+
 TEST(Forms, LedgerHoldsExactlyTheDeclaredCollectives) {
   // Per layer: the form's declared pairs (a ring pair once per hop, P − 1 times) plus, for a form whose
   // output is on its heads, the block's o / do, forward then backward, op and name; the forward in the

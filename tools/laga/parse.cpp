@@ -190,13 +190,14 @@ void check_invocation(const Invocation& inv) {
     CommonFlags g = f;
     g.ulysses = 0;
     const Config base = build_config(g);
+    LAGA_CHECK(f.ulysses >= 0, "--ulysses {} must be positive (or 0: none)", f.ulysses);
     for (int64_t P : inv.sps) {  // each P must suit some form; a form that refuses it is reported as not run
       MlaConfig m = *base;
       m.sp = P;
+      if (f.ulysses > 0 && f.ulysses < P) m.ulysses = f.ulysses;  // laga's row at this P (as_form)
       forms_at(m);
     }
     // laga --ulysses Pu: each P it runs at (Pu < P) must take it
-    LAGA_CHECK(f.ulysses >= 0, "--ulysses {} must be positive (or 0: none)", f.ulysses);
     for (int64_t P : inv.sps)
       if (f.ulysses > 0 && f.ulysses < P) base.with([&](MlaConfig& c) { c.sp = P, c.form = "laga", c.ulysses = f.ulysses; });
   } else if (inv.command == "bench") {

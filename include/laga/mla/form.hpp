@@ -194,6 +194,9 @@ struct FormsAt {
   std::string refusal(const Form& f) const;
 };
 FormsAt forms_at(const MlaConfig& c);
+// forms_at without its last refusal: every form judged, none runnable allowed (verify, whose laga
+// --ulysses row can run at a P where no form runs without it, checks that with forms_at first).
+FormsAt judge_forms(const MlaConfig& c);
 // The label a user's spelling names: a registered label as is; a family with variants ("absorbed")
 // with its regime appended ("absorbed-shared"). Usage error naming the valid spellings otherwise.
 std::string resolve_form_label(std::string_view form, std::string_view regime);

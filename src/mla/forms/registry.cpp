@@ -69,7 +69,7 @@ const Form& find_form(std::string_view name) {
   return *f;
 }
 
-FormsAt forms_at(const MlaConfig& c) {
+FormsAt judge_forms(const MlaConfig& c) {
   if (auto p = c.problems_apart_from_form(); !p.empty()) {
     std::string msg = fmt::format("invalid configuration (model '{}'): ", c.model);
     for (size_t i = 0; i < p.size(); ++i) msg += (i ? "; " : "") + p[i];
@@ -85,6 +85,11 @@ FormsAt forms_at(const MlaConfig& c) {
     else
       at.refused.push_back({f, p.front()});
   }
+  return at;
+}
+
+FormsAt forms_at(const MlaConfig& c) {
+  FormsAt at = judge_forms(c);
   if (at.runnable.empty()) {
     std::string msg;
     for (const auto& r : at.refused) msg += fmt::format("{}{}: {}", msg.empty() ? "" : "; ", r.form->name(), r.reason);
