@@ -34,6 +34,11 @@ nlohmann::json train_identity(const Config& cfg, const TrainOptions& opt) {
           {"seed", opt.seed}};
 }
 
+Config teacher_config(const Config& c) {
+  if (form_of(*c).layout() != TokenLayout::contiguous) return c;
+  return c.with([](MlaConfig& t) { t = as_form(t, kBaselineForm); });
+}
+
 void train_state_shape(const Config& cfg, std::vector<std::string>& names, std::vector<int64_t>& sizes) {
   names.clear(), sizes.clear();
   const auto shapes = layer_weight_shapes(*cfg);
@@ -49,7 +54,7 @@ TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator&
   LAGA_CHECK(opt.steps >= 1, "--steps {} must be at least 1", opt.steps);
   MemoryTracker tracker;
   TrackerScope scope(tracker);
-  const Config teacher_cfg = cfg.with([](MlaConfig& t) { t.form = std::string(kBaselineForm); });
+  const Config teacher_cfg = teacher_config(cfg);
   Weights teacher = allocate_weights(c, "teacher");
   init_weights(teacher, c, opt.seed ^ 0x7eac4e7ull);
   Weights student = allocate_weights(c, "weights");
