@@ -21,9 +21,13 @@ nlohmann::json train_identity(const Config& cfg, const TrainOptions& opt) {
   // a run may resume under either setting, so it is not part of what identifies the run.
   nlohmann::json config = c.to_json();
   config.erase("overlap");
+  // Pu once, at the top level, so that a resume with another --ulysses is refused naming both values;
+  // --ulysses P (or 0) is the same run as none.
+  config.erase("ulysses");
   return {{"task", "teacher-student regression, Adam on fp32 masters (laga train)"},
           {"config", config},
           {"sp", c.sp},
+          {"ulysses", c.head_group()},
           {"form", c.form},
           {"dtype", std::string(dtype_name(c.dtype))},
           {"kernel", std::string(kernel_name(c.kernel))},

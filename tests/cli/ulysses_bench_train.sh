@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# laga bench with --ulysses Pu (laga's head scatter in groups of Pu × a ring over the
+# laga bench and laga train with --ulysses Pu (laga's head scatter in groups of Pu × a ring over the
 # P/Pu groups; every other form over the whole group, as_form):
 #   bench  laga's rows run, are named and validated as "laga (ulysses Pu)" (the reduced-T rule's case of
 #          that name, the full-size bound against explicit); a shifted y fails the row; at P > H the
 #          reference is explicit at P 1 (judged by the rule there too); under threads and mpirun -np 4;
 #   model  --bench-json predicts the row as laga (ulysses Pu), the same figures as `laga model --ulysses
-#          Pu`; a --ulysses other than the rows' is refused naming both.
+#          Pu`; a --ulysses other than the rows' is refused naming both;
+#   train  laga (ulysses Pu)'s losses agree with explicit's and plain laga's within train's fp32
+#          tolerance (1e-3 relative); mpirun -np 4 gives bitwise the threads' losses; a checkpoint
+#          records Pu: resumed with the same Pu it is bitwise an uninterrupted run, with another it is
+#          refused (exit 2) naming both values.
 # Usage: ulysses_bench_train.sh <laga binary> <source dir>
 set -u
 laga=$1
@@ -99,7 +103,54 @@ else
   fail "model --ulysses 1 --bench-json: status $status: $(cat "$work/out")"
 fi
 
-# 4. Under mpirun -np 4: bench validated as under threads.
+# 4. train: laga (ulysses 2) against explicit (in the run) and against plain laga (another run).
+train=(train --model tiny --seq 32 --sp 4 --steps 40 --lr 1e-2 --dtype fp32)
+if "$laga" "${train[@]}" --ulysses 2 --forms explicit,laga --json "$work/t.json" >"$work/out" 2>&1 &&
+   "$laga" "${train[@]}" --forms laga --json "$work/plain.json" >/dev/null 2>&1 &&
+   grep -Eq "^  laga \(ulysses 2\) +[0-9.e+-]+ " "$work/out" &&
+   /usr/bin/python3 - "$work/t.json" "$work/plain.json" <<'PY'
+import json, sys
+t, p = (json.load(open(f)) for f in sys.argv[1:3])
+assert t["pass"] and [r["label"] for r in t["runs"]] == ["explicit", "laga (ulysses 2)"], t["runs"]
+h = t["runs"][1]
+assert h["ulysses"] == 2 and h["variant"] == "laga" and h["max_rel_vs_first"] <= 1e-3 and h["decreased"], h
+plain = p["runs"][0]["losses"]
+assert plain[-1] < 0.5 * plain[0] and len(plain) == len(h["losses"]) == 40
+rel = max(abs(a - b) / abs(b) for a, b in zip(h["losses"], plain))
+print(f"laga (ulysses 2) vs plain laga: max rel {rel:.3e}")
+assert rel <= 1e-3, rel
+PY
+then
+  ok "train --ulysses 2: losses within 1e-3 of explicit's and plain laga's"
+else
+  fail "train --ulysses 2: $(tail -4 "$work/out")"
+fi
+
+# 5. Checkpoints record Pu: resumed with it, bitwise an uninterrupted run; with another, refused.
+ck=(train --model tiny --seq 32 --sp 4 --lr 1e-2 --dtype fp32 --forms laga --ulysses 2)
+"$laga" "${ck[@]}" --steps 12 --json "$work/ref.json" >/dev/null 2>&1
+"$laga" "${ck[@]}" --steps 6 --checkpoint "$work/ck" >/dev/null 2>&1
+"$laga" "${ck[@]}" --steps 12 --resume "$work/ck" --json "$work/res.json" >"$work/out" 2>&1
+status=$?
+if [ "$status" -le 1 ] && json_has "$work/res.json" "j['runs'][0]['resumed_from']==6" &&
+   /usr/bin/python3 -c "import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:3]); \
+     sys.exit(0 if a['runs'][0]['losses']==b['runs'][0]['losses'] else 1)" "$work/ref.json" "$work/res.json"; then
+  ok "train --ulysses 2 resumed at step 6: losses bitwise those of an uninterrupted run"
+else
+  fail "train --ulysses 2 resume: status $status: $(tail -3 "$work/out")"
+fi
+for other in 1 4; do
+  args=(train --model tiny --seq 32 --sp 4 --lr 1e-2 --dtype fp32 --forms laga --ulysses "$other" --steps 12 --resume "$work/ck")
+  "$laga" "${args[@]}" >"$work/out" 2>&1
+  status=$?
+  if [ "$status" -eq 2 ] && grep -q "a checkpoint of another run: ulysses: expected $other, found 2" "$work/out"; then
+    ok "resume with --ulysses $other of a --ulysses 2 checkpoint: refused naming both"
+  else
+    fail "resume with --ulysses $other: status $status: $(cat "$work/out")"
+  fi
+done
+
+# 6. Under mpirun -np 4: bench validated as under threads; train bitwise the threads' losses.
 if timeout 300 "${mpi[@]}" -np 4 "$laga" "${bench[@]}" --forms explicit,laga --json "$work/bm.json" >"$work/out" 2>&1 &&
    json_has "$work/bm.json" "j['backend']=='mpi' and j['pass'] and $laga_row and $reduced_has"; then
   ok "bench --ulysses 2 under mpirun -np 4: a validated 'laga (ulysses 2)' row"
@@ -107,6 +158,14 @@ else
   fail "bench --ulysses 2 under mpirun -np 4: $(tail -5 "$work/out")"
 fi
 [ "$(grep -c "laga bench" "$work/out")" -eq 1 ] || fail "bench under mpirun printed its table more than once"
+if timeout 300 "${mpi[@]}" -np 4 "$laga" "${train[@]}" --ulysses 2 --forms explicit,laga --json "$work/tm.json" \
+     >"$work/out" 2>&1 &&
+   /usr/bin/python3 -c "import json,sys; a,b=(json.load(open(f)) for f in sys.argv[1:3]); \
+     sys.exit(0 if [r['losses'] for r in a['runs']]==[r['losses'] for r in b['runs']] else 1)" "$work/t.json" "$work/tm.json"; then
+  ok "train --ulysses 2 under mpirun -np 4: losses bitwise the threads'"
+else
+  fail "train --ulysses 2 under mpirun -np 4: $(tail -3 "$work/out")"
+fi
 
 [ "$failures" -eq 0 ] && echo "ulysses_bench_train: all cases pass" || echo "ulysses_bench_train: $failures failures"
 [ "$failures" -eq 0 ]

@@ -48,5 +48,15 @@ TEST(Train, EveryLayoutsLossesAgreeWithExplicits) {
   }
 }
 
+TEST(Train, IdentityRecordsPuOnceSoAnotherUlyssesNamesBoth) {
+  TrainOptions opt;
+  const nlohmann::json plain = train_identity(tiny("laga", 4), opt), same = train_identity(tiny("laga", 4, 4), opt);
+  const nlohmann::json hybrid = train_identity(tiny("laga", 4, 2), opt);
+  EXPECT_EQ(plain, same);  // --ulysses P is the run without it
+  EXPECT_EQ(plain["ulysses"], 4);
+  EXPECT_EQ(hybrid["ulysses"], 2);
+  EXPECT_FALSE(hybrid["config"].contains("ulysses"));
+}
+
 }  // namespace
 }  // namespace laga

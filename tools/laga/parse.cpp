@@ -17,7 +17,7 @@ namespace laga::cli {
 
 namespace {
 
-// bench runs --ulysses Pu < P for laga alone (as_form): without laga in --forms it would
+// bench and train run --ulysses Pu < P for laga alone (as_form): without laga in --forms it would
 // change nothing, so it is refused rather than ignored.
 void check_ulysses_names_laga(const CommonFlags& f, const std::vector<std::string>& labels) {
   if (f.ulysses <= 0 || f.ulysses >= f.sp) return;  // none, or Pu = P: every form over the whole group
@@ -101,6 +101,9 @@ void build_app(CLI::App& app, Invocation& inv) {
   add_common(train, flags, true);
   train->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
   train->add_option("--forms", inv.forms, "forms to train, e.g. explicit,absorbed,laga")->delimiter(',')->capture_default_str();
+  train->add_option("--ulysses", flags.ulysses, "laga's run: ranks per head-scatter group Pu (divides --sp and the "
+                    "heads; Pu < P runs a ring over the P/Pu groups; 0: Pu = P); the other forms run over the whole group")
+      ->capture_default_str();
   train->add_option("--steps", inv.steps, "optimizer steps")->capture_default_str();
   train->add_option("--lr", inv.lr, "Adam learning rate")->capture_default_str();
   train->add_option("--checkpoint", inv.checkpoint_dir,
@@ -244,8 +247,11 @@ void check_invocation(const Invocation& inv) {
     LAGA_CHECK(b.warmup >= 0, "--warmup {} must be ≥ 0, e.g. --warmup 2", b.warmup);
     LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s), "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
   } else if (inv.command == "train") {
-    build_config(f);
-    for (const auto& name : inv.forms) form_label(name, f.absorbed_kv);
+    const MlaConfig spec = build_spec(f);
+    std::vector<std::string> labels;
+    for (const auto& name : inv.forms) labels.push_back(form_label(name, f.absorbed_kv));
+    check_ulysses_names_laga(f, labels);
+    for (const auto& label : labels) named_form_config(spec, label, "--forms");
     LAGA_CHECK(inv.steps >= 2, "--steps {} must be at least 2 (a decrease needs two losses)", inv.steps);
     LAGA_CHECK(inv.lr > 0 && std::isfinite(inv.lr), "--lr {} must be a positive number, e.g. 1e-3", inv.lr);
     LAGA_CHECK(inv.checkpoint_every >= 0, "--checkpoint-every {} must be a number of steps ≥ 0", inv.checkpoint_every);

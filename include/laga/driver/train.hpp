@@ -47,8 +47,9 @@ struct TrainResult {
 uint64_t train_data_seed(uint64_t seed, int64_t step);
 // The teacher's config for student config c (see the top).
 Config teacher_config(const Config& c);
-// What a checkpoint must match to be resumed by this run: the resolved config JSON, P, form, dtype,
-// kernel, lr, betas, eps, seed, and the task.
+// What a checkpoint must match to be resumed by this run: the resolved config JSON, P, Pu (--ulysses:
+// ranks per head-scatter group, P unless laga runs head scatter × ring), form, dtype, kernel, lr,
+// betas, eps, seed, and the task.
 nlohmann::json train_identity(const Config& c, const TrainOptions& opt);
 // The weights' names and element counts, in for_each order (what a checkpoint's state holds).
 void train_state_shape(const Config& c, std::vector<std::string>& names, std::vector<int64_t>& sizes);
