@@ -98,6 +98,19 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
     report.pass = report.pass && k.pass;
     report.cases.push_back(std::move(k));
   };
+  // explicit's own case at P: its error against the plain implementation's (the rule's baseline).
+  auto explicit_case = [&](int64_t P, const std::map<std::string, TensorError>& e_err) {
+    const Verdict v = explicit_vs_plain(e_err, plain_err, base->dtype);
+    FormCase k{P, std::string(kBaselineForm), "fp64"};
+    k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
+    k.criterion = fmt::format("≤ {:g} × the plain {} implementation's error + floor", kExplicitFactor,
+                              dtype_name(base->dtype));
+    summarize(k, e_err);
+    return k;
+  };
+  // Where explicit refuses a P, the other forms are held to its error at P 1: that error is judged too,
+  // once, as a case of P 1 (unless P 1 is in sps: judged there).
+  bool explicit_at_one_judged = std::find(sps.begin(), sps.end(), int64_t(1)) != sps.end();
   for (int64_t P : sps) {
     // One rule for every form, the baseline included (forms_at): a form that refuses this P (a
     // head-scatter form's P ∤ H, a ring form's T not a multiple of 2P) is reported as not run, with its
@@ -114,17 +127,13 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
     std::map<std::string, TensorError> e_err;
     if (root && !baseline_refusal.empty()) {
       e_err = errors(e.outputs, exact);
+      if (!explicit_at_one_judged) add(explicit_case(1, e_err));
       add(not_run(P, kBaselineForm, baseline_refusal + " (the other forms at this P are held to explicit's error at P 1)"));
     } else if (root) {
       e_err = errors(e.outputs, exact);
-      const Verdict v = explicit_vs_plain(e_err, plain_err, base->dtype);
-      FormCase k{P, std::string(kBaselineForm), "fp64"};
-      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
-      k.criterion = fmt::format("≤ {:g} × the plain {} implementation's error + floor", kExplicitFactor,
-                                dtype_name(base->dtype));
-      summarize(k, e_err);
-      add(k);
+      add(explicit_case(P, e_err));
     }
+    explicit_at_one_judged = explicit_at_one_judged || baseline_P == 1;
     for (const Form* f : forms) {
       if (const std::string why = here.refusal(*f); !why.empty()) {
         if (root) add(not_run(P, f->name(), why));

@@ -21,7 +21,10 @@ struct FormCase {
   int64_t sp = 1;
   std::string form;                       // registry label
   std::string vs;                         // "fp64" (the rule), "explicit@1" (the bitwise claim), or
-                                          // "not run" (the form refuses this P; criterion says why)
+                                          // "not run" (the form refuses this P; criterion says why).
+                                          // Where explicit refuses a P, the others are held to its
+                                          // error at P 1, itself judged once as explicit's fp64
+                                          // case at P 1 (whether or not P 1 is swept)
   bool bitwise = false;                   // vs explicit at P = 1, bit for bit
   bool pass = false;
   std::string criterion;                  // the rule applied, in words

@@ -512,12 +512,15 @@ std::vector<BenchRowComparison> compare_with_bench(const json& bench, const std:
     for (const char* k : {"variant", "seq", "sp", "fwd_s", "bwd_s", "comm_s", "total_s"})
       if (!row.contains(k)) bad(fmt::format("field 'rows[{}].{}' is missing", i, k));
     BenchRowComparison c;
-    c.form = row["variant"].get<std::string>();
     c.seq = row["seq"].get<int64_t>(), c.sp = row["sp"].get<int64_t>();
     c.measured_fwd = row["fwd_s"].get<double>(), c.measured_bwd = row["bwd_s"].get<double>();
     c.measured_comm = row["comm_s"].get<double>(), c.measured_total = row["total_s"].get<double>();
-    MlaConfig m = base;
-    m.seq_len = c.seq, m.sp = c.sp, m.form = c.form;
+    // The row's form as bench ran it: its variant, and laga's --ulysses (the row's "ulysses"; absent in
+    // files written before bench took --ulysses: 0, the whole group).
+    MlaConfig m = as_form(base, row["variant"].get<std::string>());
+    m.seq_len = c.seq, m.sp = c.sp, m.ulysses = row.contains("ulysses") ? row["ulysses"].get<int64_t>() : 0;
+    c.ulysses = m.ulysses, c.variant = m.form;
+    c.form = displayed_form(m);
     c.predicted = predict(Config(m), hw);
     out.push_back(std::move(c));
   }

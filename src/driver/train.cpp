@@ -21,9 +21,13 @@ nlohmann::json train_identity(const Config& cfg, const TrainOptions& opt) {
   // a run may resume under either setting, so it is not part of what identifies the run.
   nlohmann::json config = c.to_json();
   config.erase("overlap");
+  // Pu once, at the top level, so that a resume with another --ulysses is refused naming both values;
+  // --ulysses P (or 0) is the same run as none.
+  config.erase("ulysses");
   return {{"task", "teacher-student regression, Adam on fp32 masters (laga train)"},
           {"config", config},
           {"sp", c.sp},
+          {"ulysses", c.head_group()},
           {"form", c.form},
           {"dtype", std::string(dtype_name(c.dtype))},
           {"kernel", std::string(kernel_name(c.kernel))},
@@ -32,6 +36,11 @@ nlohmann::json train_identity(const Config& cfg, const TrainOptions& opt) {
           {"beta2", opt.beta2},
           {"eps", opt.eps},
           {"seed", opt.seed}};
+}
+
+Config teacher_config(const Config& c) {
+  if (form_of(*c).layout() != TokenLayout::contiguous) return c;
+  return c.with([](MlaConfig& t) { t = as_form(t, kBaselineForm); });
 }
 
 void train_state_shape(const Config& cfg, std::vector<std::string>& names, std::vector<int64_t>& sizes) {
@@ -49,7 +58,7 @@ TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator&
   LAGA_CHECK(opt.steps >= 1, "--steps {} must be at least 1", opt.steps);
   MemoryTracker tracker;
   TrackerScope scope(tracker);
-  const Config teacher_cfg = cfg.with([](MlaConfig& t) { t.form = std::string(kBaselineForm); });
+  const Config teacher_cfg = teacher_config(cfg);
   Weights teacher = allocate_weights(c, "teacher");
   init_weights(teacher, c, opt.seed ^ 0x7eac4e7ull);
   Weights student = allocate_weights(c, "weights");

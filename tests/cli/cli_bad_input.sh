@@ -112,6 +112,24 @@ expect 2 "\-\-inject-wrong 'laga' is not FORM:ULPS" -- "$laga" bench --model tin
 expect 2 "\-\-inject-wrong names form 'laga', which --forms does not time; valid: explicit" -- "$laga" bench --model tiny --seq 16 --forms explicit --inject-wrong laga:4
 expect 2 "ULPS '-1' must be a positive number" -- "$laga" bench --model tiny --seq 16 --inject-wrong laga:-1
 expect 2 "inject-fault '1:x' is not RANK:PLACE" -- "$laga" bench --model tiny --seq 16 --inject-fault 1:x
+# bench and train --ulysses (laga's; the other forms over the whole group): Pu divides P and H, a named
+# form that cannot run the configuration is refused naming it, its reason and the forms that can, and
+# a --ulysses below P without laga in --forms would change nothing.
+expect 2 "\-\-ulysses 3 does not divide \-\-sp 4; try 1, 2, 4" -- "$laga" bench --model tiny --seq 32 --sp 4 --forms laga --ulysses 3
+expect 2 "\-\-ulysses 3 does not divide \-\-sp 4; try 1, 2, 4" -- "$laga" train --model tiny --seq 32 --sp 4 --forms laga --ulysses 3
+expect 2 "\-\-forms names laga, which cannot run this configuration: \-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" \
+  -- "$laga" bench --model tiny --seq 48 --sp 12 --forms laga,ring-kv --ulysses 6
+expect 2 "\-\-forms names laga, which cannot run this configuration: \-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" \
+  -- "$laga" train --model tiny --seq 48 --sp 12 --forms laga --ulysses 6
+expect 2 "\-\-forms names explicit, which cannot run this configuration: \-\-sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8; drop it from \-\-forms (forms that run it: laga (ulysses 4), ring-kv, ring-latent)" \
+  -- "$laga" bench --model tiny --seq 64 --sp 16 --forms explicit,laga --ulysses 4
+expect 2 "\-\-forms names explicit, which cannot run this configuration: \-\-sp 16 does not divide" \
+  -- "$laga" train --model tiny --seq 64 --sp 16 --forms laga,explicit --ulysses 4
+expect 2 "\-\-ulysses 2 is laga's .* but \-\-forms does not name laga; add laga to \-\-forms, or drop \-\-ulysses" \
+  -- "$laga" bench --model tiny --seq 32 --sp 4 --forms explicit,ring-kv --ulysses 2
+expect 2 "\-\-ulysses 2 is laga's .* but \-\-forms does not name laga" -- "$laga" train --model tiny --seq 32 --sp 4 --forms explicit --ulysses 2
+expect 2 "\-\-forms names laga, which cannot run this configuration: \-\-seq 36 is not a multiple of 2 × (\-\-sp 4 / \-\-ulysses 1) = 8 .*; try \-\-seq 32 or 40" \
+  -- "$laga" bench --model tiny --seq 32,36 --sp 4 --forms explicit,laga --ulysses 1
 
 # laga model: hardware files that are unreadable, malformed, incomplete or mistyped name the file and field.
 expect 2 "laga model needs --hw FILE" -- "$laga" model --model tiny --seq 16

@@ -122,6 +122,26 @@ TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
   });
 }
 
+// Where explicit refuses P (P ∤ H), the forms that run P are held to explicit's error at P 1; that
+// error is judged by the rule too, once, as a case of P 1 — so a sweep without P 1 (bench's validation
+// at P > H) still has explicit's verdict and allowances.
+TEST(Forms, WhereExplicitRefusesPItsErrorAtP1IsJudgedOnce) {
+  const Case k{"tiny", DType::f32, Kernel::fused, 32, 1, 1};
+  for (const std::vector<int64_t>& sps : {std::vector<int64_t>{16}, {1, 16}}) {
+    const verify::FormsReport r = check(k, sps, {"ring-latent"});
+    expect_pass(k, r);
+    int explicit_at_1 = 0;
+    bool not_run_16 = false, ring_16 = false;
+    for (const auto& c : r.cases) {
+      explicit_at_1 += c.sp == 1 && c.form == "explicit" && c.vs == "fp64";
+      not_run_16 = not_run_16 || (c.sp == 16 && c.form == "explicit" && c.vs == "not run");
+      ring_16 = ring_16 || (c.sp == 16 && c.form == "ring-latent" && c.vs == "fp64");
+    }
+    EXPECT_EQ(explicit_at_1, 1) << "sps " << sps.size();
+    EXPECT_TRUE(not_run_16 && ring_16) << "sps " << sps.size();
+  }
+}
+
 TEST(Forms, LedgerHoldsExactlyTheDeclaredCollectives) {
   // Per layer: the form's declared pairs (a ring pair once per hop, P − 1 times) plus, for a form whose
   // output is on its heads, the block's o / do, forward then backward, op and name; the forward in the

@@ -46,6 +46,17 @@ MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at) {
 
 Config config_as(const MlaConfig& spec, std::string_view name) { return Config(as_form(spec, name)); }
 
+Config named_form_config(const MlaConfig& spec, const std::string& label, const char* flag) {
+  const FormsAt at = forms_at(spec);
+  if (const std::string why = at.refusal(find_form(label)); !why.empty()) {
+    std::string runnable;
+    for (const Form* f : at.runnable) runnable += (runnable.empty() ? "" : ", ") + displayed_form(as_form(spec, f->name()));
+    LAGA_FAIL_USAGE("{} names {}, which cannot run this configuration: {}; drop it from {} (forms that run it: {})",
+                    flag, label, why, flag, runnable);
+  }
+  return config_as(spec, label);
+}
+
 std::string ulysses_note(const MlaConfig& c) {
   return c.hybrid() ? fmt::format(" (laga: {} × {}, --ulysses {})", c.head_group(), c.ring_groups(), c.ulysses) : "";
 }

@@ -45,6 +45,11 @@ MlaConfig build_spec(const CommonFlags& f);
 MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at);
 // The validated config of spec as form `name` (as_form: --ulysses stays laga's alone).
 Config config_as(const MlaConfig& spec, std::string_view name);
+// The config of a form a command names (bench --forms, train --forms): config_as(spec, label), by the
+// rule of the commands that run every form (forms_at): a problem apart from any form is refused as a
+// whole; a named form that cannot run spec is refused (usage error) naming `flag`, the form, its
+// reason and the forms that can run it.
+Config named_form_config(const MlaConfig& spec, const std::string& label, const char* flag);
 // " (laga: Pu × Pr, --ulysses Pu)" after P in a command's header when laga runs head scatter × ring; "".
 std::string ulysses_note(const MlaConfig& c);
 // The registered form label of --form (and, for a family with variants, --absorbed-kv); usage error

@@ -9,8 +9,13 @@
 //      must be finite, and agree with explicit's: bit for bit for a form exact at one rank at P = 1,
 //      else |form − explicit| ≤ (allowance_form + allowance_explicit) × g(T) ulps × max|explicit|
 //      (the triangle inequality through the fp64 reference, with both allowances carried from T_v).
+//      Where explicit cannot run P (P ∤ H: only the ring forms and laga --ulysses can), the reference
+//      is explicit at P 1, as verify holds the forms to explicit's error at P 1 there; a reference
+//      whose planned memory does not fit is a usage error, never a skipped check.
 //   2. per T, --warmup untimed rounds, then --iters timed rounds; each round runs every form once in
 //      turn, so machine noise spreads over the forms alike.
+// --ulysses Pu is laga's (as_form): its rows run and are validated as "laga (ulysses Pu)"; the other
+// forms run over the whole group. A named form that cannot run a T is refused (named_form_config).
 // A row's figures: per iteration the slowest rank's time of each phase, then the median, min and max
 // over iterations. #wrong counts the failed checks of the row; any makes the command exit 1, after
 // every row is printed and the JSON written. Not here: the collectives alone (laga bench-comm).
@@ -30,7 +35,9 @@
 #include "commands.hpp"
 #include "laga/core/error.hpp"
 #include "laga/core/machine.hpp"
+#include "laga/core/bytes.hpp"
 #include "laga/driver/launch.hpp"
+#include "laga/driver/plan.hpp"
 #include "laga/mla/flops.hpp"
 #include "verify/compare.hpp"
 #include "verify/forms.hpp"
@@ -207,15 +214,19 @@ std::string link_name(const std::string& backend) {
 
 int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   const std::vector<int64_t>& seqs = b.seqs;
-  std::vector<std::string> labels;
+  std::vector<std::string> labels;  // registered labels
   for (const auto& name : b.forms) labels.push_back(form_label(name, f.absorbed_kv));
   std::vector<Config> configs;  // [si * nf + fi]
-  for (int64_t T : seqs)
-    for (const auto& name : labels) {
-      CommonFlags g = f;
-      g.seq = T, g.form = name;
-      configs.push_back(build_config(g));
-    }
+  std::vector<MlaConfig> specs;  // [si]: the flags' configuration (--ulysses as given), every form's source
+  for (int64_t T : seqs) {
+    CommonFlags g = f;
+    g.seq = T;
+    specs.push_back(build_spec(g));
+    for (const auto& label : labels) configs.push_back(named_form_config(specs.back(), label, "--forms"));
+  }
+  // How the rows name their forms: "laga (ulysses Pu)" for laga with --ulysses Pu < P.
+  std::vector<std::string> keys;
+  for (size_t fi = 0; fi < labels.size(); ++fi) keys.push_back(displayed_form(*configs[fi]));
   std::optional<InjectWrong> wrong;
   if (!b.inject_wrong.empty()) wrong = parse_inject_wrong(b.inject_wrong, labels, f.absorbed_kv);
   const LaunchKind kind = launch_kind(f.comm);
@@ -223,8 +234,25 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   const size_t nf = labels.size();
   const int64_t P = configs[0]->sp;
   const DType dtype = configs[0]->dtype;
-  const Config base = configs[0].with([&](MlaConfig& m) { m.form = std::string(kBaselineForm); });
+  // The reference: explicit at P, or at P 1 where it cannot run P (verify's rule there).
+  const MlaConfig spec0 = as_form(specs[0], kBaselineForm);
+  const std::string explicit_refusal = forms_at(spec0).refusal(find_form(kBaselineForm));
+  const int64_t ref_P = explicit_refusal.empty() ? P : 1;
+  const Config base = [&] {
+    MlaConfig m = spec0;
+    m.sp = ref_P;
+    return Config(std::move(m));
+  }();
   const int64_t Tv = reduced_seq(configs, *std::min_element(seqs.begin(), seqs.end()));
+  if (b.validate && ref_P != P) {
+    // The reference runs whole on one rank: refused up front if its plan does not fit this machine.
+    const int64_t Tmax = *std::max_element(seqs.begin(), seqs.end());
+    const PlannedMemory m = plan_memory(base.with([&](MlaConfig& c) { c.seq_len = Tmax; }));
+    const int64_t need = m.baseline_bytes + m.activation_peak_bytes, have = available_memory_bytes();
+    LAGA_CHECK(need <= have, "bench's validation needs explicit as the reference, and explicit cannot run --sp {} ({}), "
+               "so the reference runs at P 1: at --seq {} it plans {} on one rank, more than the {} available; validate "
+               "at a smaller --seq, or pass --no-validate", P, explicit_refusal, Tmax, human_bytes(need), human_bytes(have));
+  }
 
   RunOptions opt;
   opt.seed = f.seed;
@@ -237,31 +265,39 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   const bool root = launch(kind, [&](Launcher& launcher) {
     backend = launcher.backend();
     const Progress progress(launcher.is_root());
+    // The reduced-T cases at P, by the rows' names (verify names laga --ulysses' row as the rows do),
+    // and explicit's at the reference's P.
     std::map<std::string, const verify::FormCase*> rule_case, bitwise_case;
+    const verify::FormCase* ref_case = nullptr;
     if (b.validate) {
       progress.show(Tv, "every form", "verify's rule (fp64 reference)");
       verify::FormsOptions vo;
       vo.seed = f.seed, vo.timeout_s = f.timeout_s;
-      for (const auto& l : labels)
-        if (l != kBaselineForm) vo.forms.push_back(l);
+      for (size_t fi = 0; fi < labels.size(); ++fi) {
+        if (configs[fi]->hybrid()) vo.ulysses = configs[fi]->ulysses;  // laga's row: FormsOptions::ulysses
+        else if (labels[fi] != kBaselineForm) vo.forms.push_back(labels[fi]);
+      }
       if (vo.forms.empty()) vo.forms.push_back(std::string(kBaselineForm));  // explicit alone: check no other
       reduced = verify::check_forms(base.with([&](MlaConfig& m) { m.seq_len = Tv; }), {P}, launcher, vo);
-      for (const auto& k : reduced.cases)
+      for (const auto& k : reduced.cases) {
         if (k.sp == P && k.vs != "not run") (k.vs == "fp64" ? rule_case : bitwise_case)[k.form] = &k;
+        if (k.sp == ref_P && k.form == kBaselineForm && k.vs == "fp64") ref_case = &k;
+      }
     }
     for (size_t si = 0; si < seqs.size(); ++si) {
       const int64_t T = seqs[si];
       if (b.validate) {
-        progress.show(T, std::string(kBaselineForm), "validation run");
+        progress.show(T, ref_P == P ? std::string(kBaselineForm) : "explicit at P 1", "validation run");
         const Config ec = base.with([&](MlaConfig& m) { m.seq_len = T; });
         verify::Tensors e = gathered_run(launcher, ec, f.seed, f.timeout_s);
         for (size_t fi = 0; fi < nf; ++fi) {
           const Config& c = configs[si * nf + fi];
           const std::string& label = labels[fi];
+          const std::string& key = keys[fi];
           const bool is_explicit = label == kBaselineForm;
           verify::Tensors mine;
           if (!is_explicit) {
-            progress.show(T, label, "validation run");
+            progress.show(T, key, "validation run");
             mine = gathered_run(launcher, c, f.seed, f.timeout_s);
           }
           if (!launcher.is_root()) continue;
@@ -274,26 +310,36 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
           }
           Validation& v = checks[si][fi];
           v.done = true;
-          // The reduced-T rule, for this form (its failure is every row's of the form).
-          const auto rk = rule_case.find(label);
-          LAGA_ASSERT(rk != rule_case.end(), "no reduced-T case for {}", label);
-          if (!rk->second->pass)
+          // The reduced-T rule, for this form (its failure is every row's of the form). A case missing
+          // (the form or the reference not run at T_v) is a failure naming why, never a pass.
+          auto missing = [&](const std::string& who, int64_t at_P) {
+            std::string why = "no case in its report";
+            for (const auto& k : reduced.cases)
+              if (k.sp == at_P && k.form == who && k.vs == "not run") why = k.criterion;
+            return fmt::format("verify's rule at T {} has no verdict for {} at P {} ({}): no bound to validate "
+                               "against", Tv, who, at_P, why);
+          };
+          const auto rk = rule_case.find(key);
+          if (rk == rule_case.end()) v.failures.push_back(missing(key, P));
+          else if (!rk->second->pass)
             v.failures.push_back(fmt::format("verify's rule at T {}: FAIL ({} at {:.3g} of allowed; {})", Tv,
                                              rk->second->worst, rk->second->worst_ratio, rk->second->criterion));
-          if (const auto bk = bitwise_case.find(label); bk != bitwise_case.end() && !bk->second->pass)
+          if (const auto bk = bitwise_case.find(key); bk != bitwise_case.end() && !bk->second->pass)
             v.failures.push_back(fmt::format("verify at T {}: not bit-identical to explicit at P 1 ({})", Tv,
                                              bk->second->worst));
           // explicit is every bound's baseline: when it is not a row of its own, its failure is every row's.
-          if (const auto* ek = rule_case.at(std::string(kBaselineForm));
-              !is_explicit && !ek->pass && std::find(labels.begin(), labels.end(), kBaselineForm) == labels.end())
-            v.failures.push_back(fmt::format("explicit, the baseline, fails verify's rule at T {} ({} at {:.3g} of allowed)",
-                                             Tv, ek->worst, ek->worst_ratio));
-          check_finite_tensors(t, label, v);
+          if (!ref_case && !is_explicit)
+            v.failures.push_back(missing(std::string(kBaselineForm), ref_P));
+          else if (!is_explicit && !ref_case->pass &&
+                   std::find(labels.begin(), labels.end(), kBaselineForm) == labels.end())
+            v.failures.push_back(fmt::format("explicit, the baseline, fails verify's rule at T {} (P {}: {} at {:.3g} of "
+                                             "allowed)", Tv, ref_P, ref_case->worst, ref_case->worst_ratio));
+          check_finite_tensors(t, key, v);
           if (is_explicit) {
             v.vs = "reference";
             continue;
           }
-          if (P == 1 && find_form(label).exact_at_one_rank()) {
+          if (P == 1 && form_of(*c).exact_at_one_rank()) {
             v.vs = "bitwise";
             std::string where;
             if (!verify::bitwise_equal(t, e, &where))
@@ -301,7 +347,8 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
             continue;
           }
           v.vs = "bound";
-          const auto& ek = rule_case.at(std::string(kBaselineForm))->allowed_ulps;
+          if (rk == rule_case.end() || !ref_case) continue;  // no allowances: failed above
+          const auto& ek = ref_case->allowed_ulps;
           const auto& fk = rk->second->allowed_ulps;
           const double g = growth(dtype, T, Tv);
           for (const auto& [name, a] : t) {
@@ -320,14 +367,15 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
             v.bound[name] = bound;
             if (v.worst.empty() || ratio > v.worst_ratio) v.worst = name, v.worst_ratio = ratio;
             if (ratio > 1)
-              v.failures.push_back(fmt::format("{} vs explicit: max|Δ {}| = {:.3e} > bound {:.3e} ({:.1f} ulp × max|{}| "
-                                               "{:.3e}; {:.2f} of it)", label, name, d, bound, ulps, name, scale, ratio));
+              v.failures.push_back(fmt::format("{} vs explicit{}: max|Δ {}| = {:.3e} > bound {:.3e} ({:.1f} ulp × max|{}| "
+                                               "{:.3e}; {:.2f} of it)", key, ref_P == P ? "" : " at P 1", name, d, bound,
+                                               ulps, name, scale, ratio));
           }
         }
       }
       for (int64_t it = 0; it < b.warmup + b.iters; ++it)
         for (size_t fi = 0; fi < nf; ++fi) {
-          progress.show(T, labels[fi], it < b.warmup ? fmt::format("warm-up {}/{}", it + 1, b.warmup)
+          progress.show(T, keys[fi], it < b.warmup ? fmt::format("warm-up {}/{}", it + 1, b.warmup)
                                                      : fmt::format("iteration {}/{}", it - b.warmup + 1, b.iters));
           const Sample s = timed_run(launcher, configs[si * nf + fi], opt, f.timeout_s);
           if (it >= b.warmup) samples[si][fi].push_back(s);
@@ -345,17 +393,22 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   const std::string threads =
       threads_min == threads_max ? fmt::format("{}", threads_max) : fmt::format("{}–{}", threads_min, threads_max);
   const std::string link = link_name(backend);
+  const std::string reference =
+      ref_P == P ? std::string() : fmt::format(" (explicit at P 1 the reference: it cannot run P {}: {})", P, explicit_refusal);
   const std::string validation =
       b.validate ? fmt::format("verify's rule at T {} (same model, P, B, L, kernel, dtype): {}; at every T each "
-                               "form's y, dx and weight gradients finite and, against explicit's, {} (docs/benchmarks.md §7)",
+                               "form's y, dx and weight gradients finite and, against explicit's, {}{} "
+                               "(docs/benchmarks.md §7)",
                                Tv, reduced.pass ? "pass" : "FAIL",
                                P == 1 ? "bit-identical for forms exact at one rank, else within the rule's two allowances"
-                                      : "within the rule's two allowances (form's + explicit's, carried from T_v)")
+                                      : "within the rule's two allowances (form's + explicit's, carried from T_v)",
+                               reference)
                  : "off (--no-validate): rows are not validated";
   const MlaConfig& c0 = *configs[0];
-  fmt::print("laga bench: model {} P {} ({}) B {} L {} kernel {} dtype {}, {} timed iterations after {} warm-up; per "
+  fmt::print("laga bench: model {} P {}{} ({}) B {} L {} kernel {} dtype {}, {} timed iterations after {} warm-up; per "
              "iteration the slowest rank's time of each phase, median and [min, max] over iterations\n",
-             f.model, P, backend, c0.batch, c0.num_layers, kernel_name(c0.kernel), dtype_name(dtype), b.iters, b.warmup);
+             f.model, P, ulysses_note(specs[0]), backend, c0.batch, c0.num_layers, kernel_name(c0.kernel),
+             dtype_name(dtype), b.iters, b.warmup);
   fmt::print("# machine: {}\n", machine.line());
   fmt::print("# cpu: {}; threads per rank: {} (OpenMP, as each rank's kernels see it); link: {}; dtype {}; kernel {}; "
              "commit {}\n", machine.cpu_model, threads, link, dtype_name(dtype), kernel_name(c0.kernel), machine.commit);
@@ -394,9 +447,9 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
       const Validation& v = checks[si][fi];
       const int64_t nwrong = int64_t(v.failures.size());
       total_wrong += nwrong;
-      for (const auto& m : v.failures) messages.push_back(fmt::format("T {} {}: {}", c.seq_len, c.form, m));
+      for (const auto& m : v.failures) messages.push_back(fmt::format("T {} {}: {}", c.seq_len, keys[fi], m));
       fmt::print("  {:>6} {:<18} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>12.1f} {:>8.4f} {:>9} {:>6}\n",
-                 c.seq_len, c.form, fw.median, bw.median, ex.median, tot.median, tot.min, tot.max, tokens_per_s, tflops,
+                 c.seq_len, keys[fi], fw.median, bw.median, ex.median, tot.median, tot.min, tot.max, tokens_per_s, tflops,
                  explicit_total > 0 ? fmt::format("{:.3f}", speedup) : "-", b.validate ? fmt::format("{}", nwrong) : "-");
       nlohmann::json coll = nlohmann::json::object();
       std::map<std::string, std::vector<double>> cs, ce, ch;
@@ -422,6 +475,8 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
       }
       rows.push_back({{"form", find_form(c.form).family()},
                       {"variant", c.form},
+                      {"label", keys[fi]},
+                      {"ulysses", c.hybrid() ? c.ulysses : 0},
                       {"seq", c.seq_len},
                       {"sp", c.sp},
                       {"batch", c.batch},

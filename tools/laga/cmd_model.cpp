@@ -169,9 +169,24 @@ nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const Hard
   return {{"config", b.to_json()}, {"forms", forms}, {"winner", preds[best].form}};
 }
 
-nlohmann::json compare(const ModelFlags& m, const HardwareSpec& hw) {
+nlohmann::json compare(const CommonFlags& f, const ModelFlags& m, const HardwareSpec& hw) {
   const nlohmann::json bench = read_json(m.bench_json, "--bench-json");
   const auto rows = compare_with_bench(bench, m.bench_json, hw);
+  // Each row is predicted as bench ran it (its own --ulysses); a --ulysses given here must be the one
+  // laga's rows ran with, or the comparison would not be of the configuration asked for.
+  if (f.ulysses > 0) {
+    bool any = false;
+    for (const auto& r : rows) {
+      if (r.variant != "laga") continue;
+      any = true;
+      const int64_t ran = r.ulysses > 0 ? r.ulysses : r.sp;  // Pu
+      LAGA_CHECK(ran == f.ulysses,
+                 "--ulysses {}, but bench file {} ran laga at T {} P {} with --ulysses {}; give --ulysses {} (or leave it "
+                 "out: each row is predicted as it ran)", f.ulysses, m.bench_json, r.seq, r.sp, ran, ran);
+    }
+    LAGA_CHECK(any, "--ulysses {} is laga's, but bench file {} has no laga row; leave --ulysses out", f.ulysses,
+               m.bench_json);
+  }
   fmt::print("laga model --bench-json {}: predicted against measured on '{}' ({})\n", m.bench_json, hw.name, hw.path);
   fmt::print("# {:>6} {:>3} {:<18} {:>9} {:>9} {:>7} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9}\n", "seq", "P", "form",
              "total", "model", "error", "fwd", "model", "bwd", "model", "comm", "model");
@@ -186,7 +201,7 @@ nlohmann::json compare(const ModelFlags& m, const HardwareSpec& hw) {
     fmt::print("  {:>6} {:>3} {:<18} {:>9.4f} {:>9.4f} {:>+7.1f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f}\n",
                r.seq, r.sp, r.form, r.measured_total, p.total_s(), 100 * e, r.measured_fwd, p.fwd_s(), r.measured_bwd,
                p.bwd_s(), r.measured_comm, p.comm_s());
-    out.push_back({{"form", r.form}, {"seq", r.seq}, {"sp", r.sp},
+    out.push_back({{"form", r.form}, {"variant", r.variant}, {"ulysses", r.ulysses}, {"seq", r.seq}, {"sp", r.sp},
                    {"measured", {{"fwd_s", r.measured_fwd}, {"bwd_s", r.measured_bwd}, {"comm_s", r.measured_comm}, {"total_s", r.measured_total}}},
                    {"predicted", {{"fwd_s", p.fwd_s()}, {"bwd_s", p.bwd_s()}, {"comm_s", p.comm_s()}, {"total_s", p.total_s()}}},
                    {"rel_error_total", e}});
@@ -275,7 +290,7 @@ int cmd_model(const CommonFlags& f, const ModelFlags& m) {
   const HardwareSpec hw = scale_links(file_hw, m.link_scale.empty() ? 1.0 : m.link_scale.front());
   nlohmann::json j = {{"command", "model"}, {"hardware", hw.to_json()}, {"hw_file", m.hw}};
   if (f.seq > 0) j.update(predict_all(f, m, hw));
-  if (!m.bench_json.empty()) j["comparison"] = compare(m, hw);
+  if (!m.bench_json.empty()) j["comparison"] = compare(f, m, hw);
   if (json_out) *json_out << j.dump(2) << "\n";
   return 0;
 }

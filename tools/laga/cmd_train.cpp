@@ -1,6 +1,8 @@
 // laga train: a few hundred optimizer steps of each form on the synthetic regression task
 // (train.hpp), same seed for every form. Checks that the loss decreases and that every form's curve
-// agrees with explicit's to floating-point noise; exit 1 otherwise.
+// agrees with the first form's (explicit's by default) to floating-point noise; exit 1 otherwise.
+// --ulysses Pu trains laga with head scatter in groups of Pu × a ring over the P/Pu groups ("laga
+// (ulysses Pu)"); the other forms run over the whole group (as_form).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -18,8 +20,9 @@ namespace laga::cli {
 
 int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr,
               const TrainFlags& t) {
-  const Config base_cfg = build_config(f);
-  const MlaConfig& base = *base_cfg;
+  // Each form as as_form gives it: --ulysses is laga's (head scatter × ring), the others run over the
+  // whole group; a named form that cannot run the configuration is refused (named_form_config).
+  const MlaConfig base = build_spec(f);
   auto json_out = is_root_process() ? open_output(f.json_path, "--json") : nullptr;
   if (is_root_process() && !t.dump_weights.empty()) open_output(t.dump_weights, "--dump-weights");
   if (is_root_process() && !t.checkpoint_dir.empty()) check_writable_dir(t.checkpoint_dir);
@@ -27,8 +30,7 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
   opt.steps = steps, opt.lr = lr, opt.seed = f.seed;
   opt.checkpoint_every = t.checkpoint_every, opt.dump_weights = t.dump_weights;
   std::vector<Config> configs;
-  for (const auto& name : forms)
-    configs.push_back(base_cfg.with([&](MlaConfig& m) { m.form = form_label(name, f.absorbed_kv); }));
+  for (const auto& name : forms) configs.push_back(named_form_config(base, form_label(name, f.absorbed_kv), "--forms"));
   // A --checkpoint directory holding a checkpoint of a form is only continued, never overwritten by
   // another run: it must be the --resume directory.
   if (!t.checkpoint_dir.empty()) {
@@ -72,8 +74,9 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
   nlohmann::json runs = nlohmann::json::array();
   std::vector<double> reference;
   bool pass = true;
-  fmt::print("laga train: model {} T {} B {} P {} ({}) L {} kernel {} dtype {} steps {} lr {:g}\n", base.model,
-             base.seq_len, base.batch, base.sp, backend, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype), steps, lr);
+  fmt::print("laga train: model {} T {} B {} P {}{} ({}) L {} kernel {} dtype {} steps {} lr {:g}\n", base.model,
+             base.seq_len, base.batch, base.sp, ulysses_note(base), backend, base.num_layers, kernel_name(base.kernel),
+             dtype_name(base.dtype), steps, lr);
   fmt::print("# {:<18} {:>12} {:>12} {:>12} {:>16} {:>9}\n", "form", "loss[0]", "loss[mid]", "loss[last]",
              "max rel vs 1st", "seconds");
   for (size_t i = 0; i < configs.size(); ++i) {
@@ -86,12 +89,13 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
     bool decreased = r.losses.back() < 0.5 * r.losses.front();
     bool agrees = max_rel <= tol;
     pass = pass && decreased && agrees;
-    const std::string& label = c->form;
+    const std::string label = displayed_form(*c);
     fmt::print("  {:<18} {:>12.5e} {:>12.5e} {:>12.5e} {:>16.3e} {:>9.2f}{}{}\n", label, r.losses.front(),
                r.losses[r.losses.size() / 2], r.losses.back(), max_rel, r.seconds,
                decreased ? "" : "  FAIL: loss did not halve", agrees ? "" : "  FAIL: differs from the first form");
-    runs.push_back({{"form", find_form(label).family()}, {"variant", label}, {"losses", r.losses}, {"seconds", r.seconds}, {"max_rel_vs_first", max_rel},
-                    {"decreased", decreased}, {"resumed_from", r.resumed_from}});
+    runs.push_back({{"form", find_form(c->form).family()}, {"variant", c->form}, {"label", label},
+                    {"ulysses", c->hybrid() ? c->ulysses : 0}, {"losses", r.losses}, {"seconds", r.seconds},
+                    {"max_rel_vs_first", max_rel}, {"decreased", decreased}, {"resumed_from", r.resumed_from}});
   }
   fmt::print("train: {} (curves agree within {:g} relative; loss must halve)\n", pass ? "pass" : "FAIL", tol);
   if (json_out) {

@@ -17,6 +17,15 @@ namespace laga::cli {
 
 namespace {
 
+// bench and train run --ulysses Pu < P for laga alone (as_form): without laga in --forms it would
+// change nothing, so it is refused rather than ignored.
+void check_ulysses_names_laga(const CommonFlags& f, const std::vector<std::string>& labels) {
+  if (f.ulysses <= 0 || f.ulysses >= f.sp) return;  // none, or Pu = P: every form over the whole group
+  LAGA_CHECK(std::find(labels.begin(), labels.end(), "laga") != labels.end(),
+             "--ulysses {} is laga's (head scatter in groups of {} ranks × a ring over the groups), but --forms does not "
+             "name laga; add laga to --forms, or drop --ulysses", f.ulysses, f.ulysses);
+}
+
 constexpr const char* kDescription = "laga: MLA training under sequence parallelism, in the explicit, absorbed and LAGA forms";
 
 // Every subcommand and flag of laga, bound to inv's fields.
@@ -61,6 +70,9 @@ void build_app(CLI::App& app, Invocation& inv) {
   bench->add_option("--seq", inv.seqs, "sequence lengths, e.g. 1024,2048")->delimiter(',')->required();
   bench->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
   bench->add_option("--forms", inv.forms, "forms to time, e.g. explicit,laga")->delimiter(',')->capture_default_str();
+  bench->add_option("--ulysses", flags.ulysses, "laga's rows: ranks per head-scatter group Pu (divides --sp and the "
+                    "heads; Pu < P runs a ring over the P/Pu groups; 0: Pu = P); the other forms run over the whole group")
+      ->capture_default_str();
   bench->add_option("--iters", inv.iters, "timed iterations per form and T (after --warmup)")->capture_default_str();
   bench->add_option("--warmup", inv.warmup, "untimed iterations per form and T before the timed ones")->capture_default_str();
   bench->add_flag("--no-validate", inv.no_validate,
@@ -89,6 +101,9 @@ void build_app(CLI::App& app, Invocation& inv) {
   add_common(train, flags, true);
   train->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")->capture_default_str();
   train->add_option("--forms", inv.forms, "forms to train, e.g. explicit,absorbed,laga")->delimiter(',')->capture_default_str();
+  train->add_option("--ulysses", flags.ulysses, "laga's run: ranks per head-scatter group Pu (divides --sp and the "
+                    "heads; Pu < P runs a ring over the P/Pu groups; 0: Pu = P); the other forms run over the whole group")
+      ->capture_default_str();
   train->add_option("--steps", inv.steps, "optimizer steps")->capture_default_str();
   train->add_option("--lr", inv.lr, "Adam learning rate")->capture_default_str();
   train->add_option("--checkpoint", inv.checkpoint_dir,
@@ -212,12 +227,14 @@ void check_invocation(const Invocation& inv) {
                  "--forms names {} twice; give each form once", label);
       labels.push_back(label);
     }
-    for (int64_t T : inv.seqs)
-      for (const auto& name : inv.forms) {
-        CommonFlags g = f;
-        g.seq = T, g.form = name;
-        build_config(g);
-      }
+    check_ulysses_names_laga(f, labels);
+    // Each form as as_form gives it (--ulysses is laga's): one that cannot run a T is refused, naming why.
+    for (int64_t T : inv.seqs) {
+      CommonFlags g = f;
+      g.seq = T;
+      const MlaConfig spec = build_spec(g);
+      for (const auto& label : labels) named_form_config(spec, label, "--forms");
+    }
     if (!inv.fault.empty()) set_injected_fault(inv.fault);
     if (!inv.inject_wrong.empty()) parse_inject_wrong(inv.inject_wrong, labels, f.absorbed_kv);
   } else if (inv.command == "bench-comm") {
@@ -233,8 +250,11 @@ void check_invocation(const Invocation& inv) {
     LAGA_CHECK(b.warmup >= 0, "--warmup {} must be ≥ 0, e.g. --warmup 2", b.warmup);
     LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s), "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
   } else if (inv.command == "train") {
-    build_config(f);
-    for (const auto& name : inv.forms) form_label(name, f.absorbed_kv);
+    const MlaConfig spec = build_spec(f);
+    std::vector<std::string> labels;
+    for (const auto& name : inv.forms) labels.push_back(form_label(name, f.absorbed_kv));
+    check_ulysses_names_laga(f, labels);
+    for (const auto& label : labels) named_form_config(spec, label, "--forms");
     LAGA_CHECK(inv.steps >= 2, "--steps {} must be at least 2 (a decrease needs two losses)", inv.steps);
     LAGA_CHECK(inv.lr > 0 && std::isfinite(inv.lr), "--lr {} must be a positive number, e.g. 1e-3", inv.lr);
     LAGA_CHECK(inv.checkpoint_every >= 0, "--checkpoint-every {} must be a number of steps ≥ 0", inv.checkpoint_every);
@@ -263,6 +283,7 @@ void check_invocation(const Invocation& inv) {
                  "--grid chooses its own models, T, P and --ulysses over every form; it takes no --seq, --bench-json, "
                  "--forms or --ulysses");
       LAGA_CHECK(m.comm_json.empty(), "--comm-json goes with --calibrate OUT.json");
+      LAGA_CHECK(f.ulysses >= 0, "--ulysses {} must be positive (or 0: none)", f.ulysses);
       LAGA_CHECK(!m.hw.empty(), "laga model needs --hw FILE (a hardware file, docs/model.md), or --calibrate OUT.json");
       LAGA_CHECK(m.grid || f.seq > 0 || !m.bench_json.empty(), "laga model needs --seq T (or --bench-json FILE, or --grid)");
       if (f.seq > 0) {

@@ -138,10 +138,12 @@ LatencyBandwidthFit fit_latency_bandwidth(const std::vector<double>& bus_bytes, 
 LinkSpec link_from_bench_comm(const nlohmann::json& j, const std::string& path, int64_t* sp_out = nullptr);
 
 // Predicted against measured, per row of a `laga bench --json` document (rows[i].{variant, seq, sp,
-// fwd_s, bwd_s, comm_s, total_s}, the run's dimensions in "config").
+// fwd_s, bwd_s, comm_s, total_s} and laga's ulysses, the run's dimensions in "config").
 struct BenchRowComparison {
-  std::string form;
+  std::string form;     // as the row names it: "laga (ulysses Pu)" for laga with --ulysses Pu < P
+  std::string variant;  // the registered label ("laga")
   int64_t seq = 0, sp = 0;
+  int64_t ulysses = 0;  // the row's --ulysses (laga's; 0: Pu = P)
   double measured_fwd = 0, measured_bwd = 0, measured_comm = 0, measured_total = 0;
   FormPrediction predicted;
   double rel_error_total() const { return (predicted.total_s() - measured_total) / measured_total; }

@@ -1,7 +1,10 @@
 // A synthetic training task for the block stack: regress a student stack onto a fixed teacher stack
 // of the same shape, y_teacher = teacher(x) for fresh x ~ N(0, 1) each step, with the loss
-// ½·mean((student(x) − teacher(x))²) and Adam on fp32 master weights. The teacher always runs the
-// explicit form, so every form trains on identical targets from the same seed.
+// ½·mean((student(x) − teacher(x))²) and Adam on fp32 master weights. The teacher (teacher_config)
+// runs in the student's token layout: explicit for the forms that hold contiguous tokens, so they
+// train on identical targets from the same seed; the student's own form for those that hold other
+// tokens (the ring forms' zigzag, laga --ulysses' zigzag over groups), which explicit has no layout
+// for, so their targets are the same function of the same sequence, equal to explicit's up to rounding.
 //
 // Step s's inputs come from the data seed seed + 1000003·(s + 1) (train_data_seed), so the data
 // stream's whole state is the step index. A run can be checkpointed and resumed losslessly
@@ -42,8 +45,11 @@ struct TrainResult {
 
 // The inputs' seed of step `step` (0-based).
 uint64_t train_data_seed(uint64_t seed, int64_t step);
-// What a checkpoint must match to be resumed by this run: the resolved config JSON, P, form, dtype,
-// kernel, lr, betas, eps, seed, and the task.
+// The teacher's config for student config c (see the top).
+Config teacher_config(const Config& c);
+// What a checkpoint must match to be resumed by this run: the resolved config JSON, P, Pu (--ulysses:
+// ranks per head-scatter group, P unless laga runs head scatter × ring), form, dtype, kernel, lr,
+// betas, eps, seed, and the task.
 nlohmann::json train_identity(const Config& c, const TrainOptions& opt);
 // The weights' names and element counts, in for_each order (what a checkpoint's state holds).
 void train_state_shape(const Config& c, std::vector<std::string>& names, std::vector<int64_t>& sizes);
