@@ -118,7 +118,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
     MlaConfig m = *base;
     m.sp = P;
     MlaConfig with_ulysses = m;  // laga's --ulysses row, where it runs at this P, counts as a form that runs
-    if (opt.ulysses > 0 && opt.ulysses < P) with_ulysses.ulysses = opt.ulysses;
+    if (ulysses_row_at(opt.ulysses, P)) with_ulysses.ulysses = opt.ulysses;
     (void)forms_at(with_ulysses);
     const FormsAt here = judge_forms(m);
     const std::string baseline_refusal = here.refusal(find_form(kBaselineForm));
@@ -159,7 +159,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
         add(b);
       }
     }
-    if (opt.ulysses > 0 && opt.ulysses < P) {
+    if (ulysses_row_at(opt.ulysses, P)) {
       MlaConfig m = *base;
       m.form = "laga", m.sp = P, m.ulysses = opt.ulysses;
       const std::string label = displayed_form(m);

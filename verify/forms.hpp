@@ -52,6 +52,8 @@ struct FormsOptions {
   // the other forms against explicit at that P. 0: none.
   int64_t ulysses = 0;
 };
+// Whether the sweep has a laga --ulysses Pu row at P: Pu divides P and Pu < P.
+inline bool ulysses_row_at(int64_t Pu, int64_t P) { return Pu > 0 && Pu < P && P % Pu == 0; }
 
 // One run of c on c->sp threads (run_group, the default seed): its whole y, dx and synced weight
 // gradients, gathered to rank 0. What the bitwise claims of the tests compare.

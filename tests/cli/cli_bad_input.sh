@@ -40,7 +40,8 @@ expect 2 "\-\-ulysses 2 (< \-\-sp 8) applies to laga only, not to form 'explicit
 expect 2 "\-\-seq 12 is not a multiple of 2 × (\-\-sp 4 / \-\-ulysses 1) = 8 .*; try \-\-seq 8 or 16" -- "$laga" run --model tiny --seq 12 --sp 4 --form laga --ulysses 1
 expect 2 "\-\-sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8, or \-\-ulysses 2, 4, 8" -- "$laga" run --model tiny --seq 16 --sp 16 --form laga
 expect 2 "\-\-ulysses 3 does not divide \-\-sp 32" -- "$laga" plan --model deepseek-v2-lite --seq 4096 --sp 32 --ulysses 3
-expect 2 "\-\-ulysses 3 does not divide \-\-sp 4; try 1, 2, 4" -- "$laga" verify --model tiny --seq 32 --sp 2,4 --ulysses 3
+expect 2 "\-\-ulysses 3 gives laga a row only at a \-\-sp it divides and exceeds, and \-\-sp has none; add one, e.g. \-\-sp 6" -- "$laga" verify --model tiny --seq 32 --sp 2,4 --ulysses 3
+expect 2 "\-\-ulysses 3 does not divide num_attention_heads 8" -- "$laga" verify --model tiny --seq 48 --sp 2,6 --ulysses 3
 expect 2 "unknown kernel 'flash'; valid: eager, fused" -- "$laga" run --model tiny --seq 16 --kernel flash
 expect 2 "unknown dlatent sum 'half' (--dlatent-sum, JSON dlatent_sum); valid: fp32, storage" -- "$laga" run --model tiny --seq 16 --sp 2 --form laga --dlatent-sum half
 expect 2 "unknown dtype 'fp16'; valid: fp32, bf16" -- "$laga" run --model tiny --seq 16 --dtype fp16

@@ -12,6 +12,7 @@
 #include "laga/core/fault.hpp"
 #include "laga/driver/launch.hpp"
 #include "bench_comm.hpp"
+#include "verify/forms.hpp"
 
 namespace laga::cli {
 
@@ -209,12 +210,16 @@ void check_invocation(const Invocation& inv) {
     for (int64_t P : inv.sps) {  // each P must suit some form; a form that refuses it is reported as not run
       MlaConfig m = *base;
       m.sp = P;
-      if (f.ulysses > 0 && f.ulysses < P) m.ulysses = f.ulysses;  // laga's row at this P (as_form)
+      if (verify::ulysses_row_at(f.ulysses, P)) m.ulysses = f.ulysses;  // laga's row at this P (as_form)
       forms_at(m);
     }
-    // laga --ulysses Pu: each P it runs at (Pu < P) must take it
+    // laga --ulysses Pu: a row at each P that Pu divides with Pu < P, which must take it; at least one
+    LAGA_CHECK(f.ulysses == 0 || std::any_of(inv.sps.begin(), inv.sps.end(), [&](int64_t P) {
+                 return verify::ulysses_row_at(f.ulysses, P);
+               }), "--ulysses {} gives laga a row only at a --sp it divides and exceeds, and --sp has none; add one, "
+                   "e.g. --sp {}", f.ulysses, 2 * f.ulysses);
     for (int64_t P : inv.sps)
-      if (f.ulysses > 0 && f.ulysses < P) base.with([&](MlaConfig& c) { c.sp = P, c.form = "laga", c.ulysses = f.ulysses; });
+      if (verify::ulysses_row_at(f.ulysses, P)) base.with([&](MlaConfig& c) { c.sp = P, c.form = "laga", c.ulysses = f.ulysses; });
   } else if (inv.command == "bench") {
     LAGA_CHECK(inv.iters >= 1, "--iters {} must be at least 1", inv.iters);
     LAGA_CHECK(inv.warmup >= 0, "--warmup {} must be a number of iterations ≥ 0", inv.warmup);
