@@ -23,9 +23,15 @@ void summarize(FormCase& k, const std::map<std::string, TensorError>& err) {
   }
 }
 
-FormCase not_run(int64_t P, std::string_view form, const std::string& why) {
+FormCase make_case(int64_t P, std::string_view form, std::string_view vs) {
   FormCase k;
-  k.sp = P, k.form = std::string(form), k.vs = "not run", k.pass = true;
+  k.sp = P, k.form = std::string(form), k.vs = std::string(vs);
+  return k;
+}
+
+FormCase not_run(int64_t P, std::string_view form, const std::string& why) {
+  FormCase k = make_case(P, form, "not run");
+  k.pass = true;
   k.criterion = "the form refuses this configuration: " + why;
   return k;
 }
@@ -101,7 +107,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   // explicit's own case at P: its error against the plain implementation's (the rule's baseline).
   auto explicit_case = [&](int64_t P, const std::map<std::string, TensorError>& e_err) {
     const Verdict v = explicit_vs_plain(e_err, plain_err, base->dtype);
-    FormCase k{P, std::string(kBaselineForm), "fp64"};
+    FormCase k = make_case(P, kBaselineForm, "fp64");
     k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
     k.criterion = fmt::format("≤ {:g} × the plain {} implementation's error + floor", kExplicitFactor,
                               dtype_name(base->dtype));
@@ -143,14 +149,14 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
       if (!root) continue;
       const auto err = errors(r.outputs, exact);
       const Verdict v = form_vs_baseline(err, e_err, plain_err, base->dtype);
-      FormCase k{P, std::string(f->name()), "fp64"};
+      FormCase k = make_case(P, f->name(), "fp64");
       k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
       k.criterion = fmt::format("≤ {:g} × max(explicit's error at P {}, the plain implementation's) + floor", kFormFactor,
                                 baseline_P);
       summarize(k, err);
       add(k);
       if (P == 1 && f->exact_at_one_rank()) {
-        FormCase b{P, std::string(f->name()), "explicit@1"};
+        FormCase b = make_case(P, f->name(), "explicit@1");
         std::string where;
         b.bitwise = b.pass = bitwise_equal(r.outputs, one.outputs, &where);
         b.criterion = "bit-identical to explicit at P = 1" + (b.pass ? std::string() : " (first difference: " + where + ")");
@@ -171,7 +177,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
       if (!root) continue;
       const auto err = errors(r.outputs, exact);
       const Verdict v = form_vs_baseline(err, e_err, plain_err, base->dtype);
-      FormCase k{P, label, "fp64"};
+      FormCase k = make_case(P, label, "fp64");
       k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
       k.criterion = fmt::format("≤ {:g} × max(explicit's error at P {}, the plain implementation's) + floor", kFormFactor,
                                 baseline_P);

@@ -407,7 +407,7 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   const MlaConfig& c0 = *configs[0];
   fmt::print("laga bench: model {} P {}{} ({}) B {} L {} kernel {} dtype {}, {} timed iterations after {} warm-up; per "
              "iteration the slowest rank's time of each phase, median and [min, max] over iterations\n",
-             f.model, P, ulysses_note(specs[0]), backend, c0.batch, c0.num_layers, kernel_name(c0.kernel),
+             c0.model, P, ulysses_note(specs[0]), backend, c0.batch, c0.num_layers, kernel_name(c0.kernel),
              dtype_name(dtype), b.iters, b.warmup);
   fmt::print("# machine: {}\n", machine.line());
   fmt::print("# cpu: {}; threads per rank: {} (OpenMP, as each rank's kernels see it); link: {}; dtype {}; kernel {}; "
