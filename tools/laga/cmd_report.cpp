@@ -103,6 +103,9 @@ int cmd_report(const std::string& out_dir, bool quick) {
 
   // One machine: P 2, one core per rank; the small preset (DeepSeek's head dims, H 16).
   const std::string seqs = quick ? "2048,4096" : "2048,4096,8192";
+  // The model's rates are calibrated at every T a bench row runs, and at T 1024 = 2048 / P, the length
+  // of the ring forms' kernel calls at the shortest T (Form::attention_call_seq).
+  const std::string cal_seqs = "1024," + seqs;
   const std::string forms = quick ? "explicit,absorbed-shared,laga,laga-recompute"
                                   : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute,"
                                     "laga-fused,ring-kv,ring-latent";
@@ -179,7 +182,7 @@ int cmd_report(const std::string& out_dir, bool quick) {
   // from bench-comm), just before the benchmarks it is compared with.
   steps.push_back({"model.calibrate", "the performance model calibrated on this machine (P 2)", [&] {
     return std::vector<std::string>{laga, "model", "--calibrate", J("hw.here.json"), "--comm-json",
-                                    J("bench_comm.threads.json"), "--sp", "2", "--calibrate-seq", seqs};
+                                    J("bench_comm.threads.json"), "--sp", "2", "--calibrate-seq", cal_seqs};
   }});
   steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused", [&] {
     return bench("fused", J("bench.threads.fused.json"), seqs);
@@ -227,7 +230,7 @@ int cmd_report(const std::string& out_dir, bool quick) {
                                        J(fmt::format("bench.link.{}.json", r.name)),
                                        J(fmt::format("model.vs_bench.link.{}.json", r.name)),
                                        J(fmt::format("bench.link.{}.overlap.json", r.name)),
-                                       J(fmt::format("model.vs_bench.link.{}.overlap.json", r.name)), link_seqs)};
+                                       J(fmt::format("model.vs_bench.link.{}.overlap.json", r.name)), "1024," + link_seqs)};
                      }});
   }
   for (const char* kernel : {"fused", "eager"})
