@@ -11,12 +11,7 @@ set -u
 laga=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-ok() { echo "ok: $*"; }
-json_has() {  # file, python expression over j that must be true
-  /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"
-}
+source "$(dirname "$0")/lib/check.bash"  # fail, ok, json_has; failures counts
 common=(--model tiny --seq 16,32 --forms explicit,absorbed,laga --iters 3 --warmup 1)
 
 # 1. A clean run: exit 0, header, JSON keys.

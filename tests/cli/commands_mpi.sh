@@ -10,11 +10,7 @@ laga=$1
 source "$(dirname "$0")/lib/mpi.bash"  # mpirun settings: the array mpi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-json_has() {  # file, python expression over j that must be true
-  /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"
-}
+source "$(dirname "$0")/lib/check.bash"  # fail, ok, json_has; failures counts
 
 common=(--model tiny --seq 16 --batch 2 --layers 2 --dtype fp32)
 if timeout 300 "${mpi[@]}" -np 4 "$laga" verify "${common[@]}" --sp 1,2,4 --json "$work/verify.mpi.json" \

@@ -17,12 +17,7 @@ src=$2
 source "$src/tests/cli/lib/mpi.bash"  # mpirun settings: the array mpi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-ok() { echo "ok: $*"; }
-json_has() {  # file, python expression over j that must be true
-  /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"
-}
+source "$(dirname "$0")/lib/check.bash"  # fail, ok, json_has; failures counts
 # A model with H 2, so that P 4 > H: explicit cannot run P 4, laga --ulysses 2 and the ring forms can.
 cat >"$work/h2.json" <<'JSON'
 {"hidden_size": 64, "num_attention_heads": 2, "q_lora_rank": 48, "kv_lora_rank": 32,

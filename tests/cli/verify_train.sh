@@ -8,12 +8,7 @@ set -u
 laga=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-failures=0
-fail() { echo "FAIL: $*" >&2; failures=$((failures + 1)); }
-
-json_has() {  # file, python expression over j that must be true
-  /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($2) else 1)" "$1"
-}
+source "$(dirname "$0")/lib/check.bash"  # fail, ok, json_has; failures counts
 
 for dtype in fp32 bf16; do
   for kernel in fused eager; do
