@@ -350,8 +350,9 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   // A form with a kernel of its own runs it whatever --kernel says: the ring forms the fused kernel,
   // laga-fused its latent kernel, whose tiles are the fused kernel's (the file has no rate of its own
   // for it). The rate is read at the length of one kernel call.
-  const Kernel kernel = form_of(m).own_kernel().empty() ? m.kernel : Kernel::fused;
-  const int64_t call_seq = form_of(m).attention_call_seq(m);
+  const Form& form = form_of(m);
+  const Kernel kernel = form.own_kernel().empty() ? m.kernel : Kernel::fused;
+  const int64_t call_seq = form.attention_call_seq(m);
   for (PhaseFlops ph : phase_flops(m)) {
     ph.flops /= double(P), ph.bytes /= double(P);
     PhaseTime t{ph, 0, 0};
@@ -368,7 +369,6 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   // The planner's ledger: every layer's forward collectives (the form's declared ones, a ring pair
   // once per hop, and the block's o for a form whose output is on its heads), then every layer's
   // backward ones (do, the adjoints, and what the form sends again).
-  const Form& form = form_of(m);
   const int64_t o_pair = form.output() == Form::Output::heads ? 1 : 0;
   int64_t per_layer_fwd = o_pair, per_layer_bwd = o_pair;
   for (const DeclaredCollective& d : form.collectives()) {

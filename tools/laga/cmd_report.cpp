@@ -132,7 +132,7 @@ int cmd_report(const std::string& out_dir, bool quick) {
     // link steps then fail, saying why).
     auto matmul_tflops = [&](const std::string& path) {
       try {
-        return HardwareSpec::load(path).compute_for(DType::bf16).matmul_tflops.at(std::stoll(link_seqs));
+        return HardwareSpec::load(path).compute_for(DType::bf16).matmul_tflops.at(std::stoll(link_seqs.substr(0, link_seqs.find(','))));
       } catch (const std::exception&) {
         return 0.0;
       }

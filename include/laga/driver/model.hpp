@@ -47,8 +47,9 @@ struct LinkSpec {
 
 // A compute rate that may depend on the sequence length: one number for every T, or rates measured at
 // some T (the file's {"2048": x, "8192": y}), read between two of them linearly in log T and held at
-// the ends (never extrapolated). A kernel's rate grows with the work per call (longer rows amortise
-// its per-row cost), so a rate measured at one T misjudges the others (docs/model.md §3).
+// the ends (never extrapolated). A kernel's rate depends on the work per call (here the eager fp32
+// forward runs 9× slower at T 8192 than at 2048), so a rate measured at one T misjudges the others
+// (docs/model.md §3).
 struct SeqRate {
   std::map<int64_t, double> by_seq;  // T → rate; the key 0 alone: the same rate at every T
   static SeqRate constant(double rate) { return SeqRate{{{0, rate}}}; }
