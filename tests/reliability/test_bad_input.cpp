@@ -169,6 +169,24 @@ TEST(Config, SuggestsDivisorsOfAHugeSequenceWithoutSearchingToIt) {
   EXPECT_EQ(divisors_str(int64_t(1) << 62), "1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048");
 }
 
+// fuzz_config found problems() searching every d < --sp for the --ulysses values to suggest: a hang at
+// --sp 10^15. A valid value divides the heads, so the search stops there; and the zigzag's 2·R may
+// exceed int64 (R = --sp 2^62) without overflowing anything.
+TEST(Config, SuggestsUlyssesValuesAndZigzagLengthsForAHugeSp) {
+  MlaConfig c = MlaConfig::preset("tiny");  // 8 heads
+  c.form = "laga", c.sp = 1000000000000000, c.seq_len = 2 * c.sp;
+  std::string m = usage_error([&] { (void)Config(c); });
+  EXPECT_NE(m.find("--sp 1000000000000000 does not divide num_attention_heads 8; try 1, 2, 4, 8, or --ulysses 1, 2, 4, 8"),
+            std::string::npos)
+      << m;
+  c.form = "ring-kv", c.sp = c.seq_len = int64_t(1) << 62;
+  m = usage_error([&] { (void)Config(c); });
+  EXPECT_NE(m.find("--seq 4611686018427387904 is not a multiple of 2 × --sp 4611686018427387904 = 9223372036854775808 "
+                   "(ring-kv's zigzag layout gives every rank two chunks of T/(2P) tokens); try --seq 9223372036854775808"),
+            std::string::npos)
+      << m;
+}
+
 // The rule of the commands that run every form (forms_at): a form's own condition makes it "not run";
 // a problem apart from any form, or a config no form can run, is a usage error.
 TEST(Config, FormsAtReportsEachRefusingFormAndRefusesWhatNoFormCanRun) {

@@ -118,10 +118,11 @@ void add_laga_problems(const MlaConfig& c, std::vector<std::string>& p) {
   const int64_t P = c.sp, H = c.num_attention_heads, T = c.seq_len;
   if (P <= 0 || H <= 0 || c.ulysses < 0 || (c.ulysses > 0 && P % c.ulysses)) return;  // named by problems()
   const int64_t Pu = c.head_group();
+  auto ring_divides_seq = [&](int64_t d) { return zigzag_seq_problem(T, P / d, "", "").empty(); };
   auto valid_ulysses = [&] {
     std::string s;
-    for (int64_t d = 1; d < P; ++d)
-      if (P % d == 0 && H % d == 0 && (T <= 0 || T % (2 * (P / d)) == 0)) s += (s.empty() ? "" : ", ") + std::to_string(d);
+    for (int64_t d = 1; d < P && d <= H; ++d)
+      if (P % d == 0 && H % d == 0 && ring_divides_seq(d)) s += (s.empty() ? "" : ", ") + std::to_string(d);
     return s;
   };
   if (H % Pu) {
@@ -136,11 +137,11 @@ void add_laga_problems(const MlaConfig& c, std::vector<std::string>& p) {
                               v.empty() ? "" : " (each divides --sp and the heads)"));
     return;
   }
-  if (Pu < P && T > 0 && T % (2 * (P / Pu))) {
-    const int64_t m = 2 * (P / Pu), below = T / m * m, above = below + m;
-    p.push_back(fmt::format("--seq {} is not a multiple of 2 × (--sp {} / --ulysses {}) = {} (laga's ring over the "
-                            "groups gives every group two zigzag chunks of T/(2·Pr) tokens); try --seq {}{}", T, P, Pu,
-                            m, below > 0 ? std::to_string(below) + " or " : "", above));
+  if (Pu < P) {
+    const std::string s = zigzag_seq_problem(
+        T, P / Pu, fmt::format("(--sp {} / --ulysses {})", P, Pu),
+        "laga's ring over the groups gives every group two zigzag chunks of T/(2·Pr) tokens");
+    if (!s.empty()) p.push_back(s);
   }
 }
 

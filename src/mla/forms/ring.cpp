@@ -171,6 +171,13 @@ RingLatentGrads ring_latent_backward(const RankCtx& ctx, const RingView& rv, con
   return {std::move(dq_acc), std::move(dlat_own)};
 }
 
+std::string zigzag_seq_problem(int64_t T, int64_t R, std::string_view ring, std::string_view why) {
+  if (T <= 0 || R <= 0 || (R <= T / 2 && T % (2 * R) == 0)) return {};
+  const __int128 m = __int128(2) * R, below = T / m * m, above = below + m;
+  return fmt::format("--seq {} is not a multiple of 2 × {} = {} ({}); try --seq {}{}", T, ring, m, why,
+                     below > 0 ? fmt::format("{} or ", below) : "", above);
+}
+
 namespace {
 
 struct RingKvSaved final : CoreSaved {
@@ -313,17 +320,10 @@ class RingKv final : public RingForm {
 
 // Configurations a ring form refuses: T not a multiple of 2P (the zigzag chunks). P ∤ H is fine.
 void add_ring_problems(const MlaConfig& c, std::vector<std::string>& p, std::string_view form) {
-    if (c.sp > 0 && c.seq_len > 0 && c.seq_len % (2 * c.sp)) {
-      const int64_t m = 2 * c.sp, below = c.seq_len / m * m, above = below + m;
-      p.push_back(below > 0 ? fmt::format("--seq {} is not a multiple of 2 × --sp {} = {} ({}'s zigzag layout gives "
-                                          "every rank two chunks of T/(2P) tokens); try --seq {} or {}",
-                                          c.seq_len, c.sp, m, form, below, above)
-                            : fmt::format("--seq {} is not a multiple of 2 × --sp {} = {} ({}'s zigzag layout gives "
-                                          "every rank two chunks of T/(2P) tokens); try --seq {}",
-                                          c.seq_len, c.sp, m, form, above));
-    }
+  const std::string s = zigzag_seq_problem(c.seq_len, c.sp, fmt::format("--sp {}", c.sp),
+                                           fmt::format("{}'s zigzag layout gives every rank two chunks of T/(2P) tokens", form));
+  if (!s.empty()) p.push_back(s);
 }
-
 
 // The ring-latent form: as ring-kv, but the 576-wide latent [N, B, Dl] of a rank's tokens travels the
 // ring instead of its per-head k and v (Megatron's MLA with latent context parallelism):

@@ -9,6 +9,7 @@
 
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common.hpp"
@@ -21,6 +22,12 @@ struct RingView {
   int64_t C;           // chunk length: position r holds chunks r and 2P−1−r, 2C local rows
   int64_t h0, Hs;      // the heads computed here: wkv_b's heads [h0, h0 + Hs); q and o hold Hs heads
 };
+
+// The zigzag layout's condition on the sequence: 2·R divides T, R the positions on the ring (ranks, or
+// groups of ranks under laga --ulysses). Empty when it holds, else why not with the nearest valid T's,
+// e.g. "--seq 100 is not a multiple of 2 × (--sp 8 / --ulysses 2) = 8 (...); try --seq 96 or 104".
+// No product overflows for any int64 R (fuzz_config sets --sp near 2^63).
+std::string zigzag_seq_problem(int64_t T, int64_t R, std::string_view ring, std::string_view why);
 
 // A query chunk × key chunk pair of one hop: local chunk indices (0: chunk r, 1: chunk 2P−1−r) and
 // whether it is the diagonal (causal) block.
