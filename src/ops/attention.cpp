@@ -116,16 +116,19 @@ std::vector<AttentionMemoryEvent> attention_memory_events(Kernel kernel, const A
   };
   const int64_t B = p.B, Hq = p.Hq, Hkv = p.Hkv, T = p.T;
   if (kernel == Kernel::eager) {
+    alloc("attn.kv_head", {T, p.Dqk + p.Dv}, dt);  // one K/V head packed dense, for the Q/dS products
     if (!backward) {
       alloc("attn.scores", {B, Hq, T, T}, f32);
       alloc("attn.probs", {B, Hq, T, T}, dt);
       release("attn.scores");
+      release("attn.kv_head");
     } else {
       alloc("attn.dprobs", {B, Hq, T, T}, f32);  // fp32: rewritten in place into dS
       if (low) {
         alloc("attn.dscores", {B, Hq, T, T}, dt);
         release("attn.dprobs");
       }
+      release("attn.kv_head");
       if (Hq != Hkv) {  // dk, dv summed over the group in fp32 before rounding
         alloc("attn.dk_acc", {B, Hkv, T, p.Dqk}, f32);
         alloc("attn.dv_acc", {B, Hkv, T, p.Dv}, f32);

@@ -1,7 +1,10 @@
 // The eager attention kernel, PyTorch-math style: the scores and probabilities of every head are
 // materialised as [B, Hq, T, T] tensors, and the probabilities are saved for backward. Products are
-// whole-head oneDNN matmuls on the strided head slices (one call per head, each on all threads); the
-// masked half of a causal product is computed and discarded, as PyTorch does. Row softmax and its
+// whole-head oneDNN matmuls (one call per head, each on all threads); the masked half of a causal
+// product is computed and discarded, as PyTorch does. Each K/V head is first packed into a dense
+// [T, Dqk + Dv] tile (attn.kv_head), shared by its group's query heads: oneDNN's summation order
+// depends on an operand's row stride, so a form that holds K and V head by head (laga-recompute's
+// backward) gets the same bits as one that holds every head (measured: verify, eager fp32 at P 1). Row softmax and its
 // backward are vectorised. It holds no tiling and no online softmax (attention_fused.cpp does).
 // Forward equations and the derived backward: docs/attention.md §1–§2.
 #include "attention_internal.hpp"
@@ -22,6 +25,17 @@ void product(int64_t M, int64_t N, int64_t K, DType ab, DType c_dtype, const voi
   mp.b = b, mp.b_k_stride = b_k, mp.b_n_stride = b_n;
   mp.c = c, mp.c_m_stride = c_m, mp.c_n_stride = 1;
   matmul(mp);
+}
+
+// kv[t, :] = [k[t, b, hk, :] | v[t, b, hk, :]]: head hk's K and V as one dense [T, Dqk + Dv] tile.
+template <class T>
+void pack_kv_head(const AttentionFwdParams& p, int64_t b, int64_t hk, T* kv) {
+  const int64_t W = p.Dqk + p.Dv;
+#pragma omp parallel for schedule(static)
+  for (int64_t t = 0; t < p.T; ++t) {
+    std::memcpy(kv + t * W, at<T>(p.k, p.k_stride, t, b, hk), p.Dqk * sizeof(T));
+    std::memcpy(kv + t * W + p.Dqk, at<T>(p.v, p.v_stride, t, b, hk), p.Dv * sizeof(T));
+  }
 }
 
 // P = softmax(S) row by row, masked entries 0. S [B, Hq, T, T] fp32 (overwritten), P like S in T.
@@ -71,21 +85,30 @@ AttentionSaved forward(const AttentionFwdParams& p) {
   MemoryPlanWalker plan(attention_memory_events(Kernel::eager, p, false));
   const int64_t g = p.Hq / p.Hkv, T_ = p.T, TT = p.T * p.T;
   const DType dt = p.dtype, f32 = DType::f32;
+  const int64_t W = p.Dqk + p.Dv;
+  Tensor kv = plan.allocate("attn.kv_head");  // [T, Dqk + Dv] one K/V head, dense
+  T* const k_h = kv.data<T>();
+  T* const v_h = k_h + p.Dqk;
   Tensor scores = plan.allocate("attn.scores");  // [B, Hq, T, T] fp32, scale · q kᵀ
   for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.Hq; ++h)  // S = scale · Q Kᵀ
-      product(T_, T_, p.Dqk, dt, f32, at<T>(p.q, p.q_stride, 0, b, h), p.q_stride.t, 1,
-              at<T>(p.k, p.k_stride, 0, b, h / g), 1, p.k_stride.t, scores.data<float>() + (b * p.Hq + h) * TT, T_,
-              p.scale, false);
+    for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+      pack_kv_head<T>(p, b, hk, k_h);
+      for (int64_t h = hk * g; h < (hk + 1) * g; ++h)  // S = scale · Q Kᵀ
+        product(T_, T_, p.Dqk, dt, f32, at<T>(p.q, p.q_stride, 0, b, h), p.q_stride.t, 1, k_h, 1, W,
+                scores.data<float>() + (b * p.Hq + h) * TT, T_, p.scale, false);
+    }
   AttentionSaved saved;
   saved.probs = plan.allocate("attn.probs");  // [B, Hq, T, T] storage dtype
   softmax_rows<T>(p, scores.data<float>(), saved.probs.data<T>());
   plan.release("attn.scores", scores);
   for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.Hq; ++h)  // O = P V
-      product(T_, p.Dv, T_, dt, dt, saved.probs.data<T>() + (b * p.Hq + h) * TT, T_, 1,
-              at<T>(p.v, p.v_stride, 0, b, h / g), p.v_stride.t, 1, at<T>(p.o, p.o_stride, 0, b, h), p.o_stride.t,
-              1.0f, false);
+    for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+      pack_kv_head<T>(p, b, hk, k_h);
+      for (int64_t h = hk * g; h < (hk + 1) * g; ++h)  // O = P V
+        product(T_, p.Dv, T_, dt, dt, saved.probs.data<T>() + (b * p.Hq + h) * TT, T_, 1, v_h, W, 1,
+                at<T>(p.o, p.o_stride, 0, b, h), p.o_stride.t, 1.0f, false);
+    }
+  plan.release("attn.kv_head", kv);
   plan.finish();
   return saved;
 }
@@ -96,12 +119,18 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
   const int64_t g = p.Hq / p.Hkv, T_ = p.T, TT = p.T * p.T;
   const DType dt = p.dtype, f32 = DType::f32;
   const T* probs = saved.probs.data<T>();  // [B, Hq, T, T]
+  const int64_t W = p.Dqk + p.Dv;
+  Tensor kv = plan.allocate("attn.kv_head");  // [T, Dqk + Dv] one K/V head, dense
+  T* const k_h = kv.data<T>();
+  T* const v_h = k_h + p.Dqk;
   Tensor dprobs = plan.allocate("attn.dprobs");  // [B, Hq, T, T] fp32
   for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.Hq; ++h)  // O = P V  ⇒  dP = dO Vᵀ
-      product(T_, T_, p.Dv, dt, f32, at<T>(p.dout, p.dout_stride, 0, b, h), p.dout_stride.t, 1,
-              at<T>(p.v, p.v_stride, 0, b, h / g), 1, p.v_stride.t, dprobs.data<float>() + (b * p.Hq + h) * TT, T_,
-              1.0f, false);
+    for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+      pack_kv_head<T>(p, b, hk, k_h);
+      for (int64_t h = hk * g; h < (hk + 1) * g; ++h)  // O = P V  ⇒  dP = dO Vᵀ
+        product(T_, T_, p.Dv, dt, f32, at<T>(p.dout, p.dout_stride, 0, b, h), p.dout_stride.t, 1, v_h, 1, W,
+                dprobs.data<float>() + (b * p.Hq + h) * TT, T_, 1.0f, false);
+    }
   // P = softmax(S)  ⇒  dS = P∘(dP − rowsum(P∘dP)); in place over dP in fp32.
   constexpr bool low = !std::is_same_v<T, float>;
   Tensor dscores = low ? plan.allocate("attn.dscores") : dprobs;  // [B, Hq, T, T] storage dtype
@@ -109,9 +138,13 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
   if (low) plan.release("attn.dprobs", dprobs);
   const T* ds = dscores.data<T>();
   for (int64_t b = 0; b < p.B; ++b)
-    for (int64_t h = 0; h < p.Hq; ++h)  // S = scale · Q Kᵀ  ⇒  dQ = scale · dS K
-      product(T_, p.Dqk, T_, dt, dt, ds + (b * p.Hq + h) * TT, T_, 1, at<T>(p.k, p.k_stride, 0, b, h / g),
-              p.k_stride.t, 1, at<T>(p.dq, p.dq_stride, 0, b, h), p.dq_stride.t, p.scale, false);
+    for (int64_t hk = 0; hk < p.Hkv; ++hk) {
+      pack_kv_head<T>(p, b, hk, k_h);
+      for (int64_t h = hk * g; h < (hk + 1) * g; ++h)  // S = scale · Q Kᵀ  ⇒  dQ = scale · dS K
+        product(T_, p.Dqk, T_, dt, dt, ds + (b * p.Hq + h) * TT, T_, 1, k_h, W, 1, at<T>(p.dq, p.dq_stride, 0, b, h),
+                p.dq_stride.t, p.scale, false);
+    }
+  plan.release("attn.kv_head", kv);
   // dK = scale · Σ_u dS_uᵀ Q_u and dV = Σ_u P_uᵀ dO_u over the group's heads h = hk·g + u: straight
   // into dk, dv when g = 1, else summed in fp32 accumulators [B, Hkv, T, D].
   Tensor dk_acc, dv_acc;

@@ -55,17 +55,23 @@ TEST(Recompute, ExplicitRecomputeIsBitIdenticalToExplicitAtEveryP) {
 
 // DeepSeek-V3's shapes per rank at P 8 (Hr 16, Lkv 512, Dn + Dv 256) in the up-projection: the `small`
 // preset at P 1 has Hr 16 and the same Lkv, Dn, Dv, so the head-by-head rebuild multiplies the shapes
-// it multiplies at DeepSeek-V3 (but for the row count).
+// it multiplies at DeepSeek-V3 (but for the row count). The eager kernel at T 512 in fp32 once broke
+// it (the verify sweep found dx differing): the rebuilt k_h, v_h [T, B, 1, ·] have another row stride
+// than the whole shard's, and oneDNN's summation order follows the stride; the kernel now packs each
+// K/V head dense first.
 TEST(Recompute, LagaRecomputeIsBitIdenticalToLagaAtDeepSeekHeadDims) {
-  for (DType dt : {DType::bf16, DType::f32}) {
-    MlaConfig c = MlaConfig::preset("small");
-    c.dtype = dt, c.kernel = Kernel::fused, c.seq_len = 64, c.sp = 1, c.num_layers = 1, c.batch = 1;
-    c.form = "laga";
-    const verify::Tensors want = run_tensors(c);
-    c.form = "laga-recompute";
-    std::string where;
-    EXPECT_TRUE(verify::bitwise_equal(run_tensors(c), want, &where)) << dtype_name(dt) << ": " << where;
-  }
+  for (Kernel kernel : {Kernel::fused, Kernel::eager})
+    for (DType dt : {DType::bf16, DType::f32})
+      for (int64_t T : {64, 512}) {
+        MlaConfig c = MlaConfig::preset("small");
+        c.dtype = dt, c.kernel = kernel, c.seq_len = T, c.sp = 1, c.num_layers = 1, c.batch = 1;
+        c.form = "laga";
+        const verify::Tensors want = run_tensors(c);
+        c.form = "laga-recompute";
+        std::string where;
+        EXPECT_TRUE(verify::bitwise_equal(run_tensors(c), want, &where))
+            << kernel_name(kernel) << " " << dtype_name(dt) << " T " << T << ": " << where;
+      }
 }
 
 TEST(Recompute, LagaRecomputeSavesLessThanExplicitAtDeepSeekV3) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -307,6 +308,25 @@ TEST(Attention, AllocatesExactlyItsMemoryPlan) {
         for (const auto& [tag, bytes] : tracker.peak_by_tag())
           EXPECT_EQ(tag.rfind("attn.", 0), 0u) << what << " " << tag;
       }
+}
+
+// The eager kernel's plan against the closed forms of docs/attention.md §5, written out here: both
+// dtypes, g = 1 and g > 1, where each backward term can be the larger one.
+TEST(Attention, EagerPlanMatchesItsClosedForms) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (auto [B, Hq, Hkv, T, Dqk, Dv] : {std::array<int64_t, 6>{2, 4, 4, 16, 24, 12}, {1, 8, 2, 8, 64, 32},
+                                          {1, 1, 1, 4, 96, 64}, {3, 6, 3, 40, 8, 8}}) {
+      AttentionFwdParams p;
+      p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.T = T, p.Dqk = Dqk, p.Dv = Dv, p.dtype = dt;
+      const int64_t s = dtype_size(dt), sq = B * Hq * T * T, kv = s * T * (Dqk + Dv);
+      const int64_t acc = Hq != Hkv ? 4 * B * Hkv * T * (Dqk + Dv) : 0;
+      const AttentionMemory m = attention_memory(Kernel::eager, p);
+      const std::string what = fmt::format("{} B {} Hq {} Hkv {} T {} Dqk {} Dv {}", dtype_name(dt), B, Hq, Hkv, T, Dqk, Dv);
+      EXPECT_EQ(m.saved_bytes, s * sq) << what;
+      EXPECT_EQ(m.forward_peak_bytes, (4 + s) * sq + kv) << what;
+      EXPECT_EQ(m.backward_peak_bytes, dt == DType::f32 ? 4 * sq + std::max(kv, acc)
+                                                        : std::max(6 * sq + kv, 2 * sq + acc)) << what;
+    }
 }
 
 TEST(Attention, FusedNeverAllocatesTxT) {
