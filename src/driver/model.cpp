@@ -501,6 +501,13 @@ LinkSpec link_from_bench_comm(const json& j, const std::string& path, int64_t* s
   return l;
 }
 
+std::map<std::string, double> BenchRowComparison::predicted_by_class() const {
+  std::map<std::string, double> by{{"matmul", 0}, {"attention_fwd", 0}, {"attention_bwd", 0}, {"other", 0}};
+  for (const PhaseTime& t : predicted.phases)
+    by[t.phase.op == OpClass::elementwise ? "other" : std::string(op_class_name(t.phase.op))] += t.seconds;
+  return by;
+}
+
 std::vector<BenchRowComparison> compare_with_bench(const json& bench, const std::string& path, const HardwareSpec& hw) {
   auto bad = [&](const std::string& what) { LAGA_FAIL_USAGE("bench file {}: {}", path, what); };
   if (!bench.is_object() || !bench.contains("rows") || !bench["rows"].is_array()) bad("no 'rows' array (write it with laga bench --json)");
@@ -522,6 +529,17 @@ std::vector<BenchRowComparison> compare_with_bench(const json& bench, const std:
     c.ulysses = m.ulysses, c.variant = m.form;
     c.form = displayed_form(m);
     c.predicted = predict(Config(m), hw);
+    if (row.contains("profile")) {
+      const json& p = row["profile"];
+      for (const char* k : {"matmul", "attention_fwd", "attention_bwd"}) {
+        if (!p.contains(k) || !p[k].contains("seconds") || !p[k]["seconds"].is_number())
+          bad(fmt::format("field 'rows[{}].profile.{}.seconds' is missing or not a number", i, k));
+        c.measured_by_class[k] = p[k]["seconds"].get<double>();
+      }
+      if (!p.contains("other_s") || !p["other_s"].is_number())
+        bad(fmt::format("field 'rows[{}].profile.other_s' is missing or not a number", i));
+      c.measured_by_class["other"] = p["other_s"].get<double>();
+    }
     out.push_back(std::move(c));
   }
   return out;

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 
 #include <cmath>
 
@@ -100,6 +101,8 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
     tracker.reset_peak();
 
     StackSaved saved;
+    std::optional<ProfileScope> profiling;
+    if (!meta) profiling.emplace(r.profile);
     auto t0 = clock_type::now();
     y_shard = stack_forward(cfg, w, x_shard, saved, comm);
     r.forward_s = since(t0);
@@ -114,6 +117,7 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
     auto t1 = clock_type::now();
     dx_shard = stack_backward(cfg, w, saved, dy_shard, g, comm);
     r.backward_s = since(t1);
+    profiling.reset();
     r.memory.backward_peak_bytes = tracker.peak_bytes() - baseline;
     r.memory.activation_peak_bytes = std::max(r.memory.forward_peak_bytes, r.memory.backward_peak_bytes);
     r.memory.peak_breakdown =

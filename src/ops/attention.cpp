@@ -7,6 +7,7 @@
 #include <map>
 
 #include "attention_internal.hpp"
+#include "laga/core/profile.hpp"
 
 namespace laga {
 
@@ -72,6 +73,7 @@ AttentionSaved attention_forward(Kernel kernel, const AttentionFwdParams& p) {
              "the eager attention kernel writes o only in the storage dtype ({}), not fp32; use --kernel fused",
              dtype_name(p.dtype));
   if (meta_mode()) return meta_walk(kernel, p, false);
+  OpTimer timer(ProfiledOp::attention_forward, attention_forward_flops(p.B, p.Hq, p.T, p.Dqk, p.Dv, p.causal));
   return kernel == Kernel::eager ? attn::eager_forward(p) : attn::fused_forward(p);
 }
 
@@ -87,11 +89,13 @@ void attention_backward(Kernel kernel, const AttentionBwdParams& p, const Attent
     check_shape(saved.probs, {p.B, p.Hq, p.T, p.T}, "saved.probs (eager attention)");
     check_dtype(saved.probs, p.dtype, "saved.probs (eager attention)");
     if (meta_mode()) return (void)meta_walk(kernel, p, true);
+    OpTimer timer(ProfiledOp::attention_backward, 2.5 * attention_forward_flops(p.B, p.Hq, p.T, p.Dqk, p.Dv, p.causal));
     attn::eager_backward(p, saved);
   } else {
     check_shape(saved.lse, {p.B, p.Hq, p.T}, "saved.lse (fused attention)");
     check_dtype(saved.lse, DType::f32, "saved.lse (fused attention)");
     if (meta_mode()) return (void)meta_walk(kernel, p, true);
+    OpTimer timer(ProfiledOp::attention_backward, 2.5 * attention_forward_flops(p.B, p.Hq, p.T, p.Dqk, p.Dv, p.causal));
     attn::fused_backward(p, saved);
   }
 }

@@ -26,6 +26,7 @@
 #include <map>
 
 #include "attention_internal.hpp"
+#include "laga/core/profile.hpp"
 #include "laga/core/memory.hpp"
 #include "laga/ops/matmul.hpp"
 
@@ -408,6 +409,8 @@ void check_latent_attention_params(const LatentAttentionBwdParams& p) {
 AttentionSaved latent_attention_forward(const LatentAttentionParams& p) {
   check_latent_attention_params(p);
   if (meta_mode()) return meta_walk(p, false);
+  // The attention's FLOPs (FlashAttention-3 counting), not the up-projection the kernel runs inside.
+  OpTimer timer(ProfiledOp::attention_forward, attention_forward_flops(p.B, p.H, p.T, p.Dqk(), p.Dv, true));
   return dispatch_dtype(p.dtype, [&](auto* tag) {
     return LatentKernel<std::remove_pointer_t<decltype(tag)>>(p, false).forward();
   });
@@ -418,6 +421,7 @@ Tensor latent_attention_backward(const LatentAttentionBwdParams& p, const Attent
   check_shape(saved.lse, {p.B, p.H, p.T}, "saved.lse (latent attention)");
   check_dtype(saved.lse, DType::f32, "saved.lse (latent attention)");
   if (meta_mode()) return meta_walk(p, true).lse;
+  OpTimer timer(ProfiledOp::attention_backward, 2.5 * attention_forward_flops(p.B, p.H, p.T, p.Dqk(), p.Dv, true));
   return dispatch_dtype(p.dtype, [&](auto* tag) {
     return LatentKernel<std::remove_pointer_t<decltype(tag)>>(p, true).backward(p, saved);
   });

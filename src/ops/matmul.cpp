@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "laga/core/error.hpp"
+#include "laga/core/profile.hpp"
 
 namespace laga {
 
@@ -66,6 +67,10 @@ void matmul(const MatmulParams& p) {
     LAGA_ASSERT(p.accumulate, "matmul with K = 0 and overwrite is not supported");
     return;
   }
+  OpTimer timer(ProfiledOp::matmul, 2.0 * double(p.batch) * double(p.M) * double(p.N) * double(p.K));
+  if (timer.recording())
+    timer.set_shape(p.batch > 1 ? fmt::format("{}×{}×{}×{} {}", p.batch, p.M, p.N, p.K, dtype_name(p.ab_dtype))
+                                : fmt::format("{}×{}×{} {}", p.M, p.N, p.K, dtype_name(p.ab_dtype)));
   thread_local std::unordered_map<std::string, Cached> cache;
   thread_local dnnl::stream stream(engine());
   std::string key = key_of(p);

@@ -16,13 +16,14 @@ common=(--model tiny --seq 16,32 --forms explicit,absorbed,laga --iters 3 --warm
 
 # 1. A clean run: exit 0, header, JSON keys.
 f="$work/bench.json"
-if LAGA_LINK="emulated test link" "$laga" bench "${common[@]}" --sp 2 --dtype fp32 --json "$f" >"$work/out" 2>"$work/err"; then
+if LAGA_LINK="emulated test link" "$laga" bench "${common[@]}" --sp 2 --dtype fp32 --profile --json "$f" >"$work/out" 2>"$work/err"; then
   ok "bench tiny P 2 fp32"
 else
   fail "bench tiny P 2: $(tail -5 "$work/out" "$work/err")"
 fi
 for pattern in "^# machine: " "threads per rank: [0-9]" "link: emulated test link" "dtype fp32" "kernel fused" \
-    "commit " "^# validation: verify's rule at T 16" "#wrong" "^bench: pass"; do
+    "commit " "^# validation: verify's rule at T 16" "#wrong" "^bench: pass" "^# time by op class" \
+    "^#    seq form  *matmul  GFLOP/s  attn fwd"; do
   grep -q -- "$pattern" "$work/out" || fail "bench output lacks /$pattern/"
 done
 json_has "$f" "len(j['rows'])==6 and j['wrong']==0 and j['pass'] and j['link']=='emulated test link' \
@@ -43,6 +44,21 @@ json_has "$f" "len(j['rows'])==6 and j['wrong']==0 and j['pass'] and j['link']==
   and {'q','latent','o','do','dlatent','dq'} <= set(next(r for r in j['rows'] if r['variant']=='laga')['collectives']) \
   and next(r for r in j['rows'] if r['variant']=='laga')['collectives']['latent']['op']=='all_gather'" \
   && ok "bench JSON keys" || fail "bench JSON lacks keys or values"
+# --profile: each row's FLOPs by op class are the block's, counted here from the config: every
+# projection once forward and twice backward (explicit and laga execute the same up-projection work),
+# attention FlashAttention-3 style (backward 2.5×); the eager kernel's products count as attention.
+json_has "$f" "all(p['matmul']['flops'] == 3*2*(c['hidden_size']*c['q_lora_rank'] \
+    + c['q_lora_rank']*c['num_attention_heads']*(c['qk_nope_head_dim']+c['qk_rope_head_dim']) \
+    + c['hidden_size']*(c['kv_lora_rank']+c['qk_rope_head_dim']) \
+    + c['kv_lora_rank']*c['num_attention_heads']*(c['qk_nope_head_dim']+c['v_head_dim']) \
+    + c['num_attention_heads']*c['v_head_dim']*c['hidden_size']) * r['seq']*r['batch']//r['sp']*r['layers'] \
+  and p['attention_fwd']['flops'] == 2*r['batch']*c['num_attention_heads']//r['sp']*r['seq']*(r['seq']+1)/2 \
+    *(c['qk_nope_head_dim']+c['qk_rope_head_dim']+c['v_head_dim'])*r['layers'] \
+  and p['attention_bwd']['flops'] == 2.5*p['attention_fwd']['flops'] \
+  and p['attention_fwd']['calls'] == r['layers'] and p['matmul']['calls'] > 0 and p['other_s'] == p['other_s'] \
+  and sum(v['calls'] for v in p['rank0_last_iteration']['matmul_shapes'].values()) == p['matmul']['calls'] \
+  for c in [j['config']] for r in j['rows'] if r['variant'] in ('explicit','laga') for p in [r['profile']])" \
+  && ok "bench --profile FLOPs by class" || fail "bench --profile: FLOPs by class differ from the config's"
 unset LAGA_LINK
 LAGA_LINK= "$laga" bench --model tiny --seq 16 --forms explicit --iters 1 >"$work/out" 2>&1 || fail "bench explicit alone"
 grep -q "link: in-process threads" "$work/out" || fail "bench without LAGA_LINK does not say in-process threads"

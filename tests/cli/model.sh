@@ -42,6 +42,25 @@ JSON
 out=$("$laga" model --hw "$src/docs/hw/h100-class.json" --bench-json "$tmp/bench.json" --json "$tmp/c.json") || fail "--bench-json exit $?"
 grep -q "error of the total: max" <<<"$out" || fail "--bench-json: no error summary"
 python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert len(j['comparison']['rows']) == 2" "$tmp/c.json" || fail "--bench-json JSON"
+! grep -q "by op class" <<<"$out" || fail "--bench-json: a by-class table for rows without profiles"
+# With bench --profile's per-row profile: the time by class against the model's classes.
+python3 - "$tmp/bench.json" "$tmp/bp.json" <<'PY' || fail "writing a profiled bench file"
+import json, sys
+j = json.load(open(sys.argv[1]))
+for r in j["rows"]:
+    r["profile"] = {k: {"seconds": 0.001, "flops": 1e6, "calls": 1} for k in ("matmul", "attention_fwd", "attention_bwd")}
+    r["profile"]["other_s"] = 0.0002
+json.dump(j, open(sys.argv[2], "w"))
+del j["rows"][1]["profile"]["other_s"]
+json.dump(j, open(sys.argv[2] + ".bad", "w"))
+PY
+out=$("$laga" model --hw "$src/docs/hw/h100-class.json" --bench-json "$tmp/bp.json" --json "$tmp/cp.json") || fail "--bench-json with profiles exit $?"
+grep -q "^# by op class" <<<"$out" && [ "$(grep -c "^ *64   2 \(explicit\|laga\) .* / " <<<"$out")" -eq 2 ] || fail "--bench-json: no by-class rows"
+python3 -c "import json,sys; j=json.load(open(sys.argv[1])); r=j['comparison']['rows'][0]['by_class']; \
+assert set(r)=={'matmul','attention_fwd','attention_bwd','other'} and r['other']['measured_s']==0.0002 \
+and all(v['predicted_s']>0 for v in r.values())" "$tmp/cp.json" || fail "--bench-json by_class JSON"
+"$laga" model --hw "$src/docs/hw/h100-class.json" --bench-json "$tmp/bp.json.bad" >/dev/null 2>"$tmp/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "rows\[1\].profile.other_s" "$tmp/err" || fail "--bench-json: a profile without other_s: exit $rc, $(cat "$tmp/err")"
 
 # --grid: every cell's winner is the fastest of the forms that can run it; a form that cannot is listed
 # with its reason; a faster link never makes a cell's winner slower.

@@ -35,6 +35,7 @@
 #include "commands.hpp"
 #include "laga/core/error.hpp"
 #include "laga/core/machine.hpp"
+#include "laga/core/profile.hpp"
 #include "laga/core/bytes.hpp"
 #include "laga/driver/launch.hpp"
 #include "laga/driver/plan.hpp"
@@ -67,6 +68,11 @@ struct CollStat {
 // One timed iteration: the slowest rank's figure of each phase (each maximised separately).
 struct Sample {
   double fwd = 0, bwd = 0, exposed = 0, collective = 0, hidden = 0;
+  // The slowest rank's seconds per op class (core/profile.hpp), and the rest of its fwd + bwd beyond
+  // those and its exposed communication ("other": elementwise work, copies, allocation, skew).
+  std::map<std::string, double> op_s;
+  double other_s = 0;
+  nlohmann::json profile;  // rank 0's whole profile, FLOPs and matmul shapes included
   int threads_min = 1 << 30, threads_max = 0;
   std::map<std::string, CollStat> coll;
 };
@@ -97,7 +103,9 @@ Sample timed_run(Launcher& launcher, const Config& c, const RunOptions& opt, dou
     for (const auto& rec : r.collectives)
       if (!is_grad_sync(rec)) all_s += rec.seconds, wait_s += rec.wait_s;
     const nlohmann::json mine = {{"fwd", r.forward_s}, {"bwd", r.backward_s}, {"wait", wait_s}, {"all", all_s},
-                                 {"threads", omp_get_max_threads()}, {"coll", rank_collectives(r.collectives)}};
+                                 {"threads", omp_get_max_threads()}, {"coll", rank_collectives(r.collectives)},
+                                 {"profile", r.profile.to_json()},
+                                 {"other", r.forward_s + r.backward_s - wait_s - r.profile.seconds()}};
     const std::vector<nlohmann::json> all = gather_json(comm, mine);
     if (comm.rank() != 0) return;
     for (const auto& j : all) {
@@ -105,6 +113,12 @@ Sample timed_run(Launcher& launcher, const Config& c, const RunOptions& opt, dou
       s.exposed = std::max(s.exposed, j["wait"].get<double>());
       s.collective = std::max(s.collective, j["all"].get<double>());
       s.hidden = std::max(s.hidden, std::max(0.0, j["all"].get<double>() - j["wait"].get<double>()));
+      for (ProfiledOp op : kProfiledOps) {
+        double& m = s.op_s[profiled_op_name(op)];
+        m = std::max(m, j["profile"][profiled_op_name(op)]["seconds"].get<double>());
+      }
+      s.other_s = std::max(s.other_s, j["other"].get<double>());
+      if (s.profile.is_null()) s.profile = j["profile"];
       s.threads_min = std::min(s.threads_min, j["threads"].get<int>());
       s.threads_max = std::max(s.threads_max, j["threads"].get<int>());
       for (const auto& [name, v] : j["coll"].items()) {
@@ -421,7 +435,7 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   fmt::print(fmt::runtime(hfmt), "", "", "s", "s", "s", "s", "s", "s", "", "", "×", "");
   nlohmann::json rows = nlohmann::json::array();
   int64_t total_wrong = 0;
-  std::vector<std::string> messages;
+  std::vector<std::string> messages, profile_lines;
   for (size_t si = 0; si < seqs.size(); ++si) {
     auto phase = [&](size_t fi, auto get) {
       std::vector<double> v;
@@ -467,6 +481,22 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
                       {"seconds", stats(cs[name]).median},
                       {"exposed_s", stats(ce[name]).median},
                       {"hidden_s", stats(ch[name]).median}};
+      // Time by op class: the slowest rank's seconds per iteration, median; FLOPs per rank (rank 0's).
+      nlohmann::json prof = nlohmann::json::object();
+      std::string prof_line = fmt::format("  {:>6} {:<18}", c.seq_len, keys[fi]);
+      for (ProfiledOp op : kProfiledOps) {
+        const char* name = profiled_op_name(op);
+        const double sec = phase(fi, [&](const Sample& x) { return x.op_s.count(name) ? x.op_s.at(name) : 0.0; }).median;
+        const nlohmann::json& r0 = samples[si][fi].back().profile[name];
+        const double flops = r0["flops"].get<double>(), rate = sec > 0 ? flops / sec / 1e9 : 0.0;
+        prof[name] = {{"seconds", sec}, {"flops", flops}, {"calls", r0["calls"]}, {"gflops", rate}};
+        prof_line += fmt::format(" {:>9.4f} {:>8.1f}", sec, rate);
+      }
+      const double other = phase(fi, [](const Sample& x) { return x.other_s; }).median;
+      prof["other_s"] = other;
+      prof["rank0_last_iteration"] = samples[si][fi].back().profile;
+      prof_line += fmt::format(" {:>9.4f} {:>9.4f} {:>6.1f}", ex.median, other, 100 * other / tot.median);
+      profile_lines.push_back(prof_line);
       nlohmann::json val = {{"validated", v.done}, {"wrong", nwrong}, {"failures", v.failures}};
       if (v.done) {
         val["vs_explicit"] = v.vs;
@@ -505,8 +535,18 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
                       {"speedup_vs_explicit", speedup},
                       {"wrong", nwrong},
                       {"validation", val},
-                      {"collectives", coll}});
+                      {"collectives", coll},
+                      {"profile", prof}});
     }
+  }
+  if (b.profile) {
+    fmt::print("# time by op class: per iteration the slowest rank's seconds in each class, median; GFLOP/s: one rank's "
+               "FLOPs over those seconds; other: fwd + bwd − the classes − exposed comm (elementwise work, copies, "
+               "allocation); % of total\n");
+    const char* pfmt = "# {:>6} {:<18} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>6}\n";
+    fmt::print(fmt::runtime(pfmt), "seq", "form", "matmul", "GFLOP/s", "attn fwd", "GFLOP/s", "attn bwd", "GFLOP/s",
+               "comm", "other", "%");
+    for (const auto& l : profile_lines) fmt::print("{}\n", l);
   }
   for (const auto& m : messages) fmt::print("# FAIL {}\n", m);
   if (b.validate) fmt::print("bench: {}\n", total_wrong ? fmt::format("{} check(s) failed", total_wrong) : "pass");

@@ -208,6 +208,31 @@ nlohmann::json compare(const CommonFlags& f, const ModelFlags& m, const Hardware
   }
   const double mean_err = rows.empty() ? 0 : sum_err / double(rows.size());
   fmt::print("error of the total: max {:.1f} %, mean {:.1f} % over {} rows\n", 100 * max_err, 100 * mean_err, rows.size());
+  // By op class, where the bench file has the rows' profiles: which class the error comes from.
+  const char* classes[] = {"matmul", "attention_fwd", "attention_bwd", "other"};
+  bool any_profile = false;
+  for (const auto& r : rows) any_profile = any_profile || !r.measured_by_class.empty();
+  if (any_profile) {
+    fmt::print("# by op class (bench --profile: the slowest rank's seconds per class; other = the rest beside exposed "
+               "comm, against the model's elementwise phases): measured / model, error %\n");
+    fmt::print("# {:>6} {:>3} {:<18}", "seq", "P", "form");
+    for (const char* k : classes) fmt::print(" {:>25}", k);
+    fmt::print("\n");
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const auto& r = rows[i];
+      if (r.measured_by_class.empty()) continue;
+      const auto model = r.predicted_by_class();
+      fmt::print("  {:>6} {:>3} {:<18}", r.seq, r.sp, r.form);
+      nlohmann::json cls = nlohmann::json::object();
+      for (const char* k : classes) {
+        const double got = r.measured_by_class.at(k), want = model.at(k);
+        fmt::print(" {:>8.4f} / {:>7.4f} {:>+6.0f}", got, want, got > 0 ? 100 * (want - got) / got : 0.0);
+        cls[k] = {{"measured_s", got}, {"predicted_s", want}};
+      }
+      fmt::print("\n");
+      out[i]["by_class"] = cls;
+    }
+  }
   return {{"bench_json", m.bench_json}, {"rows", out}, {"max_abs_rel_error", max_err}, {"mean_abs_rel_error", mean_err}};
 }
 

@@ -27,6 +27,7 @@ struct Invocation {
   std::vector<std::string> forms{"explicit", "absorbed", "laga"};  // bench, train
   int64_t iters = 3, steps = 200;                                   // bench, train
   int64_t warmup = 1;                                               // bench: untimed runs per form before timing
+  bool profile = false;                                            // bench: print the time by op class
   bool no_validate = false;                                         // bench: skip the validation (not the default)
   std::string inject_wrong;                                         // bench, testing: FORM:ULPS
   double lr = 1e-3;                                                 // train

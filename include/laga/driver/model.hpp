@@ -146,6 +146,11 @@ struct BenchRowComparison {
   int64_t seq = 0, sp = 0;
   int64_t ulysses = 0;  // the row's --ulysses (laga's; 0: Pu = P)
   double measured_fwd = 0, measured_bwd = 0, measured_comm = 0, measured_total = 0;
+  // The row's time by op class where its file has one (laga bench's "profile"): "matmul",
+  // "attention_fwd", "attention_bwd", and "other" (the rest beside exposed comm), measured against the
+  // model's phases of the same class (other: its elementwise phases). Empty for older files.
+  std::map<std::string, double> measured_by_class;
+  std::map<std::string, double> predicted_by_class() const;
   FormPrediction predicted;
   double rel_error_total() const { return (predicted.total_s() - measured_total) / measured_total; }
 };
