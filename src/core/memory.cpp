@@ -113,6 +113,12 @@ class Pool {
 }  // namespace
 
 PoolStats pool_stats() { return Pool::get().stats(); }
+void* pool_allocate(size_t bytes) {
+  return Pool::get().allocate(size_t((bytes + kAlignment - 1) / kAlignment * kAlignment));
+}
+void pool_release(void* p, size_t bytes) {
+  Pool::get().release(p, size_t((bytes + kAlignment - 1) / kAlignment * kAlignment));
+}
 void pool_empty_cache() { Pool::get().empty(); }
 
 void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {

@@ -62,6 +62,11 @@ inline constexpr int64_t kPoolMinBytes = int64_t(1) << 20;  // smaller blocks go
 PoolStats pool_stats();
 // Returns every cached block to the OS (torch.cuda.empty_cache); blocks in use are unaffected.
 void pool_empty_cache();
+// An untracked block from the caching allocator (64-byte aligned; nullptr when the OS has none) and
+// its release: workspace no tensor owns, e.g. oneDNN's scratchpad (ops/matmul.cpp). It counts in
+// pool_stats' reserved bytes, never in a tracker's.
+void* pool_allocate(size_t bytes);
+void pool_release(void* p, size_t bytes);
 
 MemoryTracker& default_tracker();
 MemoryTracker& current_tracker();
