@@ -360,7 +360,9 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
       case OpClass::matmul: t.rate = rates.matmul_tflops.at(m.seq_len) * 1e12; break;
       case OpClass::attention_forward: t.rate = rates.attention_rate(kernel, ph.shape, false, call_seq) * 1e12; break;
       case OpClass::attention_backward: t.rate = rates.attention_rate(kernel, ph.shape, true, call_seq) * 1e12; break;
-      case OpClass::elementwise: t.rate = rates.elementwise_GBps.at(m.seq_len) * 1e9; break;
+      case OpClass::elementwise:  // fp32 buffers at the fp32 rate where the file has it
+        t.rate = (ph.fp32 && hw.compute.count(DType::f32) ? hw.compute.at(DType::f32) : rates).elementwise_GBps.at(m.seq_len) * 1e9;
+        break;
     }
     t.seconds = (ph.op == OpClass::elementwise ? ph.bytes : ph.flops) / t.rate;
     (ph.backward ? f.bwd_compute_s : f.fwd_compute_s) += t.seconds;

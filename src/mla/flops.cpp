@@ -97,6 +97,13 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
     if (shape == AttentionShape::latent) ew("latent copies per head", false, H * (Dl + Dvo));
   }
   out.push_back({"attention", false, OpClass::attention_forward, shape, attention, 0});
+  // A form's elementwise traffic beyond these phases (the ring forms' merges and accumulators).
+  auto extra = [&](bool bwd) {
+    const Form::ExtraBytes e = form.extra_elementwise_bytes(c, bwd);
+    if (e.fp32 > 0) out.push_back({"ring merges and fp32 accumulators", bwd, OpClass::elementwise, shape, 0, e.fp32 * L, true});
+    if (e.storage > 0) out.push_back({"k, v assembly of the other blocks", bwd, OpClass::elementwise, shape, 0, e.storage * L});
+  };
+  extra(false);
   if (absorbed) mm("absorb W_UV into o", false, H * Lkv * Dv);
   mm("wo", false, H * Dv * D);
   ew("residual", false, 3 * D);
@@ -106,6 +113,7 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   if (form.recompute_flops(c) > 0)
     out.push_back({"recompute up-projection", true, OpClass::matmul, AttentionShape::dense, form.recompute_flops(c) * L, 0});
   out.push_back({"attention", true, OpClass::attention_backward, shape, 2.5 * attention, 0});
+  extra(true);
   if (!absorbed) {
     ew("dk, dv assembly", true, H * (Dqk + Dv) + H * (Dn + Dv) + H * Dr);
     mm("up-projection wkv_b", true, Lkv * H * (Dn + Dv));

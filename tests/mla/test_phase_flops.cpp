@@ -55,5 +55,42 @@ TEST(PhaseFlops, EachFormNamesItsOwnUpProjectionAndAttentionShape) {
   EXPECT_EQ(attention_shape_of("laga"), AttentionShape::dense);
 }
 
+// The ring forms' elementwise traffic beyond the block's phases (Form::extra_elementwise_bytes): only
+// the ring forms have it; laga --ulysses 1 runs ring-latent's ring (the latent travelling, every head
+// on every rank), so it moves ring-latent's bytes; ring-kv's forward merges are ring-latent's (the
+// same pairs, the same o) but its backward has no per-hop latent work; and the fp32 merges grow with
+// the hops' pairs: doubling P at a fixed T doubles the chunk pairs per rank minus one.
+TEST(PhaseFlops, OnlyTheRingsAddElementwiseTrafficAndTheSameRingTheSameBytes) {
+  MlaConfig c = MlaConfig::preset("small");
+  c.seq_len = 256, c.sp = 2, c.batch = 2, c.num_layers = 2;
+  auto extra = [&](const std::string& form, int64_t ulysses, bool bwd) {
+    MlaConfig m = c;
+    m.form = form, m.ulysses = ulysses;
+    const Config cfg(m);
+    return form_of(*cfg).extra_elementwise_bytes(*cfg, bwd);
+  };
+  for (const char* form : {"explicit", "laga", "laga-fused", "laga-recompute", "explicit-recompute", "absorbed-shared"})
+    for (bool bwd : {false, true}) EXPECT_EQ(extra(form, 0, bwd).fp32 + extra(form, 0, bwd).storage, 0) << form;
+  for (bool bwd : {false, true}) {
+    EXPECT_EQ(extra("laga", 1, bwd).fp32, extra("ring-latent", 0, bwd).fp32) << bwd;
+    EXPECT_EQ(extra("laga", 1, bwd).storage, extra("ring-latent", 0, bwd).storage) << bwd;
+    EXPECT_GT(extra("ring-kv", 0, bwd).fp32, 0);
+  }
+  EXPECT_EQ(extra("ring-kv", 0, false).fp32, extra("ring-latent", 0, false).fp32);
+  EXPECT_EQ(extra("ring-kv", 0, false).storage, 0);  // ring-kv up-projects its own block only
+  EXPECT_GT(extra("ring-latent", 0, true).storage, extra("ring-latent", 0, false).storage);
+  // small, T 256, B 2, P 2, bf16: 5 pairs of C 64 rows merged (12 bytes per element of o), o_acc
+  // [128, 2, 16, 128] rounded (6 bytes per element), on 2 ranks.
+  EXPECT_EQ(extra("ring-kv", 0, false).fp32, 2.0 * (5 * 12 * 64 * 2 * 16 * 128 + 128 * 2 * 16 * 128 * 6));
+  // The phases carry it, per layer, as fp32 traffic.
+  MlaConfig m = c;
+  m.form = "ring-kv";
+  const Config cfg(m);
+  double fp32 = 0;
+  for (const PhaseFlops& p : phase_flops(*cfg))
+    if (p.fp32 && !p.backward) fp32 += p.bytes;
+  EXPECT_EQ(fp32, c.num_layers * extra("ring-kv", 0, false).fp32);
+}
+
 }  // namespace
 }  // namespace laga

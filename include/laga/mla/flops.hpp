@@ -45,6 +45,7 @@ struct PhaseFlops {
   AttentionShape shape = AttentionShape::dense;  // attention phases only
   double flops = 0;  // matmul and attention phases
   double bytes = 0;  // elementwise phases: bytes read + written (storage dtype)
+  bool fp32 = false;  // elementwise phases over fp32 buffers (timed at the fp32 elementwise rate)
 };
 
 // Every phase of one step (forward, then backward) of c's form over the whole sequence, all ranks,

@@ -146,6 +146,14 @@ class Form {
   // form that up-projects every rank's latent on every rank (ring-latent). block_flops adds them.
   virtual double extra_forward_flops(const MlaConfig& c) const { return 0; }
   virtual double extra_backward_flops(const MlaConfig& c) const { return 0; }
+  // Elementwise traffic beyond the block's phases (bytes read + written, whole sequence, all ranks, one
+  // layer, in one pass): the ring forms' log-sum-exp merges and fp32 gradient accumulators (fp32), and
+  // the K/V assembly of the blocks every rank up-projects beyond its own (storage dtype). The
+  // performance model times them at the elementwise rate of fp32 and of the storage dtype.
+  struct ExtraBytes {
+    double fp32 = 0, storage = 0;
+  };
+  virtual ExtraBytes extra_elementwise_bytes(const MlaConfig& c, bool backward) const { return {}; }
   // True when at P = 1 the form runs explicit's operations exactly (its collectives are identities):
   // its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }

@@ -107,6 +107,9 @@ class LagaRing final : public Form {
   double extra_backward_flops(const MlaConfig& c) const override {
     return 2.0 * double(c.ring_groups() - 1) * up_projection_flops(c);
   }
+  ExtraBytes extra_elementwise_bytes(const MlaConfig& c, bool backward) const override {
+    return ring_elementwise_bytes(c, c.ring_groups(), c.num_attention_heads / c.head_group(), true, backward);
+  }
   void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override { add_laga_problems(c, p); }
 };
 

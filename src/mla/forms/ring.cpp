@@ -171,6 +171,31 @@ RingLatentGrads ring_latent_backward(const RankCtx& ctx, const RingView& rv, con
   return {std::move(dq_acc), std::move(dlat_own)};
 }
 
+Form::ExtraBytes ring_elementwise_bytes(const MlaConfig& c, int64_t R, int64_t Hs, bool latent_travels, bool backward) {
+  const double C = double(c.seq_len / (2 * R)), M = 2 * C, B = double(c.batch), H = double(Hs);
+  const double Dqk = double(c.qk_head_dim()), Dv = double(c.v_head_dim), Dl = double(c.latent_dim());
+  const double s = double(dtype_size(c.dtype)), pairs = double(2 * R + 1), ranks = double(c.sp);
+  Form::ExtraBytes e;
+  if (!backward) {
+    // each pair's fp32 partial merged into o_acc (read both, write one); o_acc rounded once
+    e.fp32 = pairs * 12 * C * B * H * Dv + M * B * H * Dv * (4 + s);
+    // the other R − 1 blocks' K/V assembly ([k_nope | v] read, k and v written; kpe broadcast)
+    if (latent_travels) e.storage = double(R - 1) * M * B * H * (2 * (Dqk + Dv));
+  } else {
+    // each pair's fp32 dq, dk, dv added into their accumulators; dq_acc zeroed and rounded once
+    e.fp32 = pairs * 12 * C * B * H * (2 * Dqk + Dv) + M * B * H * Dqk * (4 + 4 + s);
+    if (!latent_travels) {  // dk, dv: own and travelling accumulators zeroed, summed, rounded
+      e.fp32 += M * B * H * (Dqk + Dv) * (8 + 12 + 4 + s);
+    } else {  // per hop: dk, dv zeroed and rounded, dlatent added; own and travelling dlatent
+      e.fp32 += double(R) * (M * B * H * (Dqk + Dv) * (4 + 4 + s) + 12 * M * B * Dl) + 20 * M * B * Dl;
+      // every hop's K/V rebuilt (R assemblies) and R − 1 more dk, dv assemblies than the block's one
+      e.storage = (double(R) + double(R - 1)) * M * B * H * (2 * (Dqk + Dv));
+    }
+  }
+  e.fp32 *= ranks, e.storage *= ranks;
+  return e;
+}
+
 std::string zigzag_seq_problem(int64_t T, int64_t R, std::string_view ring, std::string_view why) {
   if (T <= 0 || R <= 0 || (R <= T / 2 && T % (2 * R) == 0)) return {};
   const __int128 m = __int128(2) * R, below = T / m * m, above = below + m;
@@ -218,6 +243,9 @@ class RingKv final : public RingForm {
   std::string_view summary() const override {
     return "ring attention: per-head k and v travel around the ring (P − 1 send_recv hops), zigzag tokens, "
            "log-sum-exp merge in fp32; no all-to-all";
+  }
+  ExtraBytes extra_elementwise_bytes(const MlaConfig& c, bool backward) const override {
+    return ring_elementwise_bytes(c, c.sp, c.num_attention_heads, false, backward);
   }
 
   Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
@@ -383,6 +411,9 @@ class RingLatent final : public RingForm {
   // up-projection backwards (two products each).
   double extra_forward_flops(const MlaConfig& c) const override { return double(c.sp - 1) * up_projection_flops(c); }
   double extra_backward_flops(const MlaConfig& c) const override { return 2.0 * double(c.sp - 1) * up_projection_flops(c); }
+  ExtraBytes extra_elementwise_bytes(const MlaConfig& c, bool backward) const override {
+    return ring_elementwise_bytes(c, c.sp, c.num_attention_heads, true, backward);
+  }
 };
 
 }  // namespace
