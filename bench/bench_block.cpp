@@ -20,6 +20,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -28,6 +30,7 @@
 #include "matmul_bench.hpp"
 #include "laga/comm/communicator.hpp"
 #include "laga/mla/config.hpp"
+#include "laga/core/profile.hpp"
 #include "laga/core/random.hpp"
 #include "laga/core/tensor.hpp"
 #include "laga/mla/block.hpp"
@@ -125,6 +128,9 @@ int run(const Args& a) {
   const double proj_fwd = flops.forward - flops.attention_forward, total_flops = flops.forward + flops.backward;
   const double tokens = double(c.seq_len) * double(c.batch);
   std::vector<double> fwd_s, bwd_s, tot_s, mm_s;
+  // Per timed iteration: the block's time by op class (core/profile.hpp) and the rest ("other").
+  std::map<std::string, std::vector<double>> class_s;
+  std::map<std::string, double> class_flops;
   int64_t mm_wrong = 0;
   std::vector<int64_t> wrong_fwd, wrong_bwd;
   CheckResult check;
@@ -151,12 +157,21 @@ int run(const Args& a) {
       const double tm_s = bench::now_s() - tm;
       g.for_each([](const std::string&, Tensor& t) { t.fill(0.0f); });
       StackSaved saved;
+      OpProfile prof;
+      std::optional<ProfileScope> scope(prof);
       const double t0 = bench::now_s();
       Tensor y = stack_forward(c, w, x, saved, comm);
       const double t1 = bench::now_s();
       Tensor dx = stack_backward(c, w, saved, dy, g, comm);
       const double t2 = bench::now_s();
+      scope.reset();
       if (it < a.warmup) continue;
+      for (ProfiledOp op : kProfiledOps) {
+        const OpTotals t = prof.by_op.count(op) ? prof.by_op.at(op) : OpTotals{};
+        class_s[profiled_op_name(op)].push_back(t.seconds);
+        class_flops[profiled_op_name(op)] = t.flops;
+      }
+      class_s["other"].push_back(t2 - t0 - prof.seconds());
       mm_s.push_back(tm_s);
       fwd_s.push_back(t1 - t0);
       bwd_s.push_back(t2 - t1);
@@ -196,7 +211,7 @@ int run(const Args& a) {
       fmt::format("validated: tiny {} {} stack vs the fp64 reference, {} ({})", dtype_name(c.dtype),
                   kernel_name(c.kernel), verify::summary(check.verdict), check.verdict.rule)};
   bench::Table table("bench_block: MLA block stack forward + backward, one rank", header,
-                     {{"phase", "", 7},
+                     {{"phase", "", 14},
                       {"median", "s", 10, 4},
                       {"min", "s", 10, 4},
                       {"max", "s", 10, 4},
@@ -215,7 +230,8 @@ int run(const Args& a) {
   const double mm_rate = mm_flops / bench::summarize(mm_s).median_s;
   auto row = [&](const char* phase, const std::vector<double>& s, double f, int64_t wrong) {
     const bench::Timing t = bench::summarize(s);
-    const bool block = std::string(phase) != "matmul";  // tokens/s is the block's only
+    const std::string ph(phase);
+    const bool block = ph == "fwd" || ph == "bwd" || ph == "total";  // tokens/s is the block's only
     table.row({std::string(phase), t.median_s, t.min_s, t.max_s,
                block ? bench::Cell(tokens / t.median_s) : bench::Cell(std::string("-")), f / 1e9,
                f / 1e9 / t.median_s, 100.0 * f / t.median_s / mm_rate},
@@ -225,6 +241,11 @@ int run(const Args& a) {
   row("fwd", fwd_s, flops.forward, sum(wrong_fwd));
   row("bwd", bwd_s, flops.backward, sum(wrong_bwd));
   row("total", tot_s, total_flops, 0);
+  // The total by op class: where the block's time goes beside the matmul rate (other: elementwise,
+  // copies, allocation; no FLOPs counted).
+  for (ProfiledOp op : kProfiledOps)
+    row((std::string(" ") + profiled_op_name(op)).c_str(), class_s[profiled_op_name(op)], class_flops[profiled_op_name(op)], 0);
+  row(" other", class_s["other"], 0, 0);
 
   nlohmann::json extra = c.to_json();
   extra["threads"] = omp_threads;
@@ -235,6 +256,8 @@ int run(const Args& a) {
   extra["total_s"] = tot_s;
   extra["matmul_n"] = a.matmul_n;
   extra["matmul_s"] = mm_s;
+  extra["by_class_s"] = class_s;
+  extra["by_class_flops"] = class_flops;
   extra["flops"] = {{"proj_fwd", proj_fwd}, {"attn_fwd", flops.attention_forward}, {"fwd", flops.forward},
                     {"bwd", flops.backward}, {"total", total_flops}};
   extra["check"] = {{"pass", check.verdict.pass}, {"worst_tensor", check.verdict.worst},

@@ -7,9 +7,8 @@
 // class, the bus bandwidth and latency of the link inside a node and across nodes, ranks per node.
 // Calibrating it on this machine with laga's own kernels and communicator: driver/calibrate.hpp.
 //
-// Not here: overlap of communication with compute. Every collective is exposed for its whole
-// duration; CollectiveTime::exposed_s is the hook where an overlap model (the ledger's issued,
-// completed and wait times under --overlap on) replaces that.
+// Overlap: with --overlap on, the collectives a form issues before its query path are exposed only
+// for what the query path's compute does not hide (CollectiveTime::exposed_s; docs/model.md §1).
 #pragma once
 
 #include <map>
