@@ -25,7 +25,8 @@ dnnl::memory::data_type dnnl_type(DType t) {
 struct Cached {
   dnnl::matmul prim;
   dnnl::memory a, b, c;
-  dnnl::memory::desc scratch;  // oneDNN's scratchpad for this product (may be empty)
+  dnnl::memory scratch;  // oneDNN's scratchpad for this product (its desc may be empty)
+  size_t scratch_bytes = 0;
 };
 
 // oneDNN's scratchpad, managed here (scratchpad_mode::user) instead of by the library: one block per
@@ -82,7 +83,8 @@ Cached make(const MatmulParams& p) {
                 dtype_name(p.ab_dtype), dtype_name(p.c_dtype), e.what());
   }
   Cached c{dnnl::matmul(pd), dnnl::memory(a_md, engine(), DNNL_MEMORY_NONE), dnnl::memory(b_md, engine(), DNNL_MEMORY_NONE),
-           dnnl::memory(c_md, engine(), DNNL_MEMORY_NONE), pd.scratchpad_desc()};
+           dnnl::memory(c_md, engine(), DNNL_MEMORY_NONE), dnnl::memory(pd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE),
+           pd.scratchpad_desc().get_size()};
   return c;
 }
 
@@ -111,9 +113,10 @@ void matmul(const MatmulParams& p) {
   c.b.set_data_handle(const_cast<void*>(p.b));
   c.c.set_data_handle(p.c);
   std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, c.a}, {DNNL_ARG_WEIGHTS, c.b}, {DNNL_ARG_DST, c.c}};
-  if (const size_t bytes = c.scratch.get_size()) {
+  if (c.scratch_bytes) {
     thread_local Scratchpad scratch;
-    args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(c.scratch, engine(), scratch.get(bytes)));
+    c.scratch.set_data_handle(scratch.get(c.scratch_bytes));
+    args.emplace(DNNL_ARG_SCRATCHPAD, c.scratch);
   }
   c.prim.execute(stream, args);
   stream.wait();
