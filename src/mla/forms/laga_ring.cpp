@@ -121,11 +121,10 @@ void add_laga_problems(const MlaConfig& c, std::vector<std::string>& p) {
   const int64_t P = c.sp, H = c.num_attention_heads, T = c.seq_len;
   if (P <= 0 || H <= 0 || c.ulysses < 0 || (c.ulysses > 0 && P % c.ulysses)) return;  // named by problems()
   const int64_t Pu = c.head_group();
-  auto ring_divides_seq = [&](int64_t d) { return zigzag_seq_problem(T, P / d, "", "").empty(); };
   auto valid_ulysses = [&] {
     std::string s;
     for (int64_t d = 1; d < P && d <= H; ++d)
-      if (P % d == 0 && H % d == 0 && ring_divides_seq(d)) s += (s.empty() ? "" : ", ") + std::to_string(d);
+      if (P % d == 0 && H % d == 0 && (T <= 0 || zigzag_fits(T, P / d))) s += (s.empty() ? "" : ", ") + std::to_string(d);
     return s;
   };
   if (H % Pu) {

@@ -196,8 +196,10 @@ Form::ExtraBytes ring_elementwise_bytes(const MlaConfig& c, int64_t R, int64_t H
   return e;
 }
 
+bool zigzag_fits(int64_t T, int64_t R) { return R <= T / 2 && T % (2 * R) == 0; }
+
 std::string zigzag_seq_problem(int64_t T, int64_t R, std::string_view ring, std::string_view why) {
-  if (T <= 0 || R <= 0 || (R <= T / 2 && T % (2 * R) == 0)) return {};
+  if (T <= 0 || R <= 0 || zigzag_fits(T, R)) return {};
   const __int128 m = __int128(2) * R, below = T / m * m, above = below + m;
   return fmt::format("--seq {} is not a multiple of 2 × {} = {} ({}); try --seq {}{}", T, ring, m, why,
                      below > 0 ? fmt::format("{} or ", below) : "", above);

@@ -24,9 +24,11 @@ struct RingView {
 };
 
 // The zigzag layout's condition on the sequence: 2·R divides T, R the positions on the ring (ranks, or
-// groups of ranks under laga --ulysses). Empty when it holds, else why not with the nearest valid T's,
-// e.g. "--seq 100 is not a multiple of 2 × (--sp 8 / --ulysses 2) = 8 (...); try --seq 96 or 104".
-// No product overflows for any int64 R (fuzz_config sets --sp near 2^63).
+// groups of ranks under laga --ulysses). No product overflows for any int64 R (fuzz_config sets --sp
+// near 2^63). zigzag_seq_problem: empty when it holds (or T, R are not positive: named elsewhere),
+// else why not with the nearest valid T's, e.g. "--seq 100 is not a multiple of 2 × (--sp 8 /
+// --ulysses 2) = 8 (...); try --seq 96 or 104".
+bool zigzag_fits(int64_t T, int64_t R);
 std::string zigzag_seq_problem(int64_t T, int64_t R, std::string_view ring, std::string_view why);
 
 // The elementwise traffic a ring adds beyond the block's phases (Form::extra_elementwise_bytes), all
