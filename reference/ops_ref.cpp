@@ -99,15 +99,24 @@ Array linear_forward_t(const Array& x, const Array& w) {
   const int64_t M = leading_rows(x), O = w.shape[0], I = w.shape[1];
   Shape ys = x.shape;
   ys.back() = O;
-  Array y(ys);  // [..., O]
+  Array y(ys);  // [..., O], zeros: the sums start there
   // Rows in parallel: each y[m, o] is one thread's sum, in the order of i (the same bits on any count).
+  // w is read transposed, so that a row's O sums advance side by side (independent, contiguous,
+  // vectorised): each still adds its terms in the order of i, so the bits are those of summing one
+  // element at a time, without its chain of dependent additions (F32Sum rounds after each one).
+  std::vector<double> wt(size_t(O * I));  // [I, O]
 #pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t o = 0; o < O; ++o) {
-      double s = 0;
-      for (int64_t i = 0; i < I; ++i) s = Sum::add(s, x[m * I + i] * w[o * I + i]);
-      y[m * O + o] = s;
+  for (int64_t i = 0; i < I; ++i)
+    for (int64_t o = 0; o < O; ++o) wt[size_t(i * O + o)] = w[o * I + i];
+#pragma omp parallel for schedule(static)
+  for (int64_t m = 0; m < M; ++m) {
+    double* ym = &y[m * O];
+    for (int64_t i = 0; i < I; ++i) {
+      const double xi = x[m * I + i];
+      const double* wi = &wt[size_t(i * O)];
+      for (int64_t o = 0; o < O; ++o) ym[o] = Sum::add(ym[o], xi * wi[o]);
     }
+  }
   return y;
 }
 
