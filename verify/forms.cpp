@@ -78,7 +78,6 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   auto at = [&](std::string_view form, int64_t P) {
     return base.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; });
   };
-
   std::vector<const Form*> forms;
   for (const Form* f : registered_forms())
     if (f->name() != kBaselineForm &&
@@ -88,8 +87,10 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   FormsReport report;
   report.backend = launcher.backend();
   report.rule = fmt::format("per tensor, max|form − fp64| ≤ {:g} × max(explicit's, plain's) + {:g} ulp × max|fp64|; "
-                            "explicit's ≤ {:g} × plain's, plain = a plain {} implementation", kFormFactor, kFloorUlps,
-                            kExplicitFactor, dtype_name(base->dtype));
+                            "explicit's ≤ {:g} × plain's, plain = a plain {} implementation{}", kFormFactor, kFloorUlps,
+                            kExplicitFactor, dtype_name(base->dtype),
+                            base->kernel == Kernel::eager ? "; a form with a kernel of its own against explicit with the "
+                                                            "fused kernel" : "");
   // The same seed draws the same whole weights and inputs at every P and for every form.
   Run one = run(at(kBaselineForm, 1), /*keep_inputs=*/true);
   const bool root = launcher.is_root();
@@ -100,6 +101,29 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
     plain = reference_tensors(*base, one.weights, one.x, one.dy, base->dtype);
     plain_err = errors(plain, exact);
   }
+  // A form that runs a kernel of its own whatever --kernel says (the ring forms and laga --ulysses the
+  // fused kernel, laga-fused its latent kernel, tiled as the fused one) is held to explicit run with the
+  // fused kernel at the same P: like with like. Under --kernel eager explicit's own error is the eager
+  // kernel's, one softmax per row with no online rescaling, and on some tensors smaller than any fused
+  // kernel's (tiny T 64 L 2 seed 7: ring-latent's dq_norm at 1.002 of an eager-explicit bound).
+  // Run once per baseline P, only where such a form runs; errors on the root, empty elsewhere.
+  std::map<int64_t, std::map<std::string, TensorError>> fused_explicit_err;
+  auto baseline_of = [&](const Form& f, int64_t baseline_P,
+                         const std::map<std::string, TensorError>& e_err) -> const std::map<std::string, TensorError>& {
+    if (base->kernel == Kernel::fused || f.own_kernel().empty()) return e_err;
+    auto it = fused_explicit_err.find(baseline_P);
+    if (it == fused_explicit_err.end()) {
+      Run r = run(base.with([&](MlaConfig& m) { m.form = kBaselineForm, m.sp = baseline_P, m.kernel = Kernel::fused; }),
+                  false);
+      it = fused_explicit_err.emplace(baseline_P, root ? errors(r.outputs, exact) : std::map<std::string, TensorError>{}).first;
+    }
+    return it->second;
+  };
+  auto baseline_name = [&](const Form& f, int64_t baseline_P) {
+    return fmt::format("explicit's error at P {}{}", baseline_P,
+                       base->kernel == Kernel::fused || f.own_kernel().empty() ? "" : " with the fused kernel (the form's own)");
+  };
+
   auto add = [&](FormCase k) {
     report.pass = report.pass && k.pass;
     report.cases.push_back(std::move(k));
@@ -145,14 +169,15 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
         if (root) add(not_run(P, f->name(), why));
         continue;
       }
+      const auto& baseline = baseline_of(*f, baseline_P, e_err);
       Run r = run(at(f->name(), P), false);
       if (!root) continue;
       const auto err = errors(r.outputs, exact);
-      const Verdict v = form_vs_baseline(err, e_err, plain_err, base->dtype);
+      const Verdict v = form_vs_baseline(err, baseline, plain_err, base->dtype);
       FormCase k = make_case(P, f->name(), "fp64");
       k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
-      k.criterion = fmt::format("≤ {:g} × max(explicit's error at P {}, the plain implementation's) + floor", kFormFactor,
-                                baseline_P);
+      k.criterion = fmt::format("≤ {:g} × max({}, the plain implementation's) + floor", kFormFactor,
+                                baseline_name(*f, baseline_P));
       summarize(k, err);
       add(k);
       if (P == 1 && f->exact_at_one_rank()) {
@@ -173,14 +198,16 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
         if (root) add(not_run(P, label, problems.front()));
         continue;
       }
-      Run r = run(Config(m), false);
+      const Config cm(m);
+      const auto& baseline = baseline_of(form_of(*cm), baseline_P, e_err);
+      Run r = run(cm, false);
       if (!root) continue;
       const auto err = errors(r.outputs, exact);
-      const Verdict v = form_vs_baseline(err, e_err, plain_err, base->dtype);
+      const Verdict v = form_vs_baseline(err, baseline, plain_err, base->dtype);
       FormCase k = make_case(P, label, "fp64");
       k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
-      k.criterion = fmt::format("≤ {:g} × max(explicit's error at P {}, the plain implementation's) + floor", kFormFactor,
-                                baseline_P);
+      k.criterion = fmt::format("≤ {:g} × max({}, the plain implementation's) + floor", kFormFactor,
+                                baseline_name(form_of(*cm), baseline_P));
       summarize(k, err);
       add(k);
     }

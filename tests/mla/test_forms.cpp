@@ -122,6 +122,33 @@ TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
   });
 }
 
+// Under --kernel eager a form with a kernel of its own (ring-latent: the fused kernel) is held to
+// explicit run with the fused kernel, like with like. Against eager explicit, tiny T 64 L 2 seed 7
+// failed at P 2: ring-latent's dq_norm.0 at 1.002 of the allowance (the quick sweep found it); the
+// forms on the config's kernel keep eager explicit as their baseline.
+TEST(Forms, VerifyHoldsAFormWithItsOwnKernelToExplicitWithThatKernel) {
+  const Case k{"tiny", DType::f32, Kernel::eager, 64, 2, 1};
+  verify::FormsReport report;
+  launch(LaunchKind::threads, [&](Launcher& l) {
+    verify::FormsOptions opt;
+    opt.forms = {"ring-latent", "laga"};
+    opt.seed = 7;
+    report = verify::check_forms(k.config(), {2}, l, opt);
+  });
+  int rows = 0;
+  for (const auto& c : report.cases) {
+    if (c.form == "ring-latent") {
+      ++rows;
+      EXPECT_TRUE(c.pass) << c.worst << " " << c.worst_ratio;
+      EXPECT_NE(c.criterion.find("explicit's error at P 2 with the fused kernel"), std::string::npos) << c.criterion;
+    }
+    if (c.form == "laga" && c.vs == "fp64")
+      EXPECT_EQ(c.criterion.find("fused kernel"), std::string::npos) << c.criterion;
+  }
+  EXPECT_EQ(rows, 1);
+  EXPECT_TRUE(report.pass);
+}
+
 // Where explicit refuses P (P ∤ H), the forms that run P are held to explicit's error at P 1; that
 // error is judged by the rule too, once, as a case of P 1 — so a sweep without P 1 (bench's validation
 // at P > H) still has explicit's verdict and allowances.
