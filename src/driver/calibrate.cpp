@@ -13,6 +13,7 @@
 #include "laga/core/random.hpp"
 #include "laga/mla/config.hpp"
 #include "laga/ops/attention.hpp"
+#include "laga/ops/latent_attention.hpp"
 #include "laga/ops/linear.hpp"
 #include "laga/ops/rmsnorm.hpp"
 #include "laga/ops/rope.hpp"
@@ -133,7 +134,8 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
       {"matmul", "linear forward + backward of small's projections at T/P rows (and the up-projection at T rows): "
                  "total FLOPs / total time"},
       {"attention", fmt::format("T, B 1, {} query heads, causal; dense 192/128, latent 576/512 per head (fused: V padded to "
-                                "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP counting", Hr)},
+                                "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP counting; laga_fused: the latent kernel "
+                                "of laga-fused, its FLOPs the attention's plus the up-projection it executes", Hr)},
       {"elementwise", fmt::format("rmsnorm forward/backward and rope over [T/P, {}]: bytes read + written / time", D)}};
   for (DType dt : {DType::bf16, DType::f32}) {
     const char* dn = dt == DType::bf16 ? "bf16" : "fp32";
@@ -200,6 +202,42 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
           say(fmt::format("{} T {} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T, a.key, fl / tf / 1e12,
                           2.5 * fl / tb / 1e12));
         }
+      }
+      {  // laga-fused's latent kernel: the attention and the up-projection it runs inside, together
+        const int64_t Dn = Dqk - Dr;
+        auto make = [&](bool backward) {
+          return [&, backward]() -> std::function<void()> {
+            auto t = std::make_shared<std::vector<Tensor>>();
+            Tensor latent = random({T, 1, Dl}, dt, 4, "cal.latent"), wkv = random({Hr, Dn + Dv, Lkv}, dt, 5, "cal.wkv");
+            Tensor q = random({T, 1, Hr, Dqk}, dt, 6, "cal.q"), o = Tensor::empty({T, 1, Hr, Dv}, dt, "cal.o");
+            Tensor dout = random({T, 1, Hr, Dv}, dt, 7, "cal.do");
+            // dlatent as laga-fused writes it under small's --dlatent-sum: the storage dtype or fp32
+            const DType dl_dt = small.dlatent_sum == DlatentSum::fp32 ? DType::f32 : dt;
+            Tensor dlatent = Tensor::empty({T, 1, Dl}, dl_dt, "cal.dlatent");
+            Tensor dwkv = Tensor::zeros({Hr, Dn + Dv, Lkv}, DType::f32, "cal.dwkv");
+            *t = {latent, wkv, q, o, dout, dlatent, dwkv};
+            LatentAttentionBwdParams p;
+            p.B = 1, p.T = T, p.H = Hr, p.Lkv = Lkv, p.Dr = Dr, p.Dn = Dn, p.Dv = Dv, p.dtype = dt;
+            p.scale = float(small.softmax_scale());
+            p.latent = latent.raw(), p.wkv = wkv.raw(), p.q = q.raw(), p.o = o.raw();
+            p.dout = dout.raw(), p.dlatent = dlatent.raw(), p.dlatent_dtype = dlatent.dtype();
+            p.dwkv = dwkv.raw(), p.dwkv_dtype = dwkv.dtype();
+            if (!backward) return [t, p] { AttentionSaved s = latent_attention_forward(p); };
+            auto saved = std::make_shared<AttentionSaved>(latent_attention_forward(p));
+            return [t, p, saved] { Tensor dq_sum = latent_attention_backward(p, *saved); };
+          };
+        };
+        // FLOPs as the model's phases count them: forward the attention and one up-projection U,
+        // backward 2.5× the attention, U again (recomputed) and 2U (its dlatent and dwkv products).
+        LatentAttentionParams lp;
+        lp.B = 1, lp.T = T, lp.H = Hr, lp.Lkv = Lkv, lp.Dr = Dr, lp.Dn = Dn, lp.Dv = Dv;
+        const double fl = attention_forward_flops(1, Hr, T, Dqk, Dv, true), up = latent_up_projection_flops(lp);
+        const double tf = timed_on_ranks(P, opt.reps, make(false));
+        const double tb = timed_on_ranks(P, opt.reps, make(true));
+        cs.attention_tflops["laga_fused_attention_fwd_tflops"].by_seq[T] = (fl + up) / tf / 1e12;
+        cs.attention_tflops["laga_fused_attention_bwd_tflops"].by_seq[T] = (2.5 * fl + 3 * up) / tb / 1e12;
+        say(fmt::format("{} T {} laga_fused_attention: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T,
+                        (fl + up) / tf / 1e12, (2.5 * fl + 3 * up) / tb / 1e12));
       }
       {  // elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in place
         const double bytes = double(dtype_size(dt)) * (2.0 * E * D + 3.0 * E * D + 4.0 * E * H * Dr);

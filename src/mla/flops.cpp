@@ -43,6 +43,7 @@ std::string_view attention_shape_name(AttentionShape s) {
     case AttentionShape::dense: return "dense";
     case AttentionShape::latent: return "latent";
     case AttentionShape::mqa: return "mqa";
+    case AttentionShape::laga_fused: return "laga_fused";
   }
   return "?";
 }
@@ -51,6 +52,7 @@ AttentionShape attention_shape_of(std::string_view form) {
   const Form& f = find_form(form);
   if (f.name() == "absorbed-shared") return AttentionShape::mqa;
   if (f.family() == "absorbed") return AttentionShape::latent;
+  if (f.own_kernel() == "latent") return AttentionShape::laga_fused;
   return AttentionShape::dense;
 }
 
@@ -61,7 +63,10 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   const double Lkv = double(c.kv_lora_rank), Dr = double(c.qk_rope_head_dim), Dn = double(c.qk_nope_head_dim);
   const double Dqk = double(c.qk_head_dim()), Dv = double(c.v_head_dim), Dl = double(c.latent_dim());
   const AttentionShape shape = attention_shape_of(c.form);
-  const bool absorbed = shape != AttentionShape::dense;
+  const bool absorbed = shape == AttentionShape::latent || shape == AttentionShape::mqa;
+  // laga-fused's kernel up-projects K/V inside itself, forward and backward: those products are its
+  // (in_kernel), and nothing assembles k, v or dk, dv outside it.
+  const bool in_kernel = shape == AttentionShape::laga_fused;
   // absorbed-expanded's V and output width: padded to Dl for the fused kernel (design.md §2.3).
   const double Dvo = shape == AttentionShape::latent && c.kernel == Kernel::fused ? Dl : Lkv;
   std::vector<PhaseFlops> out;
@@ -87,7 +92,8 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   ew("rmsnorm kv_norm, rope k_pe", false, 2 * Lkv + 4 * Dr);
   if (!absorbed) {
     mm("up-projection wkv_b", false, Lkv * H * (Dn + Dv));
-    ew("k, v assembly", false, H * (Dn + Dv) + H * (Dqk + Dv));  // read [k_nope | v], write k and v
+    out.back().in_kernel = in_kernel;
+    if (!in_kernel) ew("k, v assembly", false, H * (Dn + Dv) + H * (Dqk + Dv));  // read [k_nope | v], write k and v
     if (form.extra_forward_flops(c) > 0)
       out.push_back({"every rank's up-projection", false, OpClass::matmul, AttentionShape::dense,
                      form.extra_forward_flops(c) * L, 0});
@@ -110,13 +116,16 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   // Backward, in the block's order (block.cpp): wo, the core, then the local stage in reverse.
   mm("wo", true, H * Dv * D);
   if (absorbed) mm("absorb W_UV into o", true, H * Lkv * Dv);
-  if (form.recompute_flops(c) > 0)
+  if (form.recompute_flops(c) > 0) {
     out.push_back({"recompute up-projection", true, OpClass::matmul, AttentionShape::dense, form.recompute_flops(c) * L, 0});
+    out.back().in_kernel = in_kernel;
+  }
   out.push_back({"attention", true, OpClass::attention_backward, shape, 2.5 * attention, 0});
   extra(true);
   if (!absorbed) {
-    ew("dk, dv assembly", true, H * (Dqk + Dv) + H * (Dn + Dv) + H * Dr);
+    if (!in_kernel) ew("dk, dv assembly", true, H * (Dqk + Dv) + H * (Dn + Dv) + H * Dr);
     mm("up-projection wkv_b", true, Lkv * H * (Dn + Dv));
+    out.back().in_kernel = in_kernel;
     if (form.extra_backward_flops(c) > 0)
       out.push_back({"every rank's up-projection", true, OpClass::matmul, AttentionShape::dense,
                      form.extra_backward_flops(c) * L, 0});

@@ -30,6 +30,22 @@ PY
   done
 done
 
+# --calibrate on this machine at a short T: every rate of both dtypes measured (laga-fused's kernel
+# included), finite and positive, and the file predicts every form.
+"$laga" model --calibrate "$tmp/cal.json" --sp 2 --calibrate-seq 64 >/dev/null || fail "--calibrate exit $?"
+python3 - "$tmp/cal.json" <<'PY' || fail "--calibrate JSON"
+import json, math, sys
+c = json.load(open(sys.argv[1]))["compute"]
+for dt in ("bf16", "fp32"):
+    s = c[dt]
+    for k in ["matmul_tflops", "elementwise_GBps"] + [f"{p}attention_{d}_tflops" for d in ("fwd", "bwd")
+              for p in ("", "eager_", "latent_", "eager_latent_", "mqa_", "eager_mqa_", "laga_fused_")]:
+        v = s[k]["64"] if isinstance(s[k], dict) else s[k]
+        assert math.isfinite(v) and v > 0, (dt, k, v)
+PY
+out=$("$laga" model --model small --seq 64 --sp 2 --hw "$tmp/cal.json") || fail "predicting with the calibrated file: exit $?"
+grep -q "laga-fused" <<<"$out" || fail "the calibrated file did not predict laga-fused"
+
 # --bench-json: a bench file of two rows, compared row by row with a max and mean error.
 cat >"$tmp/bench.json" <<'JSON'
 {"command": "bench", "config": {"model": "tiny", "hidden_size": 64, "num_attention_heads": 8, "q_lora_rank": 48,

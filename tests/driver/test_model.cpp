@@ -363,6 +363,39 @@ TEST(Model, ReadsEachRateAtTheLengthOfItsRunOrKernelCall) {
   EXPECT_DOUBLE_EQ(cs.matmul_tflops.at(32), 2.5);  // log2(32/16) / log2(64/16) = 1/2 of the way from 1 to 4
 }
 
+// laga-fused's up-projection runs inside its kernel: timed at the file's laga_fused rate (which counts
+// the attention and those products together) when it has one, else at the fused dense attention rate,
+// never at the matmul rate; bench's op-class timer sees it as attention, and so does the comparison.
+TEST(Model, LagaFusedTimesItsUpProjectionWithItsKernel) {
+  const Config c = tiny("laga-fused", 32, 2);
+  for (bool given : {false, true}) {
+    json j = toy_hw();
+    if (given) {
+      j["compute"]["bf16"]["laga_fused_attention_fwd_tflops"] = 0.2;
+      j["compute"]["bf16"]["laga_fused_attention_bwd_tflops"] = 0.1;
+    }
+    const FormPrediction p = predict(c, HardwareSpec::from_json(j, "toy.json"));
+    const double fwd_rate = (given ? 0.2 : 0.5) * 1e12, bwd_rate = (given ? 0.1 : 0.25) * 1e12;
+    int in_kernel = 0;
+    BenchRowComparison row;
+    row.predicted = p;
+    double attention_s[2] = {0, 0};
+    for (const PhaseTime& t : p.phases) {
+      if (t.phase.op == OpClass::elementwise) continue;
+      const bool kernel = t.phase.in_kernel || t.phase.op != OpClass::matmul;
+      const double want = kernel ? (t.phase.backward ? bwd_rate : fwd_rate) : 1e12;
+      EXPECT_DOUBLE_EQ(t.rate, want) << given << " " << t.phase.name;
+      EXPECT_DOUBLE_EQ(t.seconds, t.phase.flops / want) << t.phase.name;
+      if (kernel) attention_s[t.phase.backward] += t.seconds;
+      in_kernel += t.phase.in_kernel;
+    }
+    EXPECT_EQ(in_kernel, 3);  // forward's up-projection; backward's recomputed one and its backward
+    const auto by = row.predicted_by_class();
+    EXPECT_DOUBLE_EQ(by.at("attention_fwd"), attention_s[0]);
+    EXPECT_DOUBLE_EQ(by.at("attention_bwd"), attention_s[1]);
+  }
+}
+
 TEST(HardwareSpec, RefusesARateByTWithABadLengthOrValueNamingIt) {
   json j = toy_hw();
   j["compute"]["bf16"]["attention_fwd_tflops"] = {{"2k", 0.5}};

@@ -53,6 +53,39 @@ TEST(PhaseFlops, EachFormNamesItsOwnUpProjectionAndAttentionShape) {
   EXPECT_EQ(attention_shape_of("absorbed-shared"), AttentionShape::mqa);
   EXPECT_EQ(attention_shape_of("absorbed-expanded"), AttentionShape::latent);
   EXPECT_EQ(attention_shape_of("laga"), AttentionShape::dense);
+  EXPECT_EQ(attention_shape_of("laga-fused"), AttentionShape::laga_fused);
+}
+
+// laga-fused's kernel runs the up-projection inside itself, forward (U) and backward (U recomputed,
+// then 2U for dlatent and dwkv), and nothing outside it assembles k, v or dk, dv: those phases are
+// marked in_kernel, and no other form has one.
+TEST(PhaseFlops, OnlyLagaFusedRunsProductsInsideItsKernel) {
+  MlaConfig c = MlaConfig::preset("small");
+  c.seq_len = 128, c.sp = 2, c.batch = 2, c.num_layers = 2;
+  for (const Form* form : registered_forms()) {
+    c.form = std::string(form->name());
+    const Config cfg(c);
+    const bool fused = form->name() == "laga-fused";
+    double fwd = 0, bwd = 0;
+    bool assembly = false;
+    for (const PhaseFlops& p : phase_flops(*cfg)) {
+      if (p.in_kernel) {
+        EXPECT_EQ(p.op, OpClass::matmul) << form->name() << " " << p.name;
+        (p.backward ? bwd : fwd) += p.flops;
+      }
+      if (p.op == OpClass::attention_forward || p.op == OpClass::attention_backward) {
+        EXPECT_EQ(p.shape == AttentionShape::laga_fused, fused) << form->name();
+      }
+      assembly = assembly || p.name == "k, v assembly" || p.name == "dk, dv assembly";
+    }
+    // U over all ranks and layers, written out: 2 · T·B · Lkv · H · (Dn + Dv) · L
+    const double U = 2.0 * 128 * 2 * c.kv_lora_rank * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim) * 2;
+    EXPECT_DOUBLE_EQ(fwd, fused ? U : 0) << form->name();
+    EXPECT_DOUBLE_EQ(bwd, fused ? 3 * U : 0) << form->name();
+    if (form->family() != "absorbed") {
+      EXPECT_EQ(assembly, !fused) << form->name();
+    }
+  }
 }
 
 // The ring forms' elementwise traffic beyond the block's phases (Form::extra_elementwise_bytes): only

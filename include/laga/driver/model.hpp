@@ -60,9 +60,12 @@ struct ComputeSpec {
   SeqRate matmul_tflops;     // at the run's T (the projections' rows are T/P)
   SeqRate elementwise_GBps;  // at the run's T
   // Attention rates, TFLOP/s in the FlashAttention-3 counting of mla/flops.hpp, keyed by the file's
-  // names: "[eager_][latent_|mqa_]attention_{fwd,bwd}_tflops", each at the length of one kernel call
+  // names: "[eager_][latent_|mqa_|laga_fused_]attention_{fwd,bwd}_tflops", each at the length of one kernel call
   // (Form::attention_call_seq). attention_fwd_tflops and attention_bwd_tflops (fused, per-head
-  // 192/128-like heads) are required; the others are optional.
+  // 192/128-like heads) are required; the others are optional. "laga_fused_attention_{fwd,bwd}_tflops"
+  // is laga-fused's latent kernel, counting the attention's FLOPs and the up-projection it runs inside
+  // (forward U, backward 3U: recomputed, then its dlatent and dwkv products); without it those run at
+  // the fused dense attention rate.
   std::map<std::string, SeqRate> attention_tflops;
   // The rate of attention in this regime at call length T; falls back from [eager_][shape_] to
   // [eager_] to the fused dense rate.

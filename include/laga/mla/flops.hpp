@@ -33,9 +33,11 @@ std::string_view op_class_name(OpClass k);  // "matmul", "attention_fwd", "atten
 // The shape of an attention call, which sets its rate: per-head 192/128-like heads (explicit, laga and
 // their recompute forms), per-head 576/512 latent heads (absorbed-expanded: the latent copied to every
 // head, V padded to Dl with the fused kernel), or one 576/512 latent head shared by every query head
-// (absorbed-shared's multi-query kernel).
-enum class AttentionShape { dense, latent, mqa };
-std::string_view attention_shape_name(AttentionShape s);  // "dense", "latent", "mqa"
+// (absorbed-shared's multi-query kernel), or dense heads whose K and V the kernel up-projects from the
+// latent itself, tile by tile (laga-fused's latent kernel: its rate counts the attention's FLOPs and
+// the up-projection's it executes, phases marked in_kernel).
+enum class AttentionShape { dense, latent, mqa, laga_fused };
+std::string_view attention_shape_name(AttentionShape s);  // "dense", "latent", "mqa", "laga_fused"
 AttentionShape attention_shape_of(std::string_view form);  // by registered label
 
 struct PhaseFlops {
@@ -46,6 +48,9 @@ struct PhaseFlops {
   double flops = 0;  // matmul and attention phases
   double bytes = 0;  // elementwise phases: bytes read + written (storage dtype)
   bool fp32 = false;  // elementwise phases over fp32 buffers (timed at the fp32 elementwise rate)
+  // A matmul that the form's own attention kernel runs inside itself (laga-fused's up-projection and
+  // its backward): counted here as matmul work, timed with the kernel at the kernel's rate.
+  bool in_kernel = false;
 };
 
 // Every phase of one step (forward, then backward) of c's form over the whole sequence, all ranks,
