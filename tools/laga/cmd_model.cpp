@@ -56,6 +56,7 @@ int calibrate(const CommonFlags& f, const ModelFlags& m) {
   CalibrationOptions opt;
   opt.sp = f.sp;
   if (!m.calibrate_seqs.empty()) opt.seqs = m.calibrate_seqs;
+  if (m.calibrate_reps > 0) opt.reps = m.calibrate_reps;
   opt.link = m.comm_json.empty();
   LAGA_CHECK(!opt.link || f.sp >= 2, "--calibrate measures the threads link between --sp ranks: give --sp 2 or more, "
              "or --comm-json FILE from laga bench-comm --json");
