@@ -34,7 +34,7 @@ Tensor random(const Shape& s, DType dt, uint64_t seed, const char* name) {
 
 // On P ranks at once (threads, bench's threads per rank), each rank makes its own buffers and work
 // (make), then runs the work reps + 1 times after a barrier each; the slowest rank's time of each
-// repeat, and the fastest repeat of those after the warm-up.
+// repeat, and the median of those after the warm-up.
 double timed_on_ranks(int64_t P, int reps, const std::function<std::function<void()>()>& make) {
   std::vector<double> worst(size_t(reps + 1), 0);
   std::mutex mu;
@@ -49,7 +49,7 @@ double timed_on_ranks(int64_t P, int reps, const std::function<std::function<voi
       worst[size_t(i)] = std::max(worst[size_t(i)], s);
     }
   });
-  return *std::min_element(worst.begin() + 1, worst.end());
+  return median_after_warmup(std::move(worst));
 }
 
 struct AttentionCase {
@@ -60,6 +60,17 @@ struct AttentionCase {
 };
 
 }  // namespace
+
+// The median of a measurement's timed repeats (worst[0], the warm-up, left out): bench reports the
+// median of its iterations, so the rates it is compared with are read the same way. The fastest
+// repeat would bias every rate towards a quiet moment of a shared machine (the model then errs low on
+// every row); one slow repeat in three moves the median not at all.
+double median_after_warmup(std::vector<double> worst) {
+  LAGA_ASSERT(worst.size() >= 2, "a measurement needs a warm-up and a timed repeat");
+  std::sort(worst.begin() + 1, worst.end());
+  const size_t n = worst.size() - 1, mid = 1 + n / 2;
+  return n % 2 ? worst[mid] : (worst[mid - 1] + worst[mid]) / 2;
+}
 
 LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, LatencyBandwidthFit>* fits) {
   LAGA_CHECK(P >= 2, "calibrating a link needs --sp ≥ 2, got {}", P);
@@ -90,9 +101,8 @@ LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, Late
           worst[size_t(i)] = std::max(worst[size_t(i)], s);
         }
       });
-      std::sort(worst.begin() + 1, worst.end());
       x.push_back(double(S) * bus_factor(op, P));
-      y.push_back(worst[1 + size_t(reps) / 2]);  // the median repeat
+      y.push_back(median_after_warmup(std::move(worst)));
     }
     const LatencyBandwidthFit f = fit_latency_bandwidth(x, y);
     link.busbw_GBps[op] = f.busbw_GBps;

@@ -10,6 +10,7 @@
 #include <cmath>
 
 #include "laga/core/error.hpp"
+#include "laga/driver/calibrate.hpp"
 #include "laga/driver/model.hpp"
 #include "laga/mla/form.hpp"
 
@@ -394,6 +395,15 @@ TEST(Model, LagaFusedTimesItsUpProjectionWithItsKernel) {
     EXPECT_DOUBLE_EQ(by.at("attention_fwd"), attention_s[0]);
     EXPECT_DOUBLE_EQ(by.at("attention_bwd"), attention_s[1]);
   }
+}
+
+// A calibration measurement is the median of its timed repeats, the warm-up (first) left out, as
+// bench's rows are medians: one slow repeat of three moves it not at all, the fastest is not taken.
+TEST(Calibration, AMeasurementIsTheMedianOfItsTimedRepeats) {
+  EXPECT_DOUBLE_EQ(median_after_warmup({100, 3, 1, 2}), 2);   // warm-up 100 left out
+  EXPECT_DOUBLE_EQ(median_after_warmup({0.1, 9, 1, 1.2}), 1.2);  // one slow repeat: the median holds
+  EXPECT_DOUBLE_EQ(median_after_warmup({100, 4, 2}), 3);      // two repeats: their mean
+  EXPECT_DOUBLE_EQ(median_after_warmup({100, 5}), 5);
 }
 
 TEST(HardwareSpec, RefusesARateByTWithABadLengthOrValueNamingIt) {

@@ -139,7 +139,7 @@ void build_app(CLI::App& app, Invocation& inv) {
   model->add_option("--calibrate-seq", inv.model.calibrate_seqs, "with --calibrate: measure every rate at these T "
                     "(default 2048; the model reads between them in log T)")->delimiter(',');
   model->add_option("--calibrate-reps", inv.model.calibrate_reps, "with --calibrate: timed repeats per measurement after "
-                    "one warm-up, the fastest kept (0 or left out: 2; more on a shared, noisy machine)");
+                    "one warm-up, their median kept (0 or left out: 3; more on a shared, noisy machine)");
 }
 
 // Parses into the fields app is bound to; the status to end with now, or nullopt.
@@ -284,7 +284,7 @@ void check_invocation(const Invocation& inv) {
         LAGA_CHECK(T >= 2 * f.sp && T % f.sp == 0 && T <= (int64_t(1) << 17),
                    "--calibrate-seq {}: each T must be a multiple of --sp {} between {} and 131072, e.g. 2048", T, f.sp,
                    2 * f.sp);
-      LAGA_CHECK(m.calibrate_reps >= 0 && m.calibrate_reps <= 100, "--calibrate-reps {} must be 1 .. 100, e.g. 5 (0 or left out: 2)",
+      LAGA_CHECK(m.calibrate_reps >= 0 && m.calibrate_reps <= 100, "--calibrate-reps {} must be 1 .. 100, e.g. 5 (0 or left out: 3)",
                  m.calibrate_reps);
     } else {
       LAGA_CHECK(m.calibrate_seqs.empty(), "--calibrate-seq goes with --calibrate OUT.json");

@@ -16,7 +16,7 @@ namespace laga {
 
 struct CalibrationOptions {
   int64_t sp = 2;       // ranks working at once
-  int reps = 2;         // timed repeats per measurement after one warm-up; the fastest is kept
+  int reps = 3;         // timed repeats per measurement after one warm-up; their median is kept
   std::vector<int64_t> seqs = {2048};  // T at which every compute rate is measured (a rate by T, model.hpp)
   bool link = true;     // measure the threads link (else the caller supplies one, e.g. from bench-comm)
   std::function<void(const std::string&)> progress;  // one line per measurement, when set
@@ -29,5 +29,9 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt);
 // The threads backend's link at P ranks: each collective over sizes S = 64 KiB .. 16 MiB (bf16), the
 // slowest rank's mean time per call, fitted per op (fits: the fit of each op, for the report).
 LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, LatencyBandwidthFit>* fits = nullptr);
+
+// What one measurement reports: the median of its timed repeats, times[0] (the warm-up) left out;
+// bench reports the median of its iterations, so its rows and these rates are read alike.
+double median_after_warmup(std::vector<double> times);
 
 }  // namespace laga
