@@ -361,7 +361,7 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
       case OpClass::matmul:
         // A product inside the form's own kernel (laga-fused's up-projection) runs at the kernel's rate,
         // which the file gives for the attention and that product together (docs/model.md §1).
-        t.rate = ph.in_kernel ? rates.attention_rate(kernel, AttentionShape::laga_fused, ph.backward, call_seq) * 1e12
+        t.rate = ph.in_kernel ? rates.attention_rate(kernel, ph.shape, ph.backward, call_seq) * 1e12
                               : rates.matmul_tflops.at(m.seq_len) * 1e12;
         break;
       case OpClass::attention_forward: t.rate = rates.attention_rate(kernel, ph.shape, false, call_seq) * 1e12; break;

@@ -70,9 +70,15 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   // absorbed-expanded's V and output width: padded to Dl for the fused kernel (design.md §2.3).
   const double Dvo = shape == AttentionShape::latent && c.kernel == Kernel::fused ? Dl : Lkv;
   std::vector<PhaseFlops> out;
-  auto mm = [&](const char* name, bool bwd, double macs_per_token) {
+  // A product the form's kernel runs inside itself (inside) carries the kernel's shape, whose rate times it.
+  auto in_kernel_product = [&](PhaseFlops ph, bool inside) {
+    if (inside) ph.in_kernel = true, ph.shape = shape;
+    out.push_back(std::move(ph));
+  };
+  auto mm = [&](const char* name, bool bwd, double macs_per_token, bool inside = false) {
     // A linear's backward is two products of its forward's size (dx and dw).
-    out.push_back({name, bwd, OpClass::matmul, AttentionShape::dense, (bwd ? 4 : 2) * macs_per_token * tok * L, 0});
+    in_kernel_product({name, bwd, OpClass::matmul, AttentionShape::dense, (bwd ? 4 : 2) * macs_per_token * tok * L, 0},
+                      inside);
   };
   auto ew = [&](const char* name, bool bwd, double elements_per_token) {
     out.push_back({name, bwd, OpClass::elementwise, AttentionShape::dense, 0, elements_per_token * tok * L * s});
@@ -91,8 +97,7 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   mm("wkv_a", false, D * (Lkv + Dr));
   ew("rmsnorm kv_norm, rope k_pe", false, 2 * Lkv + 4 * Dr);
   if (!absorbed) {
-    mm("up-projection wkv_b", false, Lkv * H * (Dn + Dv));
-    out.back().in_kernel = in_kernel;
+    mm("up-projection wkv_b", false, Lkv * H * (Dn + Dv), in_kernel);
     if (!in_kernel) ew("k, v assembly", false, H * (Dn + Dv) + H * (Dqk + Dv));  // read [k_nope | v], write k and v
     if (form.extra_forward_flops(c) > 0)
       out.push_back({"every rank's up-projection", false, OpClass::matmul, AttentionShape::dense,
@@ -116,16 +121,14 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   // Backward, in the block's order (block.cpp): wo, the core, then the local stage in reverse.
   mm("wo", true, H * Dv * D);
   if (absorbed) mm("absorb W_UV into o", true, H * Lkv * Dv);
-  if (form.recompute_flops(c) > 0) {
-    out.push_back({"recompute up-projection", true, OpClass::matmul, AttentionShape::dense, form.recompute_flops(c) * L, 0});
-    out.back().in_kernel = in_kernel;
-  }
+  if (form.recompute_flops(c) > 0)
+    in_kernel_product({"recompute up-projection", true, OpClass::matmul, AttentionShape::dense, form.recompute_flops(c) * L, 0},
+                      in_kernel);
   out.push_back({"attention", true, OpClass::attention_backward, shape, 2.5 * attention, 0});
   extra(true);
   if (!absorbed) {
     if (!in_kernel) ew("dk, dv assembly", true, H * (Dqk + Dv) + H * (Dn + Dv) + H * Dr);
-    mm("up-projection wkv_b", true, Lkv * H * (Dn + Dv));
-    out.back().in_kernel = in_kernel;
+    mm("up-projection wkv_b", true, Lkv * H * (Dn + Dv), in_kernel);
     if (form.extra_backward_flops(c) > 0)
       out.push_back({"every rank's up-projection", true, OpClass::matmul, AttentionShape::dense,
                      form.extra_backward_flops(c) * L, 0});

@@ -71,6 +71,7 @@ TEST(PhaseFlops, OnlyLagaFusedRunsProductsInsideItsKernel) {
     for (const PhaseFlops& p : phase_flops(*cfg)) {
       if (p.in_kernel) {
         EXPECT_EQ(p.op, OpClass::matmul) << form->name() << " " << p.name;
+        EXPECT_EQ(p.shape, AttentionShape::laga_fused) << form->name() << " " << p.name;
         (p.backward ? bwd : fwd) += p.flops;
       }
       if (p.op == OpClass::attention_forward || p.op == OpClass::attention_backward) {

@@ -44,7 +44,7 @@ struct PhaseFlops {
   std::string name;  // "wq_a", "up-projection", "attention", "rmsnorm attn_norm", ...
   bool backward = false;
   OpClass op = OpClass::matmul;
-  AttentionShape shape = AttentionShape::dense;  // attention phases only
+  AttentionShape shape = AttentionShape::dense;  // attention phases and in_kernel products only
   double flops = 0;  // matmul and attention phases
   double bytes = 0;  // elementwise phases: bytes read + written (storage dtype)
   bool fp32 = false;  // elementwise phases over fp32 buffers (timed at the fp32 elementwise rate)
