@@ -171,6 +171,16 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
         cs.matmul_tflops.by_seq[T] = flops / secs / 1e12;
         say(fmt::format("{} T {} matmul: {:.4f} TFLOP/s", dn, T, flops / secs / 1e12));
       }
+      // An attention kernel's rates at T under `key`: forward and backward each timed on fresh buffers
+      // from make(backward), their FLOPs as the model's phases count them.
+      auto attention_rates = [&](const std::string& key, double fwd_flops, double bwd_flops,
+                                 const std::function<std::function<std::function<void()>()>(bool)>& make) {
+        const double tf = timed_on_ranks(P, opt.reps, make(false)), tb = timed_on_ranks(P, opt.reps, make(true));
+        cs.attention_tflops[key + "_fwd_tflops"].by_seq[T] = fwd_flops / tf / 1e12;
+        cs.attention_tflops[key + "_bwd_tflops"].by_seq[T] = bwd_flops / tb / 1e12;
+        say(fmt::format("{} T {} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T, key, fwd_flops / tf / 1e12,
+                        bwd_flops / tb / 1e12));
+      };
       {  // attention, per kernel and shape
         const AttentionCase cases[] = {{"attention", Kernel::fused, Hr, Dqk, Dv, Dv},
                                        {"eager_attention", Kernel::eager, Hr, Dqk, Dv, Dv},
@@ -205,30 +215,27 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
             };
           };
           const double fl = attention_forward_flops(1, Hr, T, a.Dqk, a.Dv_counted, true);
-          const double tf = timed_on_ranks(P, opt.reps, make(false));
-          const double tb = timed_on_ranks(P, opt.reps, make(true));
-          cs.attention_tflops[std::string(a.key) + "_fwd_tflops"].by_seq[T] = fl / tf / 1e12;
-          cs.attention_tflops[std::string(a.key) + "_bwd_tflops"].by_seq[T] = 2.5 * fl / tb / 1e12;
-          say(fmt::format("{} T {} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T, a.key, fl / tf / 1e12,
-                          2.5 * fl / tb / 1e12));
+          attention_rates(a.key, fl, 2.5 * fl, make);
         }
       }
       {  // laga-fused's latent kernel: the attention and the up-projection it runs inside, together
-        const int64_t Dn = Dqk - Dr;
+        LatentAttentionParams dims;  // the shapes; make adds each rank's buffers
+        dims.B = 1, dims.T = T, dims.H = Hr, dims.Lkv = Lkv, dims.Dr = Dr, dims.Dn = Dqk - Dr, dims.Dv = Dv, dims.dtype = dt;
+        dims.scale = float(small.softmax_scale());
+        const int64_t Dn = dims.Dn;
+        MlaConfig at_dt = small;  // dlatent as laga-fused writes it under small's --dlatent-sum
+        at_dt.dtype = dt;
         auto make = [&](bool backward) {
           return [&, backward]() -> std::function<void()> {
             auto t = std::make_shared<std::vector<Tensor>>();
             Tensor latent = random({T, 1, Dl}, dt, 4, "cal.latent"), wkv = random({Hr, Dn + Dv, Lkv}, dt, 5, "cal.wkv");
             Tensor q = random({T, 1, Hr, Dqk}, dt, 6, "cal.q"), o = Tensor::empty({T, 1, Hr, Dv}, dt, "cal.o");
             Tensor dout = random({T, 1, Hr, Dv}, dt, 7, "cal.do");
-            // dlatent as laga-fused writes it under small's --dlatent-sum: the storage dtype or fp32
-            const DType dl_dt = small.dlatent_sum == DlatentSum::fp32 ? DType::f32 : dt;
-            Tensor dlatent = Tensor::empty({T, 1, Dl}, dl_dt, "cal.dlatent");
+            Tensor dlatent = Tensor::empty({T, 1, Dl}, at_dt.dlatent_sum_dtype(), "cal.dlatent");
             Tensor dwkv = Tensor::zeros({Hr, Dn + Dv, Lkv}, DType::f32, "cal.dwkv");
             *t = {latent, wkv, q, o, dout, dlatent, dwkv};
             LatentAttentionBwdParams p;
-            p.B = 1, p.T = T, p.H = Hr, p.Lkv = Lkv, p.Dr = Dr, p.Dn = Dn, p.Dv = Dv, p.dtype = dt;
-            p.scale = float(small.softmax_scale());
+            static_cast<LatentAttentionParams&>(p) = dims;
             p.latent = latent.raw(), p.wkv = wkv.raw(), p.q = q.raw(), p.o = o.raw();
             p.dout = dout.raw(), p.dlatent = dlatent.raw(), p.dlatent_dtype = dlatent.dtype();
             p.dwkv = dwkv.raw(), p.dwkv_dtype = dwkv.dtype();
@@ -239,15 +246,8 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
         };
         // FLOPs as the model's phases count them: forward the attention and one up-projection U,
         // backward 2.5× the attention, U again (recomputed) and 2U (its dlatent and dwkv products).
-        LatentAttentionParams lp;
-        lp.B = 1, lp.T = T, lp.H = Hr, lp.Lkv = Lkv, lp.Dr = Dr, lp.Dn = Dn, lp.Dv = Dv;
-        const double fl = attention_forward_flops(1, Hr, T, Dqk, Dv, true), up = latent_up_projection_flops(lp);
-        const double tf = timed_on_ranks(P, opt.reps, make(false));
-        const double tb = timed_on_ranks(P, opt.reps, make(true));
-        cs.attention_tflops["laga_fused_attention_fwd_tflops"].by_seq[T] = (fl + up) / tf / 1e12;
-        cs.attention_tflops["laga_fused_attention_bwd_tflops"].by_seq[T] = (2.5 * fl + 3 * up) / tb / 1e12;
-        say(fmt::format("{} T {} laga_fused_attention: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T,
-                        (fl + up) / tf / 1e12, (2.5 * fl + 3 * up) / tb / 1e12));
+        const double fl = attention_forward_flops(1, Hr, T, Dqk, Dv, true), up = latent_up_projection_flops(dims);
+        attention_rates("laga_fused_attention", fl + up, 2.5 * fl + 3 * up, make);
       }
       {  // elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in place
         const double bytes = double(dtype_size(dt)) * (2.0 * E * D + 3.0 * E * D + 4.0 * E * H * Dr);
