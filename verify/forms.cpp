@@ -108,9 +108,10 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   // kernel's (tiny T 64 L 2 seed 7: ring-latent's dq_norm at 1.002 of an eager-explicit bound).
   // Run once per baseline P, only where such a form runs; errors on the root, empty elsewhere.
   std::map<int64_t, std::map<std::string, TensorError>> fused_explicit_err;
+  auto against_fused = [&](const Form& f) { return base->kernel != Kernel::fused && !f.own_kernel().empty(); };
   auto baseline_of = [&](const Form& f, int64_t baseline_P,
                          const std::map<std::string, TensorError>& e_err) -> const std::map<std::string, TensorError>& {
-    if (base->kernel == Kernel::fused || f.own_kernel().empty()) return e_err;
+    if (!against_fused(f)) return e_err;
     auto it = fused_explicit_err.find(baseline_P);
     if (it == fused_explicit_err.end()) {
       Run r = run(base.with([&](MlaConfig& m) { m.form = kBaselineForm, m.sp = baseline_P, m.kernel = Kernel::fused; }),
@@ -120,8 +121,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
     return it->second;
   };
   auto baseline_name = [&](const Form& f, int64_t baseline_P) {
-    return fmt::format("explicit's error at P {}{}", baseline_P,
-                       base->kernel == Kernel::fused || f.own_kernel().empty() ? "" : " with the fused kernel (the form's own)");
+    return fmt::format("explicit's error at P {}{}", baseline_P, against_fused(f) ? " with the fused kernel (the form's own)" : "");
   };
 
   auto add = [&](FormCase k) {
