@@ -6,13 +6,17 @@
 # command runs under mpirun as one process per namespace, its MPI traffic (btl tcp) and mpirun's own
 # (oob) over the bridge; LAGA_LINK describes the link to laga (bench-comm prints it).
 #
-#   scripts/link.sh [--ranks N] [--rate R] [--burst B] [--latency L] [--delay D] -- PROGRAM ARGS...
+#   scripts/link.sh [--ranks N] [--rate R] [--burst B] [--latency L] [--delay D] [--startup-timeout S]
+#                   -- PROGRAM ARGS...
 #     --ranks N    namespaces = MPI ranks (default 2)
 #     --rate R     tbf rate per rank, tc's units (default 28mbit: the rate docs/throughput.md §3 matches
 #                  to the paper's two-node setting on this machine)
 #     --burst B    tbf bucket, tc's units (default 64kb)
 #     --latency L  tbf queueing limit (default 50ms)
 #     --delay D    netem delay before the bucket, e.g. 100us (needs sch_netem in the kernel)
+#     --startup-timeout S  seconds for every rank to start (default 120): past them the run is ended
+#                  with a message and exit 3, since mpirun itself waits forever for a daemon that died
+#                  before calling back (its orte_startup_timeout does not cover that)
 #     PROGRAM      laga (this checkout's build/laga) or a path to any binary; its arguments follow
 #   e.g. scripts/link.sh --ranks 2 --rate 1gbit -- laga bench-comm -b 64K -e 16M --ops all_gather,all_to_all
 #
@@ -20,13 +24,14 @@
 # namespaces this run creates (laga-<pid>-0 .. laga-<pid>-<N-1>, laga-<pid>-head), and the subnet is
 # one that no route of the host covers. On exit, on error and on SIGINT/SIGTERM, the processes left
 # in them are killed and the namespaces deleted, which removes their veths, bridge and qdiscs with
-# them; the temporary hostfile and agent go too. Exit status: the program's (mpirun's), 2 for bad
-# usage, not root, or namespaces/tc unavailable, 130/143 when interrupted.
+# them; the temporary hostfile, agent and each machine's temporary directory go too. Exit status: the
+# program's (mpirun's), 2 for bad usage, not root, or namespaces/tc unavailable, 3 when the ranks did
+# not all start within the startup timeout, 130/143 when interrupted.
 set -u
 
 die() { echo "link.sh: $*" >&2; exit 2; }
 
-ranks=2 rate=28mbit burst=64kb latency=50ms delay=""
+ranks=2 rate=28mbit burst=64kb latency=50ms delay="" startup_timeout=120
 while [ $# -gt 0 ]; do
   case $1 in
     --ranks) ranks=${2-}; shift 2 || die "--ranks needs a value" ;;
@@ -34,13 +39,16 @@ while [ $# -gt 0 ]; do
     --burst) burst=${2-}; shift 2 || die "--burst needs a value, e.g. --burst 64kb" ;;
     --latency) latency=${2-}; shift 2 || die "--latency needs a value, e.g. --latency 50ms" ;;
     --delay) delay=${2-}; shift 2 || die "--delay needs a value, e.g. --delay 100us" ;;
+    --startup-timeout) startup_timeout=${2-}; shift 2 || die "--startup-timeout needs a value, e.g. --startup-timeout 120" ;;
     --) shift; break ;;
     -h|--help) sed -n '2,/^set -u/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
-    *) die "unknown option '$1'; valid: --ranks --rate --burst --latency --delay, then -- PROGRAM ARGS" ;;
+    *) die "unknown option '$1'; valid: --ranks --rate --burst --latency --delay --startup-timeout, then -- PROGRAM ARGS" ;;
   esac
 done
 [ $# -ge 1 ] || die "no program: give -- laga ARGS..., e.g. -- laga bench-comm"
 [[ $ranks =~ ^[0-9]+$ ]] && [ "$ranks" -ge 1 ] && [ "$ranks" -le 250 ] || die "--ranks '$ranks' must be 1 .. 250, e.g. --ranks 2"
+[[ $startup_timeout =~ ^[0-9]+$ ]] && [ "$startup_timeout" -ge 1 ] \
+  || die "--startup-timeout '$startup_timeout' must be a whole number of seconds >= 1, e.g. --startup-timeout 120"
 [ "$(id -u)" -eq 0 ] || die "must run as root (it creates network namespaces and qdiscs); try: sudo $0 ..."
 for tool in ip tc mpirun python3; do command -v $tool >/dev/null || die "$tool not found (Debian: iproute2, openmpi-bin, python3)"; done
 
@@ -159,12 +167,16 @@ for ((i = 0; i < ranks; i++)); do
     err=$(ip netns exec "$ns" tc qdisc add dev eth0 root $qdisc 2>&1) || die "tc qdisc $qdisc failed in $ns: $err"
   fi
   echo "$addr slots=1" >>"$hostfile"
-  echo "  $addr) ns=$ns cpus=$(cpus_of "$i") ;;" >>"$agent"
+  mkdir "$work/tmp$i"
+  echo "  $addr) ns=$ns cpus=$(cpus_of "$i") tmp=$work/tmp$i ;;" >>"$agent"
 done
 {
   echo '  *) echo "link.sh agent: unknown host $host" >&2; exit 1 ;;'
   echo 'esac'
-  echo 'exec ip netns exec "$ns" taskset -c "$cpus" sh -c "$*"'
+  # Each machine its own TMPDIR, where OpenMPI keeps its session directory (named by hostname and
+  # job, both the same in every namespace): daemons sharing one raced on it, and one at times died
+  # after daemonizing, before calling mpirun back, leaving mpirun waiting for it forever.
+  echo 'exec ip netns exec "$ns" env TMPDIR="$tmp" taskset -c "$cpus" sh -c "$*"'
 } >>"$agent"
 chmod +x "$agent"
 
@@ -188,6 +200,30 @@ ip netns exec "$head" mpirun --allow-run-as-root --hostfile "$hostfile" -np "$ra
   ${LAGA_LINK_MCA-} --mca btl self,tcp --mca btl_tcp_if_include "$subnet" --mca oob_tcp_if_include "$subnet" \
   -x LAGA_LINK --wdir "$PWD" "$program" "$@" &
 mpirun_pid=$!
+
+# Until a rank runs in every namespace (a child of the orted there), or mpirun ends. mpirun waits
+# forever for a daemon that exits without calling back, so past the startup timeout the run is ended.
+rank_started() {  # namespace -> whether a process other than orted runs in it
+  local p
+  for p in $(ip netns pids "$1" 2>/dev/null); do
+    [ "$(cat /proc/$p/comm 2>/dev/null)" != orted ] && [ -e /proc/$p ] && return 0
+  done
+  return 1
+}
+deadline=$((SECONDS + startup_timeout))
+waiting=("${made[@]:1}")  # the ranks' namespaces (the head's is first)
+while [ ${#waiting[@]} -gt 0 ] && kill -0 "$mpirun_pid" 2>/dev/null; do
+  still=()
+  for ns in "${waiting[@]}"; do rank_started "$ns" || still+=("$ns"); done
+  waiting=("${still[@]}")
+  [ ${#waiting[@]} -gt 0 ] || break
+  if [ $SECONDS -ge $deadline ]; then
+    echo "link.sh: after ${startup_timeout} s no rank runs in ${waiting[*]} (${#waiting[@]} of $ranks ranks:" \
+      "an MPI daemon that never started, or died before calling mpirun back); ending the run" >&2
+    exit 3
+  fi
+  sleep 0.2
+done
 wait "$mpirun_pid"
 status=$?
 mpirun_pid=""

@@ -3,7 +3,9 @@
 # bucket validates every row (#wrong 0), names the link, and its busbw at the largest size stays under
 # the configured rate (a check of the mechanism, loose: ≤ 1.2× the rate; never a timing claim); a
 # SIGINT while mpirun runs leaves no namespace, interface, qdisc, process (mpirun, orted, the ranks) or
-# temporary file behind;
+# temporary file behind; MPI daemons that exit without calling mpirun back (orte_launch_agent `true`)
+# end the run after --startup-timeout with exit 3 and a message, leaving nothing, where mpirun alone
+# would wait forever;
 # not root, a failing `ip netns add` and a bad option each exit 2 with a message, leaving nothing.
 # Skips (77) when not root or when this machine cannot make namespaces, veths, bridges or tbf.
 # Usage: link.sh <laga binary> <source dir>
@@ -113,6 +115,16 @@ alive() {  # a process that still runs (an exited one waiting for init to reap i
 }
 for p in $inside; do alive "$p" && fail "process $p ($(cat /proc/$p/comm 2>/dev/null)) outlived SIGINT"; done
 
+# 2b. Daemons that exit at once without calling back: mpirun alone waits forever; link.sh ends the run.
+start=$SECONDS
+out=$(LAGA_LINK_MCA="--mca orte_launch_agent true" timeout -s TERM 120 "$link" --startup-timeout 3 -- "$laga" bench-comm 2>&1)
+status=$?
+pid=$(sed -n 's/.*namespaces laga-\([0-9]*\)-\*$/\1/p' <<<"$out")
+[ "$status" = 3 ] && [ -n "$pid" ] && grep -q "after 3 s no rank runs in laga-$pid-0 laga-$pid-1 (2 of 2 ranks" <<<"$out" \
+  && echo "ok: daemons that never call back -> 3 after $((SECONDS - start)) s" \
+  || fail "daemons that never call back: want status 3 and the namespaces named: $out"
+[ -z "$(left_behind $pid)" ] || fail "after the startup timeout: $(left_behind $pid)"
+
 # 3. Refusals, each exit 2 with a message, nothing made.
 out=$(setpriv --reuid=65534 --regid=65534 --clear-groups bash "$link" -- "$laga" bench-comm 2>&1)
 status=$?
@@ -132,6 +144,10 @@ status=$?
 out=$("$link" --rate 2>&1)
 status=$?
 [ "$status" -eq 2 ] && echo "ok: --rate without a value -> 2: $out" || fail "--rate without a value: status $status: $out"
+out=$("$link" --startup-timeout 0 -- "$laga" bench-comm 2>&1)
+status=$?
+[ "$status" -eq 2 ] && grep -q "startup-timeout '0' must be" <<<"$out" && echo "ok: --startup-timeout 0 -> 2" \
+  || fail "--startup-timeout 0: status $status: $out"
 out=$("$link" --speed 1gbit -- "$laga" bench-comm 2>&1)
 status=$?
 [ "$status" -eq 2 ] && grep -q "unknown option '--speed'" <<<"$out" && echo "ok: unknown option -> 2" \
