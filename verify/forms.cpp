@@ -29,6 +29,16 @@ FormCase make_case(int64_t P, std::string_view form, std::string_view vs) {
   return k;
 }
 
+// A case judged against fp64: the verdict, the rule it was judged by, and the per-output errors.
+FormCase judged(int64_t P, std::string_view form, const Verdict& v, std::string criterion,
+                const std::map<std::string, TensorError>& err) {
+  FormCase k = make_case(P, form, "fp64");
+  k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
+  k.criterion = std::move(criterion);
+  summarize(k, err);
+  return k;
+}
+
 FormCase not_run(int64_t P, std::string_view form, const std::string& why) {
   FormCase k = make_case(P, form, "not run");
   k.pass = true;
@@ -120,8 +130,14 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
     }
     return it->second;
   };
-  auto baseline_name = [&](const Form& f, int64_t baseline_P) {
-    return fmt::format("explicit's error at P {}{}", baseline_P, against_fused(f) ? " with the fused kernel (the form's own)" : "");
+  // A form's run at P (its outputs on the root), labelled `label`, held to its baseline's error.
+  auto form_case = [&](int64_t P, const std::string& label, const Form& f, int64_t baseline_P,
+                       const std::map<std::string, TensorError>& baseline, const Run& r) {
+    const auto err = errors(r.outputs, exact);
+    return judged(P, label, form_vs_baseline(err, baseline, plain_err, base->dtype),
+                  fmt::format("≤ {:g} × max(explicit's error at P {}{}, the plain implementation's) + floor", kFormFactor,
+                              baseline_P, against_fused(f) ? " with the fused kernel (the form's own)" : ""),
+                  err);
   };
 
   auto add = [&](FormCase k) {
@@ -130,13 +146,10 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   };
   // explicit's own case at P: its error against the plain implementation's (the rule's baseline).
   auto explicit_case = [&](int64_t P, const std::map<std::string, TensorError>& e_err) {
-    const Verdict v = explicit_vs_plain(e_err, plain_err, base->dtype);
-    FormCase k = make_case(P, kBaselineForm, "fp64");
-    k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
-    k.criterion = fmt::format("≤ {:g} × the plain {} implementation's error + floor", kExplicitFactor,
-                              dtype_name(base->dtype));
-    summarize(k, e_err);
-    return k;
+    return judged(P, kBaselineForm, explicit_vs_plain(e_err, plain_err, base->dtype),
+                  fmt::format("≤ {:g} × the plain {} implementation's error + floor", kExplicitFactor,
+                              dtype_name(base->dtype)),
+                  e_err);
   };
   // Where explicit refuses a P, the other forms are held to its error at P 1: that error is judged too,
   // once, as a case of P 1 (unless P 1 is in sps: judged there).
@@ -172,14 +185,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
       const auto& baseline = baseline_of(*f, baseline_P, e_err);
       Run r = run(at(f->name(), P), false);
       if (!root) continue;
-      const auto err = errors(r.outputs, exact);
-      const Verdict v = form_vs_baseline(err, baseline, plain_err, base->dtype);
-      FormCase k = make_case(P, f->name(), "fp64");
-      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
-      k.criterion = fmt::format("≤ {:g} × max({}, the plain implementation's) + floor", kFormFactor,
-                                baseline_name(*f, baseline_P));
-      summarize(k, err);
-      add(k);
+      add(form_case(P, std::string(f->name()), *f, baseline_P, baseline, r));
       if (P == 1 && f->exact_at_one_rank()) {
         FormCase b = make_case(P, f->name(), "explicit@1");
         std::string where;
@@ -202,14 +208,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
       const auto& baseline = baseline_of(form_of(*cm), baseline_P, e_err);
       Run r = run(cm, false);
       if (!root) continue;
-      const auto err = errors(r.outputs, exact);
-      const Verdict v = form_vs_baseline(err, baseline, plain_err, base->dtype);
-      FormCase k = make_case(P, label, "fp64");
-      k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
-      k.criterion = fmt::format("≤ {:g} × max({}, the plain implementation's) + floor", kFormFactor,
-                                baseline_name(form_of(*cm), baseline_P));
-      summarize(k, err);
-      add(k);
+      add(form_case(P, label, form_of(*cm), baseline_P, baseline, r));
     }
   }
   return report;
