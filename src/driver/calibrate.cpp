@@ -53,28 +53,25 @@ double median_after_warmup(std::vector<double> worst) {
   return n % 2 ? worst[mid] : (worst[mid - 1] + worst[mid]) / 2;
 }
 
-// Each set's measurements' medians over the rounds; round 0 warms up.
-std::vector<std::vector<double>> timed_in_rounds(int64_t P, int rounds, const std::vector<std::vector<MakeWork>>& sets) {
-  std::vector<std::vector<std::vector<double>>> worst;  // [set][measurement][round]
-  for (const auto& makes : sets) worst.emplace_back(makes.size(), std::vector<double>(size_t(rounds + 1), 0));
+// Each measurement's median over the rounds; round 0 warms up.
+std::vector<double> timed_in_rounds(int64_t P, int rounds, const std::vector<MakeWork>& makes) {
+  std::vector<std::vector<double>> worst(makes.size(), std::vector<double>(size_t(rounds + 1), 0));
   std::mutex mu;
-  for (int r = 0; r <= rounds; ++r)  // round 0: the warm-up
-    for (size_t i = 0; i < sets.size(); ++i)
-      run_threads(int(P), [&](Communicator& comm) {
-        std::vector<std::function<void()>> work;
-        for (const MakeWork& make : sets[i]) work.push_back(make());
-        for (size_t m = 0; m < work.size(); ++m) {
-          comm.barrier();
-          const auto t0 = Clock::now();
-          work[m]();
-          const double s = seconds_since(t0);
-          std::lock_guard<std::mutex> lock(mu);
-          worst[i][m][size_t(r)] = std::max(worst[i][m][size_t(r)], s);
-        }
-      });
-  std::vector<std::vector<double>> medians(sets.size());
-  for (size_t i = 0; i < sets.size(); ++i)
-    for (std::vector<double>& w : worst[i]) medians[i].push_back(median_after_warmup(std::move(w)));
+  run_threads(int(P), [&](Communicator& comm) {
+    std::vector<std::function<void()>> work;
+    for (const MakeWork& make : makes) work.push_back(make());
+    for (int r = 0; r <= rounds; ++r)  // round 0: the warm-up
+      for (size_t m = 0; m < work.size(); ++m) {
+        comm.barrier();
+        const auto t0 = Clock::now();
+        work[m]();
+        const double s = seconds_since(t0);
+        std::lock_guard<std::mutex> lock(mu);
+        worst[m][size_t(r)] = std::max(worst[m][size_t(r)], s);
+      }
+  });
+  std::vector<double> medians;
+  for (std::vector<double>& w : worst) medians.push_back(median_after_warmup(std::move(w)));
   return medians;
 }
 
@@ -153,16 +150,17 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
                                 "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP counting; laga_fused: the latent kernel "
                                 "of laga-fused, its FLOPs the attention's plus the up-projection it executes", Hr)},
       {"elementwise", fmt::format("rmsnorm forward/backward and rope over [T/P, {}]: bytes read + written / time", D)}};
-  // One set of measurements per dtype and T, timed in rounds over all sets (timed_in_rounds); each
-  // set's `record` writes its rates from its measurements' times once the rounds are done.
-  // Everything a make or record uses is captured by value: they run later.
-  std::vector<std::vector<MakeWork>> sets;
-  std::vector<std::function<void(const std::vector<double>&)>> records;
   for (DType dt : {DType::bf16, DType::f32}) {
     const char* dn = dt == DType::bf16 ? "bf16" : "fp32";
+    ComputeSpec cs;
     for (const int64_t T : opt.seqs) {
       const int64_t E = T / P;
+      // Every measurement at this T and dtype, timed together in rounds; each entry of `makes` is
+      // read back through `time(i)` once the rounds are done. Everything a make uses is captured by
+      // value: it runs later, on the ranks' threads.
       std::vector<MakeWork> makes;
+      std::vector<double> secs;
+      auto time = [&](size_t i) { return secs.at(i); };
       // matmul: the projections' linear forward + backward ([rows, in] · [out, in]ᵀ)
       struct Lin { int64_t rows, in, out; };
       const std::vector<Lin> lins = {{E, D, Lq}, {E, Lq, H * Dqk}, {E, D, Lkv + Dr}, {T, Lkv, Hr * (Dqk - Dr + Dv)}, {E, H * Dv, D}};
@@ -277,31 +275,23 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
         };
       });
 
-      const size_t n_lins = lins.size();
-      records.push_back([&hw, &say, dt, dn, T, n_lins, first_lin, matmul_flops, rates, elementwise,
-                         elementwise_bytes](const std::vector<double>& secs) {
-        ComputeSpec& cs = hw.compute[dt];
-        double matmul_secs = 0;
-        for (size_t i = 0; i < n_lins; ++i) matmul_secs += secs.at(first_lin + i);
-        cs.matmul_tflops.by_seq[T] = matmul_flops / matmul_secs / 1e12;
-        say(fmt::format("{} T {} matmul: {:.4f} TFLOP/s", dn, T, matmul_flops / matmul_secs / 1e12));
-        for (const Rates& r : rates) {
-          const double f = r.fwd_flops / secs.at(r.fwd) / 1e12, b = r.bwd_flops / secs.at(r.fwd + 1) / 1e12;
-          cs.attention_tflops[r.key + "_fwd_tflops"].by_seq[T] = f;
-          cs.attention_tflops[r.key + "_bwd_tflops"].by_seq[T] = b;
-          say(fmt::format("{} T {} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T, r.key, f, b));
-        }
-        cs.elementwise_GBps.by_seq[T] = elementwise_bytes / secs.at(elementwise) / 1e9;
-        say(fmt::format("{} T {} elementwise: {:.3f} GB/s", dn, T, elementwise_bytes / secs.at(elementwise) / 1e9));
-      });
-      sets.push_back(std::move(makes));
+      say(fmt::format("{} T {}: {} measurements in {} rounds", dn, T, makes.size(), opt.reps));
+      secs = timed_in_rounds(P, opt.reps, makes);
+      double matmul_secs = 0;
+      for (size_t i = 0; i < lins.size(); ++i) matmul_secs += time(first_lin + i);
+      cs.matmul_tflops.by_seq[T] = matmul_flops / matmul_secs / 1e12;
+      say(fmt::format("{} T {} matmul: {:.4f} TFLOP/s", dn, T, matmul_flops / matmul_secs / 1e12));
+      for (const Rates& r : rates) {
+        const double f = r.fwd_flops / time(r.fwd) / 1e12, b = r.bwd_flops / time(r.fwd + 1) / 1e12;
+        cs.attention_tflops[r.key + "_fwd_tflops"].by_seq[T] = f;
+        cs.attention_tflops[r.key + "_bwd_tflops"].by_seq[T] = b;
+        say(fmt::format("{} T {} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T, r.key, f, b));
+      }
+      cs.elementwise_GBps.by_seq[T] = elementwise_bytes / time(elementwise) / 1e9;
+      say(fmt::format("{} T {} elementwise: {:.3f} GB/s", dn, T, elementwise_bytes / time(elementwise) / 1e9));
     }
+    hw.compute[dt] = cs;
   }
-  say(fmt::format("{} measurements in {} sets (dtype × T), each made afresh and timed once per round: a warm-up "
-                  "round, then {} rounds",
-                  [&] { size_t n = 0; for (const auto& m : sets) n += m.size(); return n; }(), sets.size(), opt.reps));
-  const std::vector<std::vector<double>> secs = timed_in_rounds(P, opt.reps, sets);
-  for (size_t i = 0; i < sets.size(); ++i) records[i](secs[i]);
   if (opt.link && P >= 2) {
     std::map<CollectiveOp, LatencyBandwidthFit> fits;
     hw.intra_node = calibrate_threads_link(P, std::max(opt.reps, 3), &fits);

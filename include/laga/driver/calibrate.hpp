@@ -16,8 +16,8 @@ namespace laga {
 
 struct CalibrationOptions {
   int64_t sp = 2;       // ranks working at once
-  int reps = 3;         // timed rounds after a warm-up round; in each, every measurement runs once, made
-                        // afresh; each measurement's median over the rounds is kept
+  int reps = 3;         // timed rounds after one warm-up; in each, every measurement at a T and dtype runs
+                        // once; each measurement's median over the rounds is kept
   std::vector<int64_t> seqs = {2048};  // T at which every compute rate is measured (a rate by T, model.hpp)
   bool link = true;     // measure the threads link (else the caller supplies one, e.g. from bench-comm)
   std::function<void(const std::string&)> progress;  // one line per measurement, when set
@@ -35,14 +35,12 @@ LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, Late
 // the work that is timed.
 using MakeWork = std::function<std::function<void()>()>;
 
-// Sets of measurements timed in rounds on P ranks at once (threads). In each round, for each set in
-// turn, P new rank threads make the work of every measurement of the set (fresh buffers) and run each
-// once after a barrier; round 0 warms up (oneDNN's primitives, the caching allocator's blocks), rounds
-// 1 .. `rounds` are timed. A measurement's time is the median over the timed rounds of the slowest
-// rank's time ([set][measurement]). Since a round spans the whole calibration, a slow spell of the
-// shared machine, or an unlucky instance of a measurement (its threads, its buffers), is one reading
-// of a measurement, which the median drops; repeats back to back put every reading in it.
-std::vector<std::vector<double>> timed_in_rounds(int64_t P, int rounds, const std::vector<std::vector<MakeWork>>& sets);
+// On P ranks at once (threads), each rank makes the work of every measurement, runs each once to warm
+// up, then in `rounds` rounds runs each measurement once after a barrier. A measurement's time is the
+// median over the rounds of the slowest rank's time. In rounds, a slow spell of a shared machine
+// shorter than a round slows one reading of each measurement, which the median drops, where repeats
+// back to back would put every reading of one measurement in it.
+std::vector<double> timed_in_rounds(int64_t P, int rounds, const std::vector<MakeWork>& makes);
 
 // What one measurement reports: the median of its timed rounds, times[0] (the warm-up) left out;
 // bench reports the median of its iterations, so its rows and these rates are read alike.
