@@ -32,6 +32,25 @@ Tensor random(const Shape& s, DType dt, uint64_t seed, const char* name) {
   return t;
 }
 
+// On P ranks at once (threads, bench's threads per rank), each rank makes its own buffers and work
+// (make), then runs the work reps + 1 times after a barrier each; the slowest rank's time of each
+// repeat, and the median of those after the warm-up.
+double timed_on_ranks(int64_t P, int reps, const std::function<std::function<void()>()>& make) {
+  std::vector<double> worst(size_t(reps + 1), 0);
+  std::mutex mu;
+  run_threads(int(P), [&](Communicator& comm) {
+    const std::function<void()> fn = make();
+    for (int i = 0; i <= reps; ++i) {
+      comm.barrier();
+      const auto t0 = Clock::now();
+      fn();
+      const double s = seconds_since(t0);
+      std::lock_guard<std::mutex> lock(mu);
+      worst[size_t(i)] = std::max(worst[size_t(i)], s);
+    }
+  });
+  return median_after_warmup(std::move(worst));
+}
 
 struct AttentionCase {
   const char* key;  // the hardware file's name without "_{fwd,bwd}_tflops"
@@ -51,28 +70,6 @@ double median_after_warmup(std::vector<double> worst) {
   std::sort(worst.begin() + 1, worst.end());
   const size_t n = worst.size() - 1, mid = 1 + n / 2;
   return n % 2 ? worst[mid] : (worst[mid - 1] + worst[mid]) / 2;
-}
-
-// Each measurement's median over the rounds; round 0 warms up.
-std::vector<double> timed_in_rounds(int64_t P, int rounds, const std::vector<MakeWork>& makes) {
-  std::vector<std::vector<double>> worst(makes.size(), std::vector<double>(size_t(rounds + 1), 0));
-  std::mutex mu;
-  run_threads(int(P), [&](Communicator& comm) {
-    std::vector<std::function<void()>> work;
-    for (const MakeWork& make : makes) work.push_back(make());
-    for (int r = 0; r <= rounds; ++r)  // round 0: the warm-up
-      for (size_t m = 0; m < work.size(); ++m) {
-        comm.barrier();
-        const auto t0 = Clock::now();
-        work[m]();
-        const double s = seconds_since(t0);
-        std::lock_guard<std::mutex> lock(mu);
-        worst[m][size_t(r)] = std::max(worst[m][size_t(r)], s);
-      }
-  });
-  std::vector<double> medians;
-  for (std::vector<double>& w : worst) medians.push_back(median_after_warmup(std::move(w)));
-  return medians;
 }
 
 LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, LatencyBandwidthFit>* fits) {
@@ -155,90 +152,86 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
     ComputeSpec cs;
     for (const int64_t T : opt.seqs) {
       const int64_t E = T / P;
-      // Every measurement at this T and dtype, timed together in rounds; each entry of `makes` is
-      // read back through `time(i)` once the rounds are done. Everything a make uses is captured by
-      // value: it runs later, on the ranks' threads.
-      std::vector<MakeWork> makes;
-      std::vector<double> secs;
-      auto time = [&](size_t i) { return secs.at(i); };
-      // matmul: the projections' linear forward + backward ([rows, in] · [out, in]ᵀ)
-      struct Lin { int64_t rows, in, out; };
-      const std::vector<Lin> lins = {{E, D, Lq}, {E, Lq, H * Dqk}, {E, D, Lkv + Dr}, {T, Lkv, Hr * (Dqk - Dr + Dv)}, {E, H * Dv, D}};
-      const size_t first_lin = makes.size();
-      double matmul_flops = 0;
-      for (const Lin l : lins) {
-        makes.push_back([l, dt]() -> std::function<void()> {
-          Tensor x = random({l.rows, l.in}, dt, 1, "cal.x"), w = random({l.out, l.in}, dt, 2, "cal.w");
-          Tensor dy = random({l.rows, l.out}, dt, 3, "cal.dy"), dx = Tensor::empty({l.rows, l.in}, dt, "cal.dx");
-          Tensor dw = Tensor::zeros({l.out, l.in}, DType::f32, "cal.dw");
-          return [x, w, dy, dx, dw]() mutable {
-            Tensor y = linear_forward(x, w, "cal.y");
-            linear_backward(x, w, dy, &dx, false, dw);
-          };
-        });
-        matmul_flops += 6.0 * double(l.rows) * double(l.in) * double(l.out);
+      {  // matmul: the projections' linear forward + backward ([rows, in] · [out, in]ᵀ)
+        struct Lin { int64_t rows, in, out; };
+        const Lin lins[] = {{E, D, Lq}, {E, Lq, H * Dqk}, {E, D, Lkv + Dr}, {T, Lkv, Hr * (Dqk - Dr + Dv)}, {E, H * Dv, D}};
+        double flops = 0, secs = 0;
+        for (const Lin& l : lins) {
+          secs += timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
+            Tensor x = random({l.rows, l.in}, dt, 1, "cal.x"), w = random({l.out, l.in}, dt, 2, "cal.w");
+            Tensor dy = random({l.rows, l.out}, dt, 3, "cal.dy"), dx = Tensor::empty({l.rows, l.in}, dt, "cal.dx");
+            Tensor dw = Tensor::zeros({l.out, l.in}, DType::f32, "cal.dw");
+            return [x, w, dy, dx, dw]() mutable {
+              Tensor y = linear_forward(x, w, "cal.y");
+              linear_backward(x, w, dy, &dx, false, dw);
+            };
+          });
+          flops += 6.0 * double(l.rows) * double(l.in) * double(l.out);
+        }
+        cs.matmul_tflops.by_seq[T] = flops / secs / 1e12;
+        say(fmt::format("{} T {} matmul: {:.4f} TFLOP/s", dn, T, flops / secs / 1e12));
       }
-      // An attention kernel's rates under `key`: forward and backward, each its own measurement made by
-      // make(backward) (a backward's work makes the forward's saved state first), FLOPs as the model's
-      // phases count them.
-      struct Rates { std::string key; size_t fwd; double fwd_flops, bwd_flops; };
-      std::vector<Rates> rates;
-      auto attention = [&](const std::string& key, double fwd_flops, double bwd_flops, const std::function<MakeWork(bool)>& make) {
-        rates.push_back({key, makes.size(), fwd_flops, bwd_flops});
-        makes.push_back(make(false));
-        makes.push_back(make(true));
+      // An attention kernel's rates at T under `key`: forward and backward each timed on fresh buffers
+      // from make(backward), their FLOPs as the model's phases count them.
+      auto attention_rates = [&](const std::string& key, double fwd_flops, double bwd_flops,
+                                 const std::function<std::function<std::function<void()>()>(bool)>& make) {
+        const double tf = timed_on_ranks(P, opt.reps, make(false)), tb = timed_on_ranks(P, opt.reps, make(true));
+        cs.attention_tflops[key + "_fwd_tflops"].by_seq[T] = fwd_flops / tf / 1e12;
+        cs.attention_tflops[key + "_bwd_tflops"].by_seq[T] = bwd_flops / tb / 1e12;
+        say(fmt::format("{} T {} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T, key, fwd_flops / tf / 1e12,
+                        bwd_flops / tb / 1e12));
       };
-      const AttentionCase cases[] = {{"attention", Kernel::fused, Hr, Dqk, Dv, Dv},
-                                     {"eager_attention", Kernel::eager, Hr, Dqk, Dv, Dv},
-                                     {"latent_attention", Kernel::fused, Hr, Dl, Dl, Lkv},
-                                     {"eager_latent_attention", Kernel::eager, Hr, Dl, Lkv, Lkv},
-                                     {"mqa_attention", Kernel::fused, 1, Dl, Lkv, Lkv},
-                                     {"eager_mqa_attention", Kernel::eager, 1, Dl, Lkv, Lkv}};
-      const float scale = float(small.softmax_scale());
-      for (const AttentionCase a : cases) {
-        auto make = [a, T, Hr, dt, scale](bool backward) -> MakeWork {
-          return [a, T, Hr, dt, scale, backward]() -> std::function<void()> {
-            auto t = std::make_shared<std::vector<Tensor>>();
-            Tensor q = random({T, 1, Hr, a.Dqk}, dt, 4, "cal.q"), k = random({T, 1, a.Hkv, a.Dqk}, dt, 5, "cal.k");
-            Tensor v = random({T, 1, a.Hkv, a.Dv}, dt, 6, "cal.v"), o = Tensor::empty({T, 1, Hr, a.Dv}, dt, "cal.o");
-            Tensor dout = random({T, 1, Hr, a.Dv}, dt, 7, "cal.do");
-            Tensor dq = Tensor::empty(q.shape(), dt, "cal.dq"), dk = Tensor::empty(k.shape(), dt, "cal.dk");
-            Tensor dv = Tensor::empty(v.shape(), dt, "cal.dv");
-            *t = {q, k, v, o, dout, dq, dk, dv};
-            AttentionFwdParams p;
-            p.B = 1, p.T = T, p.Hq = Hr, p.Hkv = a.Hkv, p.Dqk = a.Dqk, p.Dv = a.Dv, p.dtype = dt;
-            p.scale = scale, p.causal = true;
-            p.q = q.raw(), p.q_stride = dense_strides(1, Hr, a.Dqk), p.k = k.raw(), p.k_stride = dense_strides(1, a.Hkv, a.Dqk);
-            p.v = v.raw(), p.v_stride = dense_strides(1, a.Hkv, a.Dv), p.o = o.raw(), p.o_stride = dense_strides(1, Hr, a.Dv);
-            AttentionBwdParams b;
-            static_cast<AttentionFwdParams&>(b) = p;
-            b.dout = dout.raw(), b.dout_stride = p.o_stride, b.dq = dq.raw(), b.dq_stride = p.q_stride;
-            b.dk = dk.raw(), b.dk_stride = p.k_stride, b.dv = dv.raw(), b.dv_stride = p.v_stride;
-            const Kernel kernel = a.kernel;
-            if (!backward) return [t, p, kernel] { AttentionSaved s = attention_forward(kernel, p); };
-            auto saved = std::make_shared<AttentionSaved>(attention_forward(kernel, p));
-            return [t, b, kernel, saved] { attention_backward(kernel, b, *saved); };
+      {  // attention, per kernel and shape
+        const AttentionCase cases[] = {{"attention", Kernel::fused, Hr, Dqk, Dv, Dv},
+                                       {"eager_attention", Kernel::eager, Hr, Dqk, Dv, Dv},
+                                       {"latent_attention", Kernel::fused, Hr, Dl, Dl, Lkv},
+                                       {"eager_latent_attention", Kernel::eager, Hr, Dl, Lkv, Lkv},
+                                       {"mqa_attention", Kernel::fused, 1, Dl, Lkv, Lkv},
+                                       {"eager_mqa_attention", Kernel::eager, 1, Dl, Lkv, Lkv}};
+        for (const AttentionCase& a : cases) {
+          // Each rank its own tensors; a backward needs a forward's saved state, so it is timed after one.
+          auto make = [&](bool backward) {
+            return [&, backward]() -> std::function<void()> {
+              auto t = std::make_shared<std::vector<Tensor>>();
+              Tensor q = random({T, 1, Hr, a.Dqk}, dt, 4, "cal.q"), k = random({T, 1, a.Hkv, a.Dqk}, dt, 5, "cal.k");
+              Tensor v = random({T, 1, a.Hkv, a.Dv}, dt, 6, "cal.v"), o = Tensor::empty({T, 1, Hr, a.Dv}, dt, "cal.o");
+              Tensor dout = random({T, 1, Hr, a.Dv}, dt, 7, "cal.do");
+              Tensor dq = Tensor::empty(q.shape(), dt, "cal.dq"), dk = Tensor::empty(k.shape(), dt, "cal.dk");
+              Tensor dv = Tensor::empty(v.shape(), dt, "cal.dv");
+              *t = {q, k, v, o, dout, dq, dk, dv};
+              AttentionFwdParams p;
+              p.B = 1, p.T = T, p.Hq = Hr, p.Hkv = a.Hkv, p.Dqk = a.Dqk, p.Dv = a.Dv, p.dtype = dt;
+              p.scale = float(small.softmax_scale()), p.causal = true;
+              p.q = q.raw(), p.q_stride = dense_strides(1, Hr, a.Dqk), p.k = k.raw(), p.k_stride = dense_strides(1, a.Hkv, a.Dqk);
+              p.v = v.raw(), p.v_stride = dense_strides(1, a.Hkv, a.Dv), p.o = o.raw(), p.o_stride = dense_strides(1, Hr, a.Dv);
+              AttentionBwdParams b;
+              static_cast<AttentionFwdParams&>(b) = p;
+              b.dout = dout.raw(), b.dout_stride = p.o_stride, b.dq = dq.raw(), b.dq_stride = p.q_stride;
+              b.dk = dk.raw(), b.dk_stride = p.k_stride, b.dv = dv.raw(), b.dv_stride = p.v_stride;
+              const Kernel kernel = a.kernel;
+              if (!backward) return [t, p, kernel] { AttentionSaved s = attention_forward(kernel, p); };
+              auto saved = std::make_shared<AttentionSaved>(attention_forward(kernel, p));
+              return [t, b, kernel, saved] { attention_backward(kernel, b, *saved); };
+            };
           };
-        };
-        const double fl = attention_forward_flops(1, Hr, T, a.Dqk, a.Dv_counted, true);
-        attention(a.key, fl, 2.5 * fl, make);
+          const double fl = attention_forward_flops(1, Hr, T, a.Dqk, a.Dv_counted, true);
+          attention_rates(a.key, fl, 2.5 * fl, make);
+        }
       }
       {  // laga-fused's latent kernel: the attention and the up-projection it runs inside, together
         LatentAttentionParams dims;  // the shapes; make adds each rank's buffers
         dims.B = 1, dims.T = T, dims.H = Hr, dims.Lkv = Lkv, dims.Dr = Dr, dims.Dn = Dqk - Dr, dims.Dv = Dv, dims.dtype = dt;
-        dims.scale = scale;
+        dims.scale = float(small.softmax_scale());
+        const int64_t Dn = dims.Dn;
         MlaConfig at_dt = small;  // dlatent as laga-fused writes it under small's --dlatent-sum
         at_dt.dtype = dt;
-        const DType dlatent_dt = at_dt.dlatent_sum_dtype();
-        auto make = [dims, Dl, Dqk, dlatent_dt](bool backward) -> MakeWork {
-          return [dims, Dl, Dqk, dlatent_dt, backward]() -> std::function<void()> {
-            const int64_t T = dims.T, Hr = dims.H, Dn = dims.Dn, Dv = dims.Dv, Lkv = dims.Lkv;
-            const DType dt = dims.dtype;
+        auto make = [&](bool backward) {
+          return [&, backward]() -> std::function<void()> {
             auto t = std::make_shared<std::vector<Tensor>>();
             Tensor latent = random({T, 1, Dl}, dt, 4, "cal.latent"), wkv = random({Hr, Dn + Dv, Lkv}, dt, 5, "cal.wkv");
             Tensor q = random({T, 1, Hr, Dqk}, dt, 6, "cal.q"), o = Tensor::empty({T, 1, Hr, Dv}, dt, "cal.o");
             Tensor dout = random({T, 1, Hr, Dv}, dt, 7, "cal.do");
-            Tensor dlatent = Tensor::empty({T, 1, Dl}, dlatent_dt, "cal.dlatent");
+            Tensor dlatent = Tensor::empty({T, 1, Dl}, at_dt.dlatent_sum_dtype(), "cal.dlatent");
             Tensor dwkv = Tensor::zeros({Hr, Dn + Dv, Lkv}, DType::f32, "cal.dwkv");
             *t = {latent, wkv, q, o, dout, dlatent, dwkv};
             LatentAttentionBwdParams p;
@@ -254,41 +247,27 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
         // FLOPs as the model's phases count them: forward the attention and one up-projection U,
         // backward 2.5× the attention, U again (recomputed) and 2U (its dlatent and dwkv products).
         const double fl = attention_forward_flops(1, Hr, T, Dqk, Dv, true), up = latent_up_projection_flops(dims);
-        attention("laga_fused_attention", fl + up, 2.5 * fl + 3 * up, make);
+        attention_rates("laga_fused_attention", fl + up, 2.5 * fl + 3 * up, make);
       }
-      // elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in place
-      const size_t elementwise = makes.size();
-      const double elementwise_bytes = double(dtype_size(dt)) * (2.0 * E * D + 3.0 * E * D + 4.0 * E * H * Dr);
-      const RopeParams rope = rope_params(small.rope(), dt);
-      makes.push_back([E, D, H, Dr, dt, rope]() -> std::function<void()> {
-        Tensor x = random({E, D}, dt, 8, "cal.x"), w = random({D}, dt, 9, "cal.w"), dy = random({E, D}, dt, 10, "cal.dy");
-        Tensor dx = Tensor::empty({E, D}, dt, "cal.dx"), dw = Tensor::zeros({D}, DType::f32, "cal.dw");
-        Tensor qpe = random({E, H, Dr}, dt, 11, "cal.qpe");
-        RopeParams rp = rope;
-        rp.x = qpe.raw(), rp.T = E, rp.inner = H, rp.t_stride = H * Dr, rp.inner_stride = Dr, rp.pos0 = 0;
-        // qpe is captured by name: rp only points into it.
-        return [x, w, dy, dx, dw, qpe, rp]() mutable {
-          Tensor y = rmsnorm_forward(x, w, 1e-6, "cal.y");
-          rmsnorm_backward(x, w, dy, 1e-6, dx, dw);
-          rope_forward(rp);
-          rope_backward(rp);
-        };
-      });
-
-      say(fmt::format("{} T {}: {} measurements in {} rounds", dn, T, makes.size(), opt.reps));
-      secs = timed_in_rounds(P, opt.reps, makes);
-      double matmul_secs = 0;
-      for (size_t i = 0; i < lins.size(); ++i) matmul_secs += time(first_lin + i);
-      cs.matmul_tflops.by_seq[T] = matmul_flops / matmul_secs / 1e12;
-      say(fmt::format("{} T {} matmul: {:.4f} TFLOP/s", dn, T, matmul_flops / matmul_secs / 1e12));
-      for (const Rates& r : rates) {
-        const double f = r.fwd_flops / time(r.fwd) / 1e12, b = r.bwd_flops / time(r.fwd + 1) / 1e12;
-        cs.attention_tflops[r.key + "_fwd_tflops"].by_seq[T] = f;
-        cs.attention_tflops[r.key + "_bwd_tflops"].by_seq[T] = b;
-        say(fmt::format("{} T {} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T, r.key, f, b));
+      {  // elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in place
+        const double bytes = double(dtype_size(dt)) * (2.0 * E * D + 3.0 * E * D + 4.0 * E * H * Dr);
+        const double s = timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
+          Tensor x = random({E, D}, dt, 8, "cal.x"), w = random({D}, dt, 9, "cal.w"), dy = random({E, D}, dt, 10, "cal.dy");
+          Tensor dx = Tensor::empty({E, D}, dt, "cal.dx"), dw = Tensor::zeros({D}, DType::f32, "cal.dw");
+          Tensor qpe = random({E, H, Dr}, dt, 11, "cal.qpe");
+          RopeParams rp = rope_params(small.rope(), dt);
+          rp.x = qpe.raw(), rp.T = E, rp.inner = H, rp.t_stride = H * Dr, rp.inner_stride = Dr, rp.pos0 = 0;
+          // qpe is captured by name: rp only points into it.
+          return [x, w, dy, dx, dw, qpe, rp]() mutable {
+            Tensor y = rmsnorm_forward(x, w, 1e-6, "cal.y");
+            rmsnorm_backward(x, w, dy, 1e-6, dx, dw);
+            rope_forward(rp);
+            rope_backward(rp);
+          };
+        });
+        cs.elementwise_GBps.by_seq[T] = bytes / s / 1e9;
+        say(fmt::format("{} T {} elementwise: {:.3f} GB/s", dn, T, bytes / s / 1e9));
       }
-      cs.elementwise_GBps.by_seq[T] = elementwise_bytes / time(elementwise) / 1e9;
-      say(fmt::format("{} T {} elementwise: {:.3f} GB/s", dn, T, elementwise_bytes / time(elementwise) / 1e9));
     }
     hw.compute[dt] = cs;
   }

@@ -4,14 +4,8 @@
 // are refused naming the field; the docs/hw files predict every form.
 #include <gtest/gtest.h>
 
-#include <atomic>
-#include <chrono>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <set>
-#include <string>
-#include <thread>
 
 #include <cmath>
 
@@ -410,35 +404,6 @@ TEST(Calibration, AMeasurementIsTheMedianOfItsTimedRepeats) {
   EXPECT_DOUBLE_EQ(median_after_warmup({0.1, 9, 1, 1.2}), 1.2);  // one slow repeat: the median holds
   EXPECT_DOUBLE_EQ(median_after_warmup({100, 4, 2}), 3);      // two repeats: their mean
   EXPECT_DOUBLE_EQ(median_after_warmup({100, 5}), 5);
-}
-
-// Calibration times its measurements in rounds: every rank makes each measurement's work once, warms
-// each up once, then runs them in turn, A B A B ..., so a slow spell of the machine in one round is one
-// reading of each measurement, dropped by the median, not every reading of one measurement.
-TEST(Calibration, MeasurementsRunInRoundsAndASlowRoundIsDropped) {
-  const int P = 2, rounds = 3;
-  std::mutex mu;
-  std::map<std::thread::id, std::string> order;  // per rank thread: the measurements in the order run
-  std::atomic<int> made{0};
-  auto measurement = [&](char name, int slow_call) -> MakeWork {
-    return [&, name, slow_call]() -> std::function<void()> {
-      ++made;
-      auto calls = std::make_shared<int>(0);
-      return [&, name, slow_call, calls] {
-        if ((*calls)++ == slow_call) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-        std::lock_guard<std::mutex> lock(mu);
-        order[std::this_thread::get_id()] += name;
-      };
-    };
-  };
-  // A is slow in its second timed round (call 2; call 0 is the warm-up), B in its warm-up only.
-  const std::vector<double> t = timed_in_rounds(P, rounds, {measurement('A', 2), measurement('B', 0)});
-  ASSERT_EQ(t.size(), 2u);
-  EXPECT_EQ(made.load(), 2 * P);
-  ASSERT_EQ(order.size(), size_t(P));
-  for (const auto& [id, seq] : order) EXPECT_EQ(seq, "ABABABAB");
-  EXPECT_LT(t[0], 0.15) << "A's one slow round of three is dropped by the median";
-  EXPECT_LT(t[1], 0.15) << "B's slow warm-up is not counted";
 }
 
 TEST(HardwareSpec, RefusesARateByTWithABadLengthOrValueNamingIt) {

@@ -51,7 +51,7 @@ struct ModelFlags {
   std::vector<std::string> forms;
   std::vector<double> link_scale;
   std::vector<int64_t> calibrate_seqs;  // --calibrate-seq: T at which --calibrate measures every rate (none: 2048)
-  int calibrate_reps = 0;               // --calibrate-reps: timed rounds of every measurement (0: the default, 3)
+  int calibrate_reps = 0;               // --calibrate-reps: timed repeats per measurement (0: the default, 3)
   bool grid = false;
 };
 int cmd_model(const CommonFlags& f, const ModelFlags& m);

@@ -138,9 +138,8 @@ void build_app(CLI::App& app, Invocation& inv) {
   model->add_option("--comm-json", inv.model.comm_json, "with --calibrate: the link from a laga bench-comm --json file");
   model->add_option("--calibrate-seq", inv.model.calibrate_seqs, "with --calibrate: measure every rate at these T "
                     "(default 2048; the model reads between them in log T)")->delimiter(',');
-  model->add_option("--calibrate-reps", inv.model.calibrate_reps, "with --calibrate: timed rounds after one warm-up, "
-                    "each running every measurement once; each one's median over the rounds kept (0 or left out: 3; "
-                    "more on a shared, noisy machine)");
+  model->add_option("--calibrate-reps", inv.model.calibrate_reps, "with --calibrate: timed repeats per measurement after "
+                    "one warm-up, their median kept (0 or left out: 3; more on a shared, noisy machine)");
 }
 
 // Parses into the fields app is bound to; the status to end with now, or nullopt.

@@ -16,8 +16,7 @@ namespace laga {
 
 struct CalibrationOptions {
   int64_t sp = 2;       // ranks working at once
-  int reps = 3;         // timed rounds after one warm-up; in each, every measurement at a T and dtype runs
-                        // once; each measurement's median over the rounds is kept
+  int reps = 3;         // timed repeats per measurement after one warm-up; their median is kept
   std::vector<int64_t> seqs = {2048};  // T at which every compute rate is measured (a rate by T, model.hpp)
   bool link = true;     // measure the threads link (else the caller supplies one, e.g. from bench-comm)
   std::function<void(const std::string&)> progress;  // one line per measurement, when set
@@ -31,18 +30,7 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt);
 // slowest rank's mean time per call, fitted per op (fits: the fit of each op, for the report).
 LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, LatencyBandwidthFit>* fits = nullptr);
 
-// A measurement: what one rank runs when it is made (its own buffers, on its own thread), returning
-// the work that is timed.
-using MakeWork = std::function<std::function<void()>()>;
-
-// On P ranks at once (threads), each rank makes the work of every measurement, runs each once to warm
-// up, then in `rounds` rounds runs each measurement once after a barrier. A measurement's time is the
-// median over the rounds of the slowest rank's time. In rounds, a slow spell of a shared machine
-// shorter than a round slows one reading of each measurement, which the median drops, where repeats
-// back to back would put every reading of one measurement in it.
-std::vector<double> timed_in_rounds(int64_t P, int rounds, const std::vector<MakeWork>& makes);
-
-// What one measurement reports: the median of its timed rounds, times[0] (the warm-up) left out;
+// What one measurement reports: the median of its timed repeats, times[0] (the warm-up) left out;
 // bench reports the median of its iterations, so its rows and these rates are read alike.
 double median_after_warmup(std::vector<double> times);
 
