@@ -131,7 +131,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
     return it->second;
   };
   // A form's run at P (its outputs on the root), labelled `label`, held to its baseline's error.
-  auto form_case = [&](int64_t P, const std::string& label, const Form& f, int64_t baseline_P,
+  auto form_case = [&](int64_t P, std::string_view label, const Form& f, int64_t baseline_P,
                        const std::map<std::string, TensorError>& baseline, const Run& r) {
     const auto err = errors(r.outputs, exact);
     return judged(P, label, form_vs_baseline(err, baseline, plain_err, base->dtype),
@@ -185,7 +185,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
       const auto& baseline = baseline_of(*f, baseline_P, e_err);
       Run r = run(at(f->name(), P), false);
       if (!root) continue;
-      add(form_case(P, std::string(f->name()), *f, baseline_P, baseline, r));
+      add(form_case(P, f->name(), *f, baseline_P, baseline, r));
       if (P == 1 && f->exact_at_one_rank()) {
         FormCase b = make_case(P, f->name(), "explicit@1");
         std::string where;
