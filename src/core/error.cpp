@@ -1,4 +1,6 @@
-// laga::Error: formats "message (file:line)".
+// laga::Error: a usage error reads as its message alone (it is about the user's input, and the
+// source location is noise to them); a failure or an internal error appends "(file:line)", for
+// whoever debugs laga.
 #include "laga/core/error.hpp"
 
 #include <cstring>
@@ -14,7 +16,8 @@ static const char* short_file(const char* file) {
 }
 
 Error::Error(ErrorKind kind, const char* file, int line, const std::string& message)
-    : std::runtime_error(fmt::format("{} ({}:{})", message, short_file(file), line)),
+    : std::runtime_error(kind == ErrorKind::usage ? message
+                                                  : fmt::format("{} ({}:{})", message, short_file(file), line)),
       kind_(kind), file_(short_file(file)), line_(line), message_(message) {}
 
 int Error::exit_status() const {

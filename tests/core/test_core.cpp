@@ -98,6 +98,18 @@ TEST(Config, UnknownPresetNamesTheValidOnes) {
   }
 }
 
+TEST(Error, UsageErrorsReadAsTheMessageAloneOthersNameTheirSource) {
+  // What a user reads on bad input is about the input; the raising file:line is for laga's developers.
+  const Error usage(ErrorKind::usage, "/x/src/mla/config.cpp", 12, "--sp 3 does not divide 8; try 1, 2, 4, 8");
+  EXPECT_STREQ(usage.what(), "--sp 3 does not divide 8; try 1, 2, 4, 8");
+  const Error failure(ErrorKind::failure, "/x/src/comm/threads.cpp", 34, "rank 1 timed out");
+  EXPECT_STREQ(failure.what(), "rank 1 timed out (src/comm/threads.cpp:34)");
+  const Error internal(ErrorKind::internal, "/x/src/ops/matmul.cpp", 56, "broken");
+  EXPECT_STREQ(internal.what(), "broken (src/ops/matmul.cpp:56)");
+  EXPECT_STREQ(usage.file(), "src/mla/config.cpp");
+  EXPECT_EQ(usage.line(), 12);
+}
+
 TEST(Config, ReportsEveryProblemAtOnce) {
   MlaConfig c = MlaConfig::preset("tiny");
   c.qk_rope_head_dim = 7;

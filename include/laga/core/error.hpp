@@ -2,7 +2,8 @@
 //
 // Every error carries the file:line that raised it and a kind that maps to the CLI's exit status:
 // usage (bad input or configuration, exit 2), failure (a check of results failed, exit 1) and
-// internal (a broken invariant, exit 3). Messages name the offending value and, where one exists,
+// internal (a broken invariant, exit 3). what() is the message alone for a usage error, which is
+// about the user's input, and "message (file:line)" for the other kinds. Messages name the offending value and, where one exists,
 // a valid alternative. Checks belong at boundaries, never in hot loops.
 #pragma once
 
