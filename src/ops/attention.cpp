@@ -159,6 +159,7 @@ std::vector<AttentionMemoryEvent> attention_memory_events(Kernel kernel, const A
   else if (tl.one_pass) alloc("attn.grad_acc", {S, K * (p.Dqk + p.Dv)}, f32);
   else alloc("attn.grad_acc", {S, std::max(K * (p.Dqk + p.Dv), R * p.Dqk)}, f32);
   if (backward && tl.one_pass) alloc("attn.dq_sum", {S, tl.nqb * R, p.Dqk}, f32);  // a head group's dq rows
+  if (backward && tl.split > 1) alloc("attn.dkv_partial", {B * Hkv, tl.split, T, p.Dqk + p.Dv}, f32);
   // Released in reverse order; forward keeps attn.lse (saved), backward releases attn.delta last.
   for (size_t i = ev.size(); i-- > 1;) ev.push_back({true, ev[i].tag, ev[i].shape, ev[i].dtype});
   if (backward) release("attn.delta");

@@ -10,8 +10,10 @@
 //   backward  two passes (the default):
 //             pass A, task (b, hk, key tile):    dk, dv of the tile, summed over the group's heads
 //             pass B, task (b, hk, query tile):  dq of the tile's rows
-//             or one pass (one_pass_backward), task (b, hk): for each key tile j, dk and dv of the
-//             tile and the fp32 dq sums of the group's rows += dS K_j, in j order
+//             or one pass (one_pass_backward), task (b, hk, sub-group): for each key tile j, dk and
+//             dv of the tile and the fp32 dq sums of the sub-group's rows += dS K_j, in j order;
+//             a group split in sub-groups (few K/V heads; FusedTiles::split) sums its sub-groups'
+//             fp32 dk, dv partials in sub-group order at the end
 // Neither uses FlashAttention-2's atomic dq update, which would make the sum order depend on timing:
 // the one pass owns the group's dq rows; pass B recomputes S and dP (two extra products per pair).
 // The products are laga::matmul (oneDNN) on tiles; the exponentials are vectorised row operations
@@ -82,23 +84,25 @@ struct FusedKernel {
   FusedTiles tl;
   float c;  // scale · log2 e: probabilities are 2^(c·s − m) with s = q·k unscaled
 
-  // Query tile (b, hk, i): tokens t0 .. t0 + nq, rows = g · nq.
+  // Query tile (b, hk, sub, i): tokens t0 .. t0 + nq of the heads of sub-group sub of K/V head hk
+  // (the whole group unless the one pass splits it), rows = heads · nq.
   struct QTile {
-    int64_t b, hk, t0, nq, rows;
+    int64_t b, hk, sub, t0, nq, rows;
   };
-  QTile q_tile(int64_t b, int64_t hk, int64_t i) const {
+  QTile q_tile(int64_t b, int64_t hk, int64_t sub, int64_t i) const {
     const int64_t t0 = i * tl.bq, nq = std::min(tl.bq, p.T - t0);
-    return {b, hk, t0, nq, tl.group * nq};
+    return {b, hk, sub, t0, nq, tl.heads * nq};
   }
-  int64_t head(const QTile& q, int64_t r) const { return q.hk * tl.group + r / q.nq; }
+  int64_t first_head(const QTile& q) const { return q.hk * tl.group + q.sub * tl.heads; }
+  int64_t head(const QTile& q, int64_t r) const { return first_head(q) + r / q.nq; }
   int64_t token(const QTile& q, int64_t r) const { return q.t0 + r % q.nq; }
   // dst [rows, D] = x rows of the tile's heads, packed head-major.
   void pack(T* dst, const void* x, const AttentionStrides& s, int64_t D, const QTile& q) const {
-    for (int64_t u = 0; u < tl.group; ++u)
-      pack_rows(dst + u * q.nq * D, at<T>(x, s, q.t0, q.b, q.hk * tl.group + u), q.nq, s.t, D);
+    for (int64_t u = 0; u < tl.heads; ++u)
+      pack_rows(dst + u * q.nq * D, at<T>(x, s, q.t0, q.b, first_head(q) + u), q.nq, s.t, D);
   }
   void prefetch(const void* x, const AttentionStrides& s, int64_t D, const QTile& q) const {
-    for (int64_t u = 0; u < tl.group; ++u) prefetch_rows(at<T>(x, s, q.t0, q.b, q.hk * tl.group + u), q.nq, s.t, D);
+    for (int64_t u = 0; u < tl.heads; ++u) prefetch_rows(at<T>(x, s, q.t0, q.b, first_head(q) + u), q.nq, s.t, D);
   }
   // Keys and values [k0, k0 + nk) of head (b, hk) as dense [nk, D] tiles: in place when the rows are
   // already dense, else copied into the slot.
@@ -182,23 +186,25 @@ struct FusedKernel {
     }
   }
 
-  // Pass A, key tile (b, hk, j): the tile's dk, dv summed over the group's heads and every query
-  // tile that sees it. Products in the transposed space (Sᵀ [nk, rows]) so that every operand is
-  // dense and read row-major: dV += Pᵀ dO, dK += dSᵀ Q.
+  // Pass A, key tile (b, hk, j): the tile's dk, dv summed over the heads of sub-group sub and every
+  // query tile that sees it. Products in the transposed space (Sᵀ [nk, rows]) so that every operand
+  // is dense and read row-major: dV += Pᵀ dO, dK += dSᵀ Q.
   // With dq_sum (the one pass): also dq_sum rows of every query tile i that sees j, [rows of tile i,
   // Dqk] at i · tl.rows, += dS [R, nk] · K_j (dS read through the transpose of dSᵀ).
-  void key_task(const AttentionBwdParams& bp, int64_t b, int64_t hk, int64_t j, const Slot<T>& w, const float* lse,
-                const float* delta, float* dq_sum = nullptr) const {
+  // With partial (the one pass over a split group): the sums go unscaled to the sub-group's partial
+  // [T, Dqk + Dv] (row: dk, then dv) instead of to dk and dv; reduce_partials adds the sub-groups.
+  void key_task(const AttentionBwdParams& bp, int64_t b, int64_t hk, int64_t sub, int64_t j, const Slot<T>& w,
+                const float* lse, const float* delta, float* dq_sum = nullptr, float* partial = nullptr) const {
     const int64_t k0 = j * tl.bk, nk = std::min(tl.bk, p.T - k0);
     float *dk_acc = w.acc, *dv_acc = w.acc + nk * p.Dqk;  // [nk, Dqk], [nk, Dv]
     std::fill(w.acc, w.acc + nk * (p.Dqk + p.Dv), 0.0f);
     const KvTile kv = kv_tile(k0, nk, b, hk, w);
     for (int64_t i = p.causal ? k0 / tl.bq : 0; i < tl.nqb; ++i) {
-      const QTile q = q_tile(b, hk, i);
+      const QTile q = q_tile(b, hk, sub, i);
       const int64_t R = q.rows;
       pack_grad_rows(bp, q, w, lse, delta);
       if (i + 1 < tl.nqb) {  // the next query tile's rows, while this one's products run
-        const QTile next = q_tile(b, hk, i + 1);
+        const QTile next = q_tile(b, hk, sub, i + 1);
         prefetch(bp.q, bp.q_stride, p.Dqk, next);
         prefetch(bp.dout, bp.dout_stride, p.Dv, next);
       }
@@ -211,7 +217,7 @@ struct FusedKernel {
           span_grad(w.s + o, w.dp + o, w.pt + o, w.ds + o, R, c, w.stat0, w.stat1);
           continue;
         }
-        for (int64_t u = 0; u < tl.group; ++u) {  // token t0 + tt sees the key iff tt ≥ key − t0
+        for (int64_t u = 0; u < tl.heads; ++u) {  // token t0 + tt sees the key iff tt ≥ key − t0
           const int64_t seg = o + u * q.nq, first = std::min(key - q.t0, q.nq), f = seg + first;
           zero_row(w.pt + seg, first);
           zero_row(w.ds + seg, first);
@@ -225,7 +231,12 @@ struct FusedKernel {
       if (dq_sum)
         matmul(product(R, p.Dqk, nk, p.dtype, w.ds, 1, R, kv.k, p.Dqk, 1, dq_sum + i * tl.rows * p.Dqk, p.Dqk, true));
     }
-    for (int64_t kk = 0; kk < nk; ++kk) {
+    for (int64_t kk = 0; kk < nk && partial; ++kk) {
+      float* row = partial + (k0 + kk) * (p.Dqk + p.Dv);
+      std::copy_n(dk_acc + kk * p.Dqk, p.Dqk, row);
+      std::copy_n(dv_acc + kk * p.Dv, p.Dv, row + p.Dqk);
+    }
+    for (int64_t kk = 0; kk < nk && !partial; ++kk) {
       if (bp.grads_f32) {
         scale_row(dk_acc + kk * p.Dqk, at<float>(bp.dk, bp.dk_stride, k0 + kk, b, hk), p.Dqk, p.scale);
         scale_row(dv_acc + kk * p.Dv, at<float>(bp.dv, bp.dv_stride, k0 + kk, b, hk), p.Dv, 1.0f);
@@ -236,14 +247,35 @@ struct FusedKernel {
     }
   }
 
-  // The one pass, head group (b, hk): every key tile in order, then dq = scale · dq_sum of each row.
-  void group_task(const AttentionBwdParams& bp, int64_t b, int64_t hk, const Slot<T>& w, float* dq_sum,
-                  const float* lse, const float* delta) const {
+  // The one pass, sub-group sub of head group (b, hk): every key tile in order, then dq = scale ·
+  // dq_sum of each row. partial: where the sub-group's dk, dv sums go when the group is split.
+  void group_task(const AttentionBwdParams& bp, int64_t b, int64_t hk, int64_t sub, const Slot<T>& w, float* dq_sum,
+                  float* partial, const float* lse, const float* delta) const {
     std::fill(dq_sum, dq_sum + tl.nqb * tl.rows * p.Dqk, 0.0f);
-    for (int64_t j = 0; j < tl.nkb; ++j) key_task(bp, b, hk, j, w, lse, delta, dq_sum);
+    for (int64_t j = 0; j < tl.nkb; ++j) key_task(bp, b, hk, sub, j, w, lse, delta, dq_sum, partial);
     for (int64_t i = 0; i < tl.nqb; ++i) {
-      const QTile q = q_tile(b, hk, i);
+      const QTile q = q_tile(b, hk, sub, i);
       write_dq(bp, q, dq_sum + i * tl.rows * p.Dqk);
+    }
+  }
+
+  // A split group's dk = scale · Σ_sub partial, dv = Σ_sub partial, summed in sub-group order into
+  // the first partial. partials: [B · Hkv, split, T, Dqk + Dv].
+  void reduce_partials(const AttentionBwdParams& bp, float* partials) const {
+    const int64_t width = p.Dqk + p.Dv, per_sub = p.T * width;
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < p.B * p.Hkv * p.T; ++r) {
+      const int64_t t = r % p.T, group = r / p.T, b = group / p.Hkv, hk = group % p.Hkv;
+      float* sum = partials + group * tl.split * per_sub + t * width;
+      for (int64_t sub = 1; sub < tl.split; ++sub)
+        for (int64_t e = 0; e < width; ++e) sum[e] += sum[sub * per_sub + e];
+      if (bp.grads_f32) {
+        scale_row(sum, at<float>(bp.dk, bp.dk_stride, t, b, hk), p.Dqk, p.scale);
+        scale_row(sum + p.Dqk, at<float>(bp.dv, bp.dv_stride, t, b, hk), p.Dv, 1.0f);
+      } else {
+        scale_row(sum, at<T>(bp.dk, bp.dk_stride, t, b, hk), p.Dqk, p.scale);
+        scale_row(sum + p.Dqk, at<T>(bp.dv, bp.dv_stride, t, b, hk), p.Dv, 1.0f);
+      }
     }
   }
 
@@ -288,7 +320,7 @@ struct Workspace {
   const AttentionFwdParams& p;
   const FusedTiles& tl;
   bool backward;
-  Tensor q_tile, do_tile, kv_tile, s_tile, dp_tile, p_tile, ds_tile, stats, acc, dq_sum;
+  Tensor q_tile, do_tile, kv_tile, s_tile, dp_tile, p_tile, ds_tile, stats, acc, dq_sum, dkv_partial;
 
   Workspace(MemoryPlanWalker& plan, const AttentionFwdParams& params, const FusedTiles& tiles, bool bwd)
       : p(params), tl(tiles), backward(bwd) {
@@ -302,8 +334,10 @@ struct Workspace {
     stats = plan.allocate("attn.row_stats");                  // [slots, 2, rows] fp32
     acc = plan.allocate(backward ? "attn.grad_acc" : "attn.o_acc");  // [slots, ...] fp32
     if (backward && tl.one_pass) dq_sum = plan.allocate("attn.dq_sum");  // [slots, nqb · rows, Dqk] fp32
+    if (backward && tl.split > 1) dkv_partial = plan.allocate("attn.dkv_partial");  // [B·Hkv, split, T, Dqk+Dv] fp32
   }
   void release(MemoryPlanWalker& plan) {
+    if (backward && tl.split > 1) plan.release("attn.dkv_partial", dkv_partial);
     if (backward && tl.one_pass) plan.release("attn.dq_sum", dq_sum);
     plan.release(backward ? "attn.grad_acc" : "attn.o_acc", acc);
     plan.release("attn.row_stats", stats);
@@ -346,7 +380,7 @@ AttentionSaved forward(const AttentionFwdParams& p) {
   float* lse = saved.lse.data<float>();
   parallel_tasks(groups * tl.nqb, tl.slots, [&](int64_t slot, int64_t task) {
     const int64_t i = tl.nqb - 1 - task / groups;  // longest (last) query tiles first
-    k.forward_task(k.q_tile((task % groups) / p.Hkv, task % p.Hkv, i), ws.slot(slot), lse);
+    k.forward_task(k.q_tile((task % groups) / p.Hkv, task % p.Hkv, 0, i), ws.slot(slot), lse);
   });
   ws.release(plan);
   plan.finish();
@@ -371,17 +405,21 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
   const int64_t groups = p.B * p.Hkv;
   const float* lse = saved.lse.data<float>();
   if (tl.one_pass) {
-    parallel_tasks(groups, tl.slots, [&](int64_t slot, int64_t task) {
-      k.group_task(p, task / p.Hkv, task % p.Hkv, ws.slot(slot), ws.dq_sum_of(slot), lse, d);
+    float* partials = tl.split > 1 ? ws.dkv_partial.template data<float>() : nullptr;
+    parallel_tasks(groups * tl.split, tl.slots, [&](int64_t slot, int64_t task) {
+      const int64_t group = task / tl.split, sub = task % tl.split;
+      k.group_task(p, group / p.Hkv, group % p.Hkv, sub, ws.slot(slot), ws.dq_sum_of(slot),
+                   partials ? partials + task * p.T * (p.Dqk + p.Dv) : nullptr, lse, d);
     });
+    if (partials) k.reduce_partials(p, partials);
   } else {
     parallel_tasks(groups * tl.nkb, tl.slots, [&](int64_t slot, int64_t task) {
       // longest (first) key tiles first
-      k.key_task(p, (task % groups) / p.Hkv, task % p.Hkv, task / groups, ws.slot(slot), lse, d);
+      k.key_task(p, (task % groups) / p.Hkv, task % p.Hkv, 0, task / groups, ws.slot(slot), lse, d);
     });
     parallel_tasks(groups * tl.nqb, tl.slots, [&](int64_t slot, int64_t task) {
       const int64_t i = tl.nqb - 1 - task / groups;
-      k.query_task(p, k.q_tile((task % groups) / p.Hkv, task % p.Hkv, i), ws.slot(slot), lse, d);
+      k.query_task(p, k.q_tile((task % groups) / p.Hkv, task % p.Hkv, 0, i), ws.slot(slot), lse, d);
     });
   }
   ws.release(plan);

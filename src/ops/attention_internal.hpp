@@ -30,19 +30,27 @@ inline constexpr float kLn2 = 0.693147180559945309f;
 
 // ---- tiles of the fused kernel (a function of the config only) ---------------------------------
 
-// Rows of a query tile: the g = Hq/Hkv heads that share one K/V head, times bq tokens, packed
-// head-major (row u·nq + tt is head hk·g + u, token t0 + tt), so the group's heads share every K/V
-// tile product. Key tiles hold bk keys.
+// Rows of a query tile: the heads of one K/V head (all g = Hq/Hkv of them, or a sub-group in the one
+// pass, below) times bq tokens, packed head-major (row u·nq + tt is the sub-group's head u, token
+// t0 + tt), so the heads share every K/V tile product. Key tiles hold bk keys.
 inline constexpr int64_t kFwdRows = 256, kFwdKeys = 256;
 inline constexpr int64_t kBwdRows = 256, kBwdKeys = 256;
 // A causal key tile is trimmed to the keys its last query sees, rounded up to this many keys so that
 // only a few product shapes occur (each shape is a cached oneDNN primitive).
 inline constexpr int64_t kKeyGranule = 32;
+// The one-pass backward's task is a K/V head's sub-group of query heads: the fewest sub-groups (a
+// divisor of g) that give B·Hkv·split ≥ this many tasks, so that a few K/V heads (MQA: one) still
+// keep a rank's threads busy. Each sub-group beyond the first holds an fp32 partial of its K/V head's
+// dk and dv, [T, Dqk + Dv], summed in sub-group order at the end. A constant, not the thread count:
+// results and memory depend on the config alone.
+inline constexpr int64_t kOnePassTasks = 4;
 
 struct FusedTiles {
   int64_t group = 1;      // g = Hq / Hkv
+  int64_t split = 1;      // sub-groups of a K/V head's query heads (the one pass; 1 otherwise)
+  int64_t heads = 1;      // query heads of a tile: g / split
   int64_t bq = 1, bk = 1; // tokens per query tile, keys per key tile
-  int64_t rows = 1;       // g · bq
+  int64_t rows = 1;       // heads · bq
   int64_t nqb = 1, nkb = 1;
   int64_t slots = 1;      // per-thread workspaces = threads used at most
   bool one_pass = false;  // backward in one pass (AttentionFwdParams::one_pass_backward)
@@ -51,13 +59,17 @@ struct FusedTiles {
 inline FusedTiles fused_tiles(const AttentionFwdParams& p, bool backward) {
   FusedTiles t;
   t.group = p.Hq / p.Hkv;
-  t.bq = std::min(p.T, std::max<int64_t>(1, (backward ? kBwdRows : kFwdRows) / t.group));
+  t.one_pass = backward && p.one_pass_backward;
+  if (t.one_pass)
+    while (p.B * p.Hkv * t.split < kOnePassTasks && t.split < t.group)
+      do ++t.split; while (t.group % t.split != 0);
+  t.heads = t.group / t.split;
+  t.bq = std::min(p.T, std::max<int64_t>(1, (backward ? kBwdRows : kFwdRows) / t.heads));
   t.bk = std::min(p.T, backward ? kBwdKeys : kFwdKeys);
-  t.rows = t.group * t.bq;
+  t.rows = t.heads * t.bq;
   t.nqb = (p.T + t.bq - 1) / t.bq;
   t.nkb = (p.T + t.bk - 1) / t.bk;
-  t.one_pass = backward && p.one_pass_backward;
-  const int64_t tasks = p.B * p.Hkv * (!backward ? t.nqb : t.one_pass ? 1 : std::max(t.nqb, t.nkb));
+  const int64_t tasks = p.B * p.Hkv * (!backward ? t.nqb : t.one_pass ? t.split : std::max(t.nqb, t.nkb));
   t.slots = std::min(kAttentionMaxThreads, tasks);
   return t;
 }
