@@ -46,7 +46,16 @@ struct Array {
 
 inline Array from_tensor(const Tensor& t) {
   Array a(t.shape());
-  for (int64_t i = 0; i < t.numel(); ++i) a[i] = t.get(i);
+  // One dtype dispatch per tensor, not per element (Tensor::get checks and dispatches each call):
+  // verify converts every run's gradients, a model's weights' worth each time.
+  if (t.numel() > 0) (void)t.get(0);  // a meta tensor has no values: refused here, as get refuses it
+  if (t.dtype() == DType::f32) {
+    const float* v = t.data<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) a[i] = v[i];
+  } else {
+    const bf16* v = t.data<bf16>();
+    for (int64_t i = 0; i < t.numel(); ++i) a[i] = to_float(v[i]);
+  }
   return a;
 }
 
