@@ -78,8 +78,9 @@ DlatentSum parse_dlatent_sum(std::string_view name);  // usage error naming the 
 
 // The fused attention kernel's backward order (docs/attention.md §4): two-pass keeps its workspace
 // small (a second pass recomputes S and dP for dq); one-pass runs FlashAttention-2's 5 tile products
-// per pair instead of 7 and holds fp32 dq sums of the head groups in flight (4·min(16, B·Hkv)·g·T·Dqk
-// bytes). A speed / memory trade-off, shown by plan and bench; the default is two-pass, the lean one.
+// per pair instead of 7 and holds fp32 dq sums of the tasks in flight (and, with fewer than 4 K/V
+// heads × batch, fp32 dk, dv partials; docs/attention.md §5). A speed / memory trade-off, shown by
+// plan and bench; the default is two-pass, the lean one.
 enum class AttnBackward { two_pass, one_pass };
 std::string_view attn_backward_name(AttnBackward a);
 AttnBackward parse_attn_backward(std::string_view name);  // usage error naming the valid values

@@ -53,8 +53,9 @@ struct AttentionFwdParams {
   bool o_f32 = false;
   // The fused kernel's backward order (docs/attention.md §4): false, two passes (pass B recomputes S
   // and dP for dq: 7 tile products per pair, a task per tile); true, one pass (5 products per pair, a
-  // task per head group, fp32 dq sums of 4·min(16, B·Hkv)·g·T·Dqk bytes). Read by backward and by the
-  // memory plan; the eager kernel refuses true.
+  // task per head group, or per sub-group of its heads when B·Hkv < 4; fp32 dq sums of the tasks in
+  // flight, and a split group's fp32 dk, dv partials). Read by backward and by the memory plan; the
+  // eager kernel refuses true.
   bool one_pass_backward = false;
 };
 
