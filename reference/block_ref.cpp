@@ -82,6 +82,40 @@ void add_into(Array& acc, const Array& a) {
   for (int64_t i = 0; i < a.numel(); ++i) acc[i] += a[i];
 }
 
+// a[:, :, h, begin:end] of a [T, B, H, C] as [T, B, end − begin].
+Array head_slice(const Array& a, int64_t h, int64_t begin, int64_t end) {
+  const int64_t H = a.shape[2], C = a.shape[3], W = end - begin, rows = a.shape[0] * a.shape[1];
+  Array out({a.shape[0], a.shape[1], W});
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t j = 0; j < W; ++j) out[m * W + j] = a[(m * H + h) * C + begin + j];
+  return out;
+}
+
+// dst[:, :, h, begin:begin+W] = src [T, B, W].
+void put_head(Array& dst, const Array& src, int64_t h, int64_t begin) {
+  const int64_t H = dst.shape[2], C = dst.shape[3], W = src.shape.back(), rows = dst.shape[0] * dst.shape[1];
+  LAGA_ASSERT(src.numel() == rows * W, "put_head {} into {}", shape_str(src.shape), shape_str(dst.shape));
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t j = 0; j < W; ++j) dst[(m * H + h) * C + begin + j] = src[m * W + j];
+}
+
+// Rows [r0, r0 + n) of a 2-D array, transposed when `transpose`: [n, C] or [C, n].
+Array rows_of(const Array& a, int64_t r0, int64_t n, bool transpose) {
+  const int64_t C = a.shape[1];
+  Array out(transpose ? Shape{C, n} : Shape{n, C});
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < C; ++j) out[transpose ? j * n + r : r * C + j] = a[(r0 + r) * C + j];
+  return out;
+}
+
+// a2 [n, C] (or its transpose [C, n]) into rows [r0, r0 + n) of dst [R, C].
+void put_rows(Array& dst, const Array& a2, int64_t r0, bool transposed) {
+  const int64_t C = dst.shape[1], n = transposed ? a2.shape[1] : a2.shape[0];
+  LAGA_ASSERT(a2.numel() == n * C, "put_rows {} into {}", shape_str(a2.shape), shape_str(dst.shape));
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t j = 0; j < C; ++j) dst[(r0 + r) * C + j] = transposed ? a2[j * n + r] : a2[r * C + j];
+}
+
 const Array& weight(const RefWeights& w, int64_t l, const char* name) {
   const std::string key = fmt::format("layers.{}.{}", l, name);
   auto it = w.find(key);
@@ -97,14 +131,18 @@ struct LayerForward {
   Array q;      // [T, B, H, Dqk]     L3  after RoPE on q_pe
   Array kv;     // [T, B, Lkv+Dr]     L4
   Array ckv;    // [T, B, Lkv]        L5
-  Array k;      // [T, B, H, Dqk]     E1  [k_nope | kpe broadcast]
-  Array v;      // [T, B, H, Dv]      E1
-  Array o;      // [T, B, H·Dv]       E3
+  Array k;      // [T, B, H, Dqk]     E1  [k_nope | kpe broadcast]          (Core::per_head)
+  Array v;      // [T, B, H, Dv]      E1                                    (Core::per_head)
+  Array q_abs;  // [T, B, H, Dl]      A2  [q_nope·W_UK | q_pe]              (Core::absorbed)
+  Array latent; // [T, B, 1, Dl]      A3  K = [ckv | kpe], one shared head  (Core::absorbed)
+  Array ckv1;   // [T, B, 1, Lkv]     A3  V = ckv                           (Core::absorbed)
+  Array o_lat;  // [T, B, H, Lkv]     A3                                    (Core::absorbed)
+  Array o;      // [T, B, H·Dv]       E3 (A4)
   Array y;      // [T, B, D]          E4 + R
 };
 
 LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x,
-                           std::optional<DType> st) {
+                           std::optional<DType> st, Core core) {
   const int64_t T = x.shape[0], B = x.shape[1], D = c.hidden_size, H = c.num_attention_heads;
   const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
   const int64_t Dqk = Dn + Dr;
@@ -145,21 +183,45 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
   Array kpe = rope_forward(slice_last(f.kv, Lkv, Lkv + Dr), c, 0);
   store(kpe);
 
-  // E1  [k_nope | v] = ckv · wkv_bᵀ                                 [T, B, H, Dn+Dv]
-  //     k = [k_nope | kpe broadcast over heads]                     [T, B, H, Dqk]
-  Array kvb = reshaped(linear_forward(f.ckv, weight(w, l, "wkv_b"), acc), {T, B, H, Dn + Dv});
-  store(kvb);
-  f.k = Array({T, B, H, Dqk});
-  put_last(f.k, slice_last(kvb, 0, Dn), 0);
-  for (int64_t tb = 0; tb < T * B; ++tb)
+  if (core == Core::absorbed) {
+    // A2  q_abs[h] = [q_nope[h] · W_UK[h] | q_pe[h]],  W_UK[h] = wkv_b rows h·(Dn+Dv) .. +Dn  [T, B, H, Dl]
+    const Array& wkv_b = weight(w, l, "wkv_b");
+    f.q_abs = Array({T, B, H, Lkv + Dr});
+    for (int64_t h = 0; h < H; ++h) {
+      put_head(f.q_abs, linear_forward(head_slice(f.q, h, 0, Dn), rows_of(wkv_b, h * (Dn + Dv), Dn, true), acc), h, 0);
+      put_head(f.q_abs, head_slice(f.q, h, Dn, Dqk), h, Lkv);
+    }
+    store(f.q_abs);
+    // A3  o_lat = attention(q_abs, K = [ckv | kpe], V = ckv), one K/V head for all H   [T, B, H, Lkv]
+    f.latent = Array({T, B, 1, Lkv + Dr});
+    put_last(f.latent, f.ckv, 0);
+    put_last(f.latent, kpe, Lkv);
+    f.ckv1 = reshaped(f.ckv, {T, B, 1, Lkv});
+    f.o_lat = attention_forward(f.q_abs, f.latent, f.ckv1, softmax_scale(c), /*causal=*/true, st);
+    store(f.o_lat);
+    // A4  o[h] = o_lat[h] · W_UV[h]ᵀ,  W_UV[h] = wkv_b rows h·(Dn+Dv)+Dn .. +Dv          [T, B, H·Dv]
+    Array o({T, B, H, Dv});
     for (int64_t h = 0; h < H; ++h)
-      for (int64_t j = 0; j < Dr; ++j) f.k[(tb * H + h) * Dqk + Dn + j] = kpe[tb * Dr + j];
-  f.v = slice_last(kvb, Dn, Dn + Dv);
+      put_head(o, linear_forward(head_slice(f.o_lat, h, 0, Lkv), rows_of(wkv_b, h * (Dn + Dv) + Dn, Dv, false), acc), h, 0);
+    f.o = reshaped(std::move(o), {T, B, H * Dv});
+    store(f.o);
+  } else {
+    // E1  [k_nope | v] = ckv · wkv_bᵀ                                 [T, B, H, Dn+Dv]
+    //     k = [k_nope | kpe broadcast over heads]                     [T, B, H, Dqk]
+    Array kvb = reshaped(linear_forward(f.ckv, weight(w, l, "wkv_b"), acc), {T, B, H, Dn + Dv});
+    store(kvb);
+    f.k = Array({T, B, H, Dqk});
+    put_last(f.k, slice_last(kvb, 0, Dn), 0);
+    for (int64_t tb = 0; tb < T * B; ++tb)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t j = 0; j < Dr; ++j) f.k[(tb * H + h) * Dqk + Dn + j] = kpe[tb * Dr + j];
+    f.v = slice_last(kvb, Dn, Dn + Dv);
 
-  // E2  (one rank: the all-to-alls are identities)
-  // E3  o = attention(q, k, v), causal, softmax_scale                [T, B, H, Dv]
-  f.o = reshaped(attention_forward(f.q, f.k, f.v, softmax_scale(c), /*causal=*/true, st), {T, B, H * Dv});
-  store(f.o);
+    // E2  (one rank: the all-to-alls are identities)
+    // E3  o = attention(q, k, v), causal, softmax_scale                [T, B, H, Dv]
+    f.o = reshaped(attention_forward(f.q, f.k, f.v, softmax_scale(c), /*causal=*/true, st), {T, B, H * Dv});
+    store(f.o);
+  }
   // E4  y_attn = o · woᵀ                                            [T, B, D]
   // R   y = x + y_attn                                              [T, B, D]
   f.y = linear_forward(f.o, weight(w, l, "wo"), acc);
@@ -172,11 +234,11 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
 
 // Walks layer_forward in reverse. Returns dx; writes the layer's weight gradients (=) into dw.
 Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x, const Array& dy,
-                     RefWeights& dw, std::optional<DType> st) {
+                     RefWeights& dw, std::optional<DType> st, Core core) {
   const int64_t T = x.shape[0], B = x.shape[1], H = c.num_attention_heads;
   const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
   const int64_t Dqk = Dn + Dr;
-  const LayerForward f = layer_forward(c, w, l, x, st);
+  const LayerForward f = layer_forward(c, w, l, x, st, core);
   auto store = [&](Array& a) { round_in_place(a, st); };
   const Accum acc = st ? Accum::f32 : Accum::exact;
   // Weight gradients: fp32 whatever the storage dtype (exact when st is empty).
@@ -192,34 +254,77 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
   LinearGrads go = linear_backward(f.o, weight(w, l, "wo"), dy, acc);
   store(go.dx);
   set_grad("wo", std::move(go.dw));
-  // E3  o = attention(q, k, v): dq, dk, dv by docs/attention.md    [T, B, H, Dqk|Dqk|Dv]
-  AttentionGrads ga = attention_backward(f.q, f.k, f.v, reshaped(std::move(go.dx), {T, B, H, Dv}), softmax_scale(c),
-                                         /*causal=*/true, st);
-  store(ga.dq), store(ga.dk), store(ga.dv);
+  // E3 .. E1 (or A4 .. A2): dq [T, B, H, Dqk] (before RoPEᵀ), dckv [T, B, Lkv], dkpe [T, B, Dr], dwkv_b
+  Array dq_heads, dckv, dkpe;
+  if (core == Core::absorbed) {
+    const Array& wkv_b = weight(w, l, "wkv_b");
+    Array dwkv_b(wkv_b.shape);
+    // A4  o[h] = o_lat[h] · W_UV[h]ᵀ:  do_lat[h] = do[h] · W_UV[h],  dW_UV[h] = do[h]ᵀ · o_lat[h]
+    const Array do4 = reshaped(std::move(go.dx), {T, B, H, Dv});
+    Array do_lat({T, B, H, Lkv});
+    for (int64_t h = 0; h < H; ++h) {
+      LinearGrads g4 = linear_backward(head_slice(f.o_lat, h, 0, Lkv), rows_of(wkv_b, h * (Dn + Dv) + Dn, Dv, false),
+                                       head_slice(do4, h, 0, Dv), acc);
+      put_head(do_lat, g4.dx, h, 0);
+      put_rows(dwkv_b, g4.dw, h * (Dn + Dv) + Dn, false);
+    }
+    store(do_lat);
+    // A3  attention over the one latent head: dq_abs, dK [T, B, 1, Dl], dV [T, B, 1, Lkv]
+    AttentionGrads ga = attention_backward(f.q_abs, f.latent, f.ckv1, do_lat, softmax_scale(c), /*causal=*/true, st);
+    store(ga.dq), store(ga.dk), store(ga.dv);
+    // dlatent = dK + [dV | 0], summed in the dtype of the dlatent partial sums, stored after the (here
+    // one-rank) reduce-scatter
+    Array dlat = reshaped(std::move(ga.dk), {T, B, Lkv + Dr});
+    for (int64_t tb = 0; tb < T * B; ++tb)
+      for (int64_t j = 0; j < Lkv; ++j) dlat[tb * (Lkv + Dr) + j] += ga.dv[tb * Lkv + j];
+    round_in_place(dlat, st ? std::optional<DType>(c.dlatent_sum_dtype()) : std::nullopt);
+    store(dlat);
+    dckv = slice_last(dlat, 0, Lkv);
+    dkpe = slice_last(dlat, Lkv, Lkv + Dr);
+    // A2  q_abs[h] = [q_nope[h] · W_UK[h] | q_pe[h]]:  dq_nope[h] = dq_abs[h] · W_UK[h]ᵀ,
+    //     dW_UK[h] = q_nope[h]ᵀ · dq_abs[h],  dq_pe[h] = dq_abs[h][Lkv:]
+    dq_heads = Array({T, B, H, Dqk});
+    for (int64_t h = 0; h < H; ++h) {
+      LinearGrads g2 = linear_backward(head_slice(f.q, h, 0, Dn), rows_of(wkv_b, h * (Dn + Dv), Dn, true),
+                                       head_slice(ga.dq, h, 0, Lkv), acc);
+      put_head(dq_heads, g2.dx, h, 0);
+      put_head(dq_heads, head_slice(ga.dq, h, Lkv, Lkv + Dr), h, Dn);
+      put_rows(dwkv_b, g2.dw, h * (Dn + Dv), true);
+    }
+    store(dq_heads);
+    set_grad("wkv_b", std::move(dwkv_b));
+  } else {
+    // E3  o = attention(q, k, v): dq, dk, dv by docs/attention.md    [T, B, H, Dqk|Dqk|Dv]
+    AttentionGrads ga = attention_backward(f.q, f.k, f.v, reshaped(std::move(go.dx), {T, B, H, Dv}), softmax_scale(c),
+                                           /*causal=*/true, st);
+    store(ga.dq), store(ga.dk), store(ga.dv);
 
-  // E1  k = [k_nope | kpe broadcast]: dk_nope = dk[..., :Dn];  dkpe = Σ_h dk[..., h, Dn:]  [T, B, Dr]
-  //     [k_nope | v] = ckv · wkv_bᵀ: dkvb = [dk_nope | dv] per head  [T, B, H, Dn+Dv]
-  Array dkvb({T, B, H, Dn + Dv});
-  put_last(dkvb, slice_last(ga.dk, 0, Dn), 0);
-  put_last(dkvb, ga.dv, Dn);
-  Array dkpe({T, B, Dr});
-  for (int64_t tb = 0; tb < T * B; ++tb)
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t j = 0; j < Dr; ++j) {
-        double& d = dkpe[tb * Dr + j];
-        d = st ? F32Sum::add(d, ga.dk[(tb * H + h) * Dqk + Dn + j]) : d + ga.dk[(tb * H + h) * Dqk + Dn + j];
-      }
-  store(dkpe);
-  LinearGrads gkvb =
-      linear_backward(f.ckv, weight(w, l, "wkv_b"), reshaped(std::move(dkvb), {T, B, H * (Dn + Dv)}), acc);
-  store(gkvb.dx);
-  set_grad("wkv_b", std::move(gkvb.dw));  // dckv = gkvb.dx  [T, B, Lkv]
+    // E1  k = [k_nope | kpe broadcast]: dk_nope = dk[..., :Dn];  dkpe = Σ_h dk[..., h, Dn:]  [T, B, Dr]
+    //     [k_nope | v] = ckv · wkv_bᵀ: dkvb = [dk_nope | dv] per head  [T, B, H, Dn+Dv]
+    Array dkvb({T, B, H, Dn + Dv});
+    put_last(dkvb, slice_last(ga.dk, 0, Dn), 0);
+    put_last(dkvb, ga.dv, Dn);
+    dkpe = Array({T, B, Dr});
+    for (int64_t tb = 0; tb < T * B; ++tb)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t j = 0; j < Dr; ++j) {
+          double& d = dkpe[tb * Dr + j];
+          d = st ? F32Sum::add(d, ga.dk[(tb * H + h) * Dqk + Dn + j]) : d + ga.dk[(tb * H + h) * Dqk + Dn + j];
+        }
+    store(dkpe);
+    LinearGrads gkvb =
+        linear_backward(f.ckv, weight(w, l, "wkv_b"), reshaped(std::move(dkvb), {T, B, H * (Dn + Dv)}), acc);
+    store(gkvb.dx);
+    set_grad("wkv_b", std::move(gkvb.dw));  // dckv = gkvb.dx  [T, B, Lkv]
+    dq_heads = std::move(ga.dq);
+    dckv = std::move(gkvb.dx);
+  }
 
   // L6  kpe = rope(kv[..., Lkv:]):  dkv[..., Lkv:] = ropeᵀ(dkpe)
   // L5  ckv = rmsnorm(kv[..., :Lkv]; kv_norm):  dkv[..., :Lkv], dkv_norm
   Array dkv({T, B, Lkv + Dr});
   put_last(dkv, rope_backward(dkpe, c, 0), Lkv);
-  RmsNormGrads gkvn = rmsnorm_backward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), gkvb.dx, c.rms_norm_eps, acc);
+  RmsNormGrads gkvn = rmsnorm_backward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), dckv, c.rms_norm_eps, acc);
   put_last(dkv, gkvn.dx, 0);
   store(dkv);
   set_grad("kv_norm", std::move(gkvn.dw));
@@ -230,8 +335,8 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
   store(dxn);
 
   // L3  q_pe ← rope(q_pe):  dq_pe(before rope) = ropeᵀ(dq[..., Dn:]); dq_nope passes through
-  Array dq = ga.dq;  // [T, B, H, Dqk]
-  put_last(dq, rope_backward(slice_last(ga.dq, Dn, Dqk), c, 0), Dn);
+  Array dq = dq_heads;  // [T, B, H, Dqk]
+  put_last(dq, rope_backward(slice_last(dq_heads, Dn, Dqk), c, 0), Dn);
   store(dq);
   dq = reshaped(std::move(dq), {T, B, H * Dqk});
   if (c.q_lora_rank > 0) {
@@ -278,23 +383,23 @@ RefWeights from_weights(const Weights& w) {
   return r;
 }
 
-Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x, std::optional<DType> storage) {
+Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x, std::optional<DType> storage, Core core) {
   check_input(c, x, "x");
   Array h = x;  // [T, B, D], the residual stream
-  for (int64_t l = 0; l < c.num_layers; ++l) h = layer_forward(c, w, l, h, storage).y;
+  for (int64_t l = 0; l < c.num_layers; ++l) h = layer_forward(c, w, l, h, storage, core).y;
   return h;
 }
 
 BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& x, const Array& dy,
-                          std::optional<DType> storage) {
+                          std::optional<DType> storage, Core core) {
   check_input(c, x, "x");
   LAGA_CHECK(dy.shape == x.shape, "dy {} must match x {}", shape_str(dy.shape), shape_str(x.shape));
   // Each layer's input, to recompute its forward in backward: inputs[l] [T, B, D].
   std::vector<Array> inputs{x};
-  for (int64_t l = 0; l + 1 < c.num_layers; ++l) inputs.push_back(layer_forward(c, w, l, inputs.back(), storage).y);
+  for (int64_t l = 0; l + 1 < c.num_layers; ++l) inputs.push_back(layer_forward(c, w, l, inputs.back(), storage, core).y);
   BlockGrads g;
   Array d = dy;  // [T, B, D], the gradient of the residual stream
-  for (int64_t l = c.num_layers - 1; l >= 0; --l) d = layer_backward(c, w, l, inputs[size_t(l)], d, g.dw, storage);
+  for (int64_t l = c.num_layers - 1; l >= 0; --l) d = layer_backward(c, w, l, inputs[size_t(l)], d, g.dw, storage, core);
   g.dx = std::move(d);
   return g;
 }

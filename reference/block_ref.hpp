@@ -23,17 +23,27 @@ namespace laga::ref {
 
 // Keyed "layers.{l}.<name>" as in Weights::for_each.
 using RefWeights = std::map<std::string, Array>;
+
+// Which association order the attention core follows. per_head: explicit's (E1–E3: per-head k and v
+// up-projected from the latent, attention per head) — the specification. absorbed: the absorbed forms'
+// (A2–A4 of docs/design.md §2.3: W_UK folded into the query, one attention over the shared latent
+// K = [ckv | kpe], V = ckv, W_UV applied to its output). The same function in exact arithmetic (the
+// tests check the two agree to fp64 rounding); with `storage` set, absorbed is the plain
+// same-precision implementation of the absorbed forms, rounding q_abs, o_lat, do_lat, dq_abs, dK, dV
+// and dlatent (in the dlatent-sum dtype, then storage) where they store them, so the absorbed forms
+// are judged against a plain implementation of their own computation (verify/compare.hpp).
+enum class Core { per_head, absorbed };
 RefWeights from_weights(const Weights& w);
 
 // x [T, B, D] -> y [T, B, D], over c.num_layers layers.
 Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x,
-                    std::optional<DType> storage = std::nullopt);
+                    std::optional<DType> storage = std::nullopt, Core core = Core::per_head);
 
 struct BlockGrads {
   Array dx;        // [T, B, D]
   RefWeights dw;   // same keys as the weights
 };
 BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& x, const Array& dy,
-                          std::optional<DType> storage = std::nullopt);
+                          std::optional<DType> storage = std::nullopt, Core core = Core::per_head);
 
 }  // namespace laga::ref

@@ -33,10 +33,10 @@ Tensors tensors_of(const Tensor& y, const Tensor& dx, const Weights& grads) {
 }
 
 Tensors reference_tensors(const MlaConfig& c, const ref::RefWeights& w, const ref::Array& x, const ref::Array& dy,
-                          std::optional<DType> storage) {
+                          std::optional<DType> storage, ref::Core core) {
   Tensors t;
-  t["y"] = ref::block_forward(c, w, x, storage);
-  ref::BlockGrads g = ref::block_backward(c, w, x, dy, storage);
+  t["y"] = ref::block_forward(c, w, x, storage, core);
+  ref::BlockGrads g = ref::block_backward(c, w, x, dy, storage, core);
   t["dx"] = std::move(g.dx);
   for (auto& [full, arr] : g.dw) t[grad_key(full)] = std::move(arr);
   return t;

@@ -97,19 +97,27 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   FormsReport report;
   report.backend = launcher.backend();
   report.rule = fmt::format("per tensor, max|form − fp64| ≤ {:g} × max(explicit's, plain's) + {:g} ulp × max|fp64|; "
-                            "explicit's ≤ {:g} × plain's, plain = a plain {} implementation{}", kFormFactor, kFloorUlps,
+                            "explicit's ≤ {:g} × plain's, plain = the larger of two plain {} implementations (per-head and absorbed "
+                            "order){}", kFormFactor, kFloorUlps,
                             kExplicitFactor, dtype_name(base->dtype),
                             base->kernel == Kernel::eager ? "; a form with a kernel of its own against explicit with the "
                                                             "fused kernel" : "");
   // The same seed draws the same whole weights and inputs at every P and for every form.
   Run one = run(at(kBaselineForm, 1), /*keep_inputs=*/true);
   const bool root = launcher.is_root();
-  Tensors exact, plain;
+  Tensors exact;
+  // The plain same-precision implementation's error, per tensor the larger of two plain implementations
+  // of the block: in explicit's per-head order and in the absorbed order (reference/block_ref.hpp,
+  // ref::Core). FlashAttention's baseline is a plain implementation of the same computation; the
+  // absorbed forms compute attention in the latent space, and one plain sample's max-abs error on a
+  // small tensor (a norm weight's gradient) can be unusually small by luck (verify/compare.hpp).
   std::map<std::string, TensorError> plain_err;
   if (root) {
     exact = reference_tensors(*base, one.weights, one.x, one.dy, std::nullopt);
-    plain = reference_tensors(*base, one.weights, one.x, one.dy, base->dtype);
-    plain_err = errors(plain, exact);
+    plain_err = errors(reference_tensors(*base, one.weights, one.x, one.dy, base->dtype), exact);
+    const auto absorbed_err =
+        errors(reference_tensors(*base, one.weights, one.x, one.dy, base->dtype, ref::Core::absorbed), exact);
+    for (auto& [name, e] : plain_err) e.max_abs = std::max(e.max_abs, absorbed_err.at(name).max_abs);
   }
   // A form that runs a kernel of its own whatever --kernel says (the ring forms and laga --ulysses the
   // fused kernel, laga-fused its latent kernel, tiled as the fused one) is held to explicit run with the
@@ -135,7 +143,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
                        const std::map<std::string, TensorError>& baseline, const Run& r) {
     const auto err = errors(r.outputs, exact);
     return judged(P, label, form_vs_baseline(err, baseline, plain_err, base->dtype),
-                  fmt::format("≤ {:g} × max(explicit's error at P {}{}, the plain implementation's) + floor", kFormFactor,
+                  fmt::format("≤ {:g} × max(explicit's error at P {}{}, the plain implementations') + floor", kFormFactor,
                               baseline_P, against_fused(f) ? " with the fused kernel (the form's own)" : ""),
                   err);
   };
@@ -147,7 +155,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   // explicit's own case at P: its error against the plain implementation's (the rule's baseline).
   auto explicit_case = [&](int64_t P, const std::map<std::string, TensorError>& e_err) {
     return judged(P, kBaselineForm, explicit_vs_plain(e_err, plain_err, base->dtype),
-                  fmt::format("≤ {:g} × the plain {} implementation's error + floor", kExplicitFactor,
+                  fmt::format("≤ {:g} × the plain {} implementations' error (per-head and absorbed order) + floor", kExplicitFactor,
                               dtype_name(base->dtype)),
                   e_err);
   };

@@ -10,6 +10,8 @@
 
 #include <algorithm>
 
+#include <nlohmann/json.hpp>
+
 #include "laga/comm/meta.hpp"
 #include "laga/driver/launch.hpp"
 #include "laga/driver/plan.hpp"
@@ -120,6 +122,33 @@ TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
     opt.ulysses = 3;  // 3 ∤ 8
     EXPECT_THROW(verify::check_forms(k.config(), {1, 16}, l, opt), Error);
   });
+}
+
+// The plain baseline is, per tensor, the larger of two plain implementations of the block: explicit's
+// per-head order and the absorbed order (reference Core::absorbed), in which the absorbed forms
+// compute. On this custom configuration (seed 1234) both absorbed forms failed against the per-head
+// plain baseline alone: dkv_norm.1 at 1.042 of the allowance (absorbed's error 1.96e-5, explicit's
+// 6.6e-6); with the absorbed order's plain error in the baseline, 0.76.
+TEST(Forms, PlainBaselineIncludesTheAbsorbedOrder) {
+  MlaConfig c = MlaConfig::from_json(nlohmann::json{
+      {"hidden_size", 48}, {"num_attention_heads", 5}, {"q_lora_rank", 16}, {"kv_lora_rank", 24},
+      {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8}, {"v_head_dim", 12}, {"rope_scaling", nullptr}});
+  c.dtype = DType::f32, c.kernel = Kernel::fused, c.seq_len = 48, c.num_layers = 2, c.batch = 2;
+  verify::FormsReport report;
+  launch(LaunchKind::threads, [&](Launcher& l) {
+    verify::FormsOptions opt;
+    opt.seed = 1234;
+    opt.forms = {"absorbed-expanded", "absorbed-shared"};
+    report = verify::check_forms(Config(c), {1}, l, opt);
+  });
+  int absorbed = 0;
+  for (const auto& k : report.cases) {
+    fmt::print("[measured] {} P{} vs {}: worst {} at {:.3f} of allowed\n", k.form, k.sp, k.vs, k.worst, k.worst_ratio);
+    EXPECT_TRUE(k.pass) << k.form << ": " << k.worst << " at " << k.worst_ratio << "; " << k.criterion;
+    absorbed += k.form.rfind("absorbed", 0) == 0;
+  }
+  EXPECT_EQ(absorbed, 2);
+  EXPECT_NE(report.rule.find("absorbed order"), std::string::npos) << report.rule;
 }
 
 // Under --kernel eager a form with a kernel of its own (ring-latent: the fused kernel) is held to
