@@ -131,6 +131,42 @@ struct FusedKernel {
     if (p.v_stride.t != p.Dv) prefetch_rows(at<T>(p.v, p.v_stride, next, b, hk), nk, p.v_stride.t, p.Dv);
   }
 
+  // Row blocks of query tile q against key tile [k0, k0 + nk): the whole tile, or, where a causal
+  // tile is partly masked (the diagonal) and the tile has at least two chunks of kDiagTokens tokens,
+  // per head the tile's tokens in chunks of kDiagTokens, each against only the keys its last token
+  // sees (rounded up to kKeyGranule): the masked upper triangle is mostly not computed.
+  struct RowBlock {
+    int64_t r0, m, nk;  // rows [r0, r0 + m) against the tile's first nk keys
+  };
+  template <class F>
+  void row_blocks(const QTile& q, int64_t k0, int64_t nk, F&& f) const {
+    const int64_t first_keys = tile_keys(k0, nk, p.T, q.t0 + std::min(kDiagTokens, q.nq));
+    if (!p.causal || q.nq < 2 * kDiagTokens || first_keys >= nk) return f(RowBlock{0, q.rows, nk});
+    for (int64_t u = 0; u < tl.heads; ++u)
+      for (int64_t a = 0; a < q.nq; a += kDiagTokens) {
+        const int64_t m = std::min(kDiagTokens, q.nq - a);
+        f(RowBlock{u * q.nq + a, m, tile_keys(k0, nk, p.T, q.t0 + a + m)});
+      }
+  }
+
+  // The same for the key-major products of key tile [k0, k0 + nk) against query tile q (Sᵀ [nk, rows]):
+  // the whole pair, or where the tile's later keys are masked for the tile's first queries, per chunk
+  // of kDiagTokens keys and per head, only the query columns from the first token that sees the
+  // chunk's first key (rounded down to kKeyGranule); a chunk no query of the tile sees is skipped.
+  struct KeyBlock {
+    int64_t k0, m, c0, nc;  // keys [k0, k0 + m) of the tile against query rows [c0, c0 + nc)
+  };
+  template <class F>
+  void key_blocks(const QTile& q, int64_t k0, int64_t nk, F&& f) const {
+    if (!p.causal || nk < 2 * kDiagTokens || k0 + nk - kDiagTokens <= q.t0) return f(KeyBlock{0, nk, 0, q.rows});
+    for (int64_t a = 0; a < nk; a += kDiagTokens) {
+      const int64_t first = std::max<int64_t>(0, k0 + a - q.t0) / kKeyGranule * kKeyGranule;
+      if (first >= q.nq) break;  // later chunks start later still
+      for (int64_t u = 0; u < tl.heads; ++u)
+        f(KeyBlock{a, std::min(kDiagTokens, nk - a), u * q.nq + first, q.nq - first});
+    }
+  }
+
   // ---- forward --------------------------------------------------------------------------------
   // Online softmax over key tiles: m = running max of c·s, l = running Σ 2^(c·s − m),
   // acc = running Σ 2^(c·s − m) v; o = acc / l, lse = (m + log2 l) · ln 2.
@@ -145,8 +181,12 @@ struct FusedKernel {
       const int64_t nk = tile_keys(k0, tl.bk, p.T, kend);
       const KvTile kv = kv_tile(k0, nk, q.b, q.hk, w);
       prefetch_next_kv(k0, kend, q.b, q.hk);
-      // s [rows, nk] = qt · K_jᵀ
-      matmul(product(q.rows, nk, p.Dqk, p.dtype, w.qt, p.Dqk, 1, kv.k, 1, p.Dqk, w.s, nk, false));
+      // s [rows, nk] = qt · K_jᵀ (per row block: a block's columns past its nk are not computed, and
+      // its rows see none of them)
+      row_blocks(q, k0, nk, [&](const RowBlock& bl) {
+        matmul(product(bl.m, bl.nk, p.Dqk, p.dtype, w.qt + bl.r0 * p.Dqk, p.Dqk, 1, kv.k, 1, p.Dqk, w.s + bl.r0 * nk,
+                       nk, false));
+      });
       for (int64_t r = 0; r < q.rows; ++r) {
         const int64_t n = visible(p.causal, token(q, r), k0, nk);
         float* sr = w.s + r * nk;
@@ -162,8 +202,11 @@ struct FusedKernel {
         if (alpha != 1.0f)
           for (float *a = acc + r * p.Dv, *e = a + p.Dv; a < e; ++a) *a *= alpha;
       }
-      // acc [rows, Dv] += P [rows, nk] · V_j
-      matmul(product(q.rows, p.Dv, nk, p.dtype, w.pt, nk, 1, kv.v, p.Dv, 1, acc, p.Dv, true));
+      // acc [rows, Dv] += P [rows, nk] · V_j (per row block: P is 0 past the block's nk)
+      row_blocks(q, k0, nk, [&](const RowBlock& bl) {
+        matmul(product(bl.m, p.Dv, bl.nk, p.dtype, w.pt + bl.r0 * nk, nk, 1, kv.v, p.Dv, 1, acc + bl.r0 * p.Dv, p.Dv,
+                       true));
+      });
     }
     for (int64_t r = 0; r < q.rows; ++r) {
       const int64_t h = head(q, r), t = token(q, r);
@@ -208,9 +251,14 @@ struct FusedKernel {
         prefetch(bp.q, bp.q_stride, p.Dqk, next);
         prefetch(bp.dout, bp.dout_stride, p.Dv, next);
       }
-      // st [nk, R] = K_j · qtᵀ;  dpt [nk, R] = V_j · dotᵀ
-      matmul(product(nk, R, p.Dqk, p.dtype, kv.k, p.Dqk, 1, w.qt, 1, p.Dqk, w.s, R, false));
-      matmul(product(nk, R, p.Dv, p.dtype, kv.v, p.Dv, 1, w.dot, 1, p.Dv, w.dp, R, false));
+      // st [nk, R] = K_j · qtᵀ;  dpt [nk, R] = V_j · dotᵀ (per key block: what a block leaves out, the
+      // loop below zeroes in P and dS, and the products after it do not read)
+      key_blocks(q, k0, nk, [&](const KeyBlock& bl) {
+        matmul(product(bl.m, bl.nc, p.Dqk, p.dtype, kv.k + bl.k0 * p.Dqk, p.Dqk, 1, w.qt + bl.c0 * p.Dqk, 1, p.Dqk,
+                       w.s + bl.k0 * R + bl.c0, R, false));
+        matmul(product(bl.m, bl.nc, p.Dv, p.dtype, kv.v + bl.k0 * p.Dv, p.Dv, 1, w.dot + bl.c0 * p.Dv, 1, p.Dv,
+                       w.dp + bl.k0 * R + bl.c0, R, false));
+      });
       for (int64_t kk = 0; kk < nk; ++kk) {
         const int64_t key = k0 + kk, o = kk * R;
         if (!p.causal || key <= q.t0) {
@@ -225,11 +273,18 @@ struct FusedKernel {
                     w.stat1 + u * q.nq + first);
         }
       }
-      // dv_acc += Pᵀ [nk, R] · dot [R, Dv];  dk_acc += dSᵀ [nk, R] · qt [R, Dqk]
-      matmul(product(nk, p.Dv, R, p.dtype, w.pt, R, 1, w.dot, p.Dv, 1, dv_acc, p.Dv, true));
-      matmul(product(nk, p.Dqk, R, p.dtype, w.ds, R, 1, w.qt, p.Dqk, 1, dk_acc, p.Dqk, true));
-      if (dq_sum)
-        matmul(product(R, p.Dqk, nk, p.dtype, w.ds, 1, R, kv.k, p.Dqk, 1, dq_sum + i * tl.rows * p.Dqk, p.Dqk, true));
+      // dv_acc += Pᵀ [nk, R] · dot [R, Dv];  dk_acc += dSᵀ [nk, R] · qt [R, Dqk];  one pass:
+      // dq_sum [R, Dqk] += dS [R, nk] · K_j (per key block)
+      key_blocks(q, k0, nk, [&](const KeyBlock& bl) {
+        const int64_t e = bl.k0 * R + bl.c0;
+        matmul(product(bl.m, p.Dv, bl.nc, p.dtype, w.pt + e, R, 1, w.dot + bl.c0 * p.Dv, p.Dv, 1,
+                       dv_acc + bl.k0 * p.Dv, p.Dv, true));
+        matmul(product(bl.m, p.Dqk, bl.nc, p.dtype, w.ds + e, R, 1, w.qt + bl.c0 * p.Dqk, p.Dqk, 1,
+                       dk_acc + bl.k0 * p.Dqk, p.Dqk, true));
+        if (dq_sum)
+          matmul(product(bl.nc, p.Dqk, bl.m, p.dtype, w.ds + e, 1, R, kv.k + bl.k0 * p.Dqk, p.Dqk, 1,
+                         dq_sum + (i * tl.rows + bl.c0) * p.Dqk, p.Dqk, true));
+      });
     }
     for (int64_t kk = 0; kk < nk && partial; ++kk) {
       float* row = partial + (k0 + kk) * (p.Dqk + p.Dv);
@@ -300,14 +355,21 @@ struct FusedKernel {
       const int64_t nk = tile_keys(k0, tl.bk, p.T, kend);
       const KvTile kv = kv_tile(k0, nk, q.b, q.hk, w);
       prefetch_next_kv(k0, kend, q.b, q.hk);
-      // s [rows, nk] = qt · K_jᵀ;  dp [rows, nk] = dot · V_jᵀ
-      matmul(product(q.rows, nk, p.Dqk, p.dtype, w.qt, p.Dqk, 1, kv.k, 1, p.Dqk, w.s, nk, false));
-      matmul(product(q.rows, nk, p.Dv, p.dtype, w.dot, p.Dv, 1, kv.v, 1, p.Dv, w.dp, nk, false));
+      // s [rows, nk] = qt · K_jᵀ;  dp [rows, nk] = dot · V_jᵀ (per row block, as in the forward)
+      row_blocks(q, k0, nk, [&](const RowBlock& bl) {
+        matmul(product(bl.m, bl.nk, p.Dqk, p.dtype, w.qt + bl.r0 * p.Dqk, p.Dqk, 1, kv.k, 1, p.Dqk, w.s + bl.r0 * nk,
+                       nk, false));
+        matmul(product(bl.m, bl.nk, p.Dv, p.dtype, w.dot + bl.r0 * p.Dv, p.Dv, 1, kv.v, 1, p.Dv, w.dp + bl.r0 * nk,
+                       nk, false));
+      });
       for (int64_t r = 0; r < q.rows; ++r)
         row_grad(w.s + r * nk, w.dp + r * nk, w.ds + r * nk, visible(p.causal, token(q, r), k0, nk), nk, c,
                  w.stat0[r], w.stat1[r]);
-      // dq_acc [rows, Dqk] += dS [rows, nk] · K_j
-      matmul(product(q.rows, p.Dqk, nk, p.dtype, w.ds, nk, 1, kv.k, p.Dqk, 1, dq_acc, p.Dqk, true));
+      // dq_acc [rows, Dqk] += dS [rows, nk] · K_j (per row block: dS is 0 past the block's nk)
+      row_blocks(q, k0, nk, [&](const RowBlock& bl) {
+        matmul(product(bl.m, p.Dqk, bl.nk, p.dtype, w.ds + bl.r0 * nk, nk, 1, kv.k, p.Dqk, 1, dq_acc + bl.r0 * p.Dqk,
+                       p.Dqk, true));
+      });
     }
     write_dq(bp, q, dq_acc);
   }

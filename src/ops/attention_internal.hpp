@@ -38,6 +38,10 @@ inline constexpr int64_t kBwdRows = 256, kBwdKeys = 256;
 // A causal key tile is trimmed to the keys its last query sees, rounded up to this many keys so that
 // only a few product shapes occur (each shape is a cached oneDNN primitive).
 inline constexpr int64_t kKeyGranule = 32;
+// A query tile's causal diagonal tile runs in chunks of this many tokens, each against only the keys
+// it sees (FusedKernel::row_blocks): with 256-token tiles the masked half of the diagonal tile, one
+// tile product in nine at T 4096, shrinks to an eighth of it.
+inline constexpr int64_t kDiagTokens = 64;
 // The one-pass backward's task is a K/V head's sub-group of query heads: the fewest sub-groups (a
 // divisor of g) that give B·Hkv·split ≥ this many tasks, so that a few K/V heads (MQA: one) still
 // keep a rank's threads busy. Each sub-group beyond the first holds an fp32 partial of its K/V head's
