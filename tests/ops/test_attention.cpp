@@ -501,3 +501,62 @@ TEST(Attention, EagerRefusesFp32Outputs) {
 }
 
 }  // namespace
+
+namespace {
+
+// The distance of x from the exact value e, in fp32 ulps of e.
+double ulps_from(float x, long double e) {
+  const float ef = float(e);
+  const double ulp = double(std::nextafter(std::fabs(ef), INFINITY) - std::fabs(ef));
+  return double(std::fabs((long double)x - e)) / ulp;
+}
+
+// One merge stores the correctly rounded result: its lse and every output within half an fp32 ulp (plus
+// the fp64 computation's own 1e-6 ulp) of the exact value, computed here in long double straight from
+// lse = log(e^a + e^p). The ring forms merge a row up to 2P−1 times; an fp32 merge (log and exp in fp32)
+// missed by a few ulps per merge and failed verify on a random configuration at P 8.
+TEST(AttentionMerge, OneMergeIsCorrectlyRounded) {
+  const int64_t T = 37, B = 2, H = 3, Dv = 20;
+  Tensor o_acc = Tensor::empty({T, B, H, Dv}, DType::f32, "o_acc"), o_part = Tensor::empty({T, B, H, Dv}, DType::f32, "o_part");
+  Tensor lse_acc = Tensor::empty({B, H, T}, DType::f32, "lse_acc"), lse_part = Tensor::empty({B, H, T}, DType::f32, "lse_part");
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto uniform = [&] {  // splitmix64 → [0, 1)
+    uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull, z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return double((z ^ (z >> 31)) >> 11) * 0x1p-53;
+  };
+  for (Tensor* t : {&lse_acc, &lse_part})
+    for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = float(1.0 + 12.0 * uniform());
+  for (Tensor* t : {&o_acc, &o_part})  // positive, as a weighted mean of positive values would be
+    for (int64_t i = 0; i < t->numel(); ++i) t->data<float>()[i] = float(0.1 + uniform());
+  const std::vector<float> a0(o_acc.data<float>(), o_acc.data<float>() + o_acc.numel());
+  const std::vector<float> l0(lse_acc.data<float>(), lse_acc.data<float>() + lse_acc.numel());
+  attention_merge(o_part, lse_part, o_acc, lse_acc, false);
+  double worst_lse = 0, worst_o = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t l = (b * H + h) * T + t, row = (t * B + b) * H + h;
+        const long double ea = std::exp((long double)l0[l]), ep = std::exp((long double)lse_part.data<float>()[l]);
+        const long double lse = std::log(ea + ep);
+        worst_lse = std::max(worst_lse, ulps_from(lse_acc.data<float>()[l], lse));
+        for (int64_t d = 0; d < Dv; ++d) {
+          const long double o = (ea * a0[row * Dv + d] + ep * o_part.data<float>()[row * Dv + d]) / (ea + ep);
+          worst_o = std::max(worst_o, ulps_from(o_acc.data<float>()[row * Dv + d], o));
+        }
+      }
+  EXPECT_LE(worst_lse, 0.500001);
+  EXPECT_LE(worst_o, 0.500001);
+}
+
+TEST(AttentionMerge, FirstCopiesThePartial) {
+  Tensor o_acc = Tensor::zeros({3, 1, 2, 4}, DType::f32, "o_acc"), o_part = Tensor::zeros({3, 1, 2, 4}, DType::f32, "o_part");
+  Tensor lse_acc = Tensor::zeros({1, 2, 3}, DType::f32, "lse_acc"), lse_part = Tensor::zeros({1, 2, 3}, DType::f32, "lse_part");
+  for (int64_t i = 0; i < o_part.numel(); ++i) o_part.data<float>()[i] = float(i) - 7.5f;
+  for (int64_t i = 0; i < lse_part.numel(); ++i) lse_part.data<float>()[i] = float(i) * 0.25f;
+  attention_merge(o_part, lse_part, o_acc, lse_acc, true);
+  for (int64_t i = 0; i < o_part.numel(); ++i) EXPECT_EQ(o_acc.data<float>()[i], o_part.data<float>()[i]);
+  for (int64_t i = 0; i < lse_part.numel(); ++i) EXPECT_EQ(lse_acc.data<float>()[i], lse_part.data<float>()[i]);
+}
+
+}  // namespace

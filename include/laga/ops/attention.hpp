@@ -84,8 +84,8 @@ AttentionSaved attention_forward(Kernel kernel, const AttentionFwdParams& p);
 // p.o must hold forward's output (fused uses it for rowsum(dO·O)).
 void attention_backward(Kernel kernel, const AttentionBwdParams& p, const AttentionSaved& saved);
 
-// Merges a partial attention of the same queries over other keys into a running one, in fp32 (the
-// ring forms' log-sum-exp merge): with o_part [T, B, H, Dv] and lse_part [B, H, T] (fp32, dense),
+// Merges a partial attention of the same queries over other keys into a running one (the ring forms'
+// log-sum-exp merge; fp32 operands, each merge computed in fp64 and rounded once): with o_part [T, B, H, Dv] and lse_part [B, H, T] (fp32, dense),
 //   lse' = m + log(e^(lse_acc − m) + e^(lse_part − m)),  m = max(lse_acc, lse_part)
 //   o_acc' = e^(lse_acc − lse') · o_acc + e^(lse_part − lse') · o_part
 // o_acc [T, B, H, Dv], lse_acc [B, H, T] fp32 (+= in that sense). first: (o_acc, lse_acc) = the partial.

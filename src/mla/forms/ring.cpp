@@ -11,7 +11,8 @@
 //       chunk pair of the zigzag layout (rank r holds chunks r and 2P−1−r of C = T/(2P) tokens):
 //       key chunk earlier → non-causal attention; the same chunk → causal; later → skipped. Each
 //       partial (o in fp32 and its lse) is merged by log-sum-exp into the query chunk's running
-//       (o, lse) in fp32 (attention_merge), in a fixed order, so the result does not depend on timing.
+//       (o, lse) in fp32 (attention_merge: each merge in fp64, rounded once), in a fixed order, so
+//       the result does not depend on timing.
 //   R4  o = round(o_acc) [N, B, H, Dv]: this rank's tokens with all heads (Form::Output::tokens: the
 //       block adds no o/do all-to-all).
 // Backward (FlashAttention-2 per hop, with the final lse and the final o for delta = rowsum(dO∘O)):
