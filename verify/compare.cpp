@@ -42,6 +42,14 @@ Tensors reference_tensors(const MlaConfig& c, const ref::RefWeights& w, const re
   return t;
 }
 
+std::map<std::string, TensorError> plain_errors(const MlaConfig& c, const ref::RefWeights& w, const ref::Array& x,
+                                                const ref::Array& dy, const Tensors& exact) {
+  auto plain = errors(reference_tensors(c, w, x, dy, c.dtype, ref::Core::per_head), exact);
+  const auto absorbed = errors(reference_tensors(c, w, x, dy, c.dtype, ref::Core::absorbed), exact);
+  for (auto& [name, e] : plain) e.max_abs = std::max(e.max_abs, absorbed.at(name).max_abs);
+  return plain;
+}
+
 std::map<std::string, TensorError> errors(const Tensors& got, const Tensors& truth) {
   std::map<std::string, TensorError> out;
   LAGA_ASSERT(got.size() == truth.size(), "{} tensors compared with {}", got.size(), truth.size());

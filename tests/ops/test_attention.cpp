@@ -517,8 +517,10 @@ double ulps_from(float x, long double e) {
 // missed by a few ulps per merge and failed verify on a random configuration at P 8.
 TEST(AttentionMerge, OneMergeIsCorrectlyRounded) {
   const int64_t T = 37, B = 2, H = 3, Dv = 20;
-  Tensor o_acc = Tensor::empty({T, B, H, Dv}, DType::f32, "o_acc"), o_part = Tensor::empty({T, B, H, Dv}, DType::f32, "o_part");
-  Tensor lse_acc = Tensor::empty({B, H, T}, DType::f32, "lse_acc"), lse_part = Tensor::empty({B, H, T}, DType::f32, "lse_part");
+  Tensor o_acc = Tensor::empty({T, B, H, Dv}, DType::f32, "o_acc");
+  Tensor o_part = Tensor::empty({T, B, H, Dv}, DType::f32, "o_part");
+  Tensor lse_acc = Tensor::empty({B, H, T}, DType::f32, "lse_acc");
+  Tensor lse_part = Tensor::empty({B, H, T}, DType::f32, "lse_part");
   uint64_t state = 0x9e3779b97f4a7c15ull;
   auto uniform = [&] {  // splitmix64 → [0, 1)
     uint64_t z = (state += 0x9e3779b97f4a7c15ull);
@@ -550,8 +552,10 @@ TEST(AttentionMerge, OneMergeIsCorrectlyRounded) {
 }
 
 TEST(AttentionMerge, FirstCopiesThePartial) {
-  Tensor o_acc = Tensor::zeros({3, 1, 2, 4}, DType::f32, "o_acc"), o_part = Tensor::zeros({3, 1, 2, 4}, DType::f32, "o_part");
-  Tensor lse_acc = Tensor::zeros({1, 2, 3}, DType::f32, "lse_acc"), lse_part = Tensor::zeros({1, 2, 3}, DType::f32, "lse_part");
+  Tensor o_acc = Tensor::zeros({3, 1, 2, 4}, DType::f32, "o_acc");
+  Tensor o_part = Tensor::zeros({3, 1, 2, 4}, DType::f32, "o_part");
+  Tensor lse_acc = Tensor::zeros({1, 2, 3}, DType::f32, "lse_acc");
+  Tensor lse_part = Tensor::zeros({1, 2, 3}, DType::f32, "lse_part");
   for (int64_t i = 0; i < o_part.numel(); ++i) o_part.data<float>()[i] = float(i) - 7.5f;
   for (int64_t i = 0; i < lse_part.numel(); ++i) lse_part.data<float>()[i] = float(i) * 0.25f;
   attention_merge(o_part, lse_part, o_acc, lse_acc, true);
