@@ -27,6 +27,12 @@ expect() {
 }
 
 expect 2 "unknown model preset 'gpt-2'; valid: deepseek-v3" -- "$laga" run --model gpt-2 --seq 16
+# a seed is a whole number in [0, 2^64): CLI11 alone read -1 as 2^64 − 1 and clamped 2^64 to it
+expect 2 "\-\-seed: '-1' is not a seed; give a whole number from 0 to 18446744073709551615" -- "$laga" plan --model tiny --seq 16 --seed -1
+expect 2 "'18446744073709551616' is not a seed" -- "$laga" verify --model tiny --seq 16 --seed 18446744073709551616
+expect 2 "\-\-seq = 64.5: not a whole number; give one, e.g. \-\-seq 1024" -- "$laga" plan --model tiny --seq 64.5
+expect 2 "\-\-sp = 1,2,x: not a list of whole numbers; give e.g. \-\-sp 1,2,4" -- "$laga" verify --model tiny --seq 16 --sp 1,2,x
+expect 2 "\-\-lr = fast: not a number; give one, e.g. \-\-lr 1e-3" -- "$laga" train --model tiny --seq 16 --lr fast
 expect 2 "seq_len (--seq) = 0 must be positive" -- "$laga" run --model tiny --seq 0
 expect 2 "\-\-sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8" -- "$laga" run --model tiny --seq 24 --sp 3
 expect 2 "\-\-sp 4 does not divide --seq 18; try 1, 2, 3, 6, 9, 18" -- "$laga" run --model tiny --seq 18 --sp 4

@@ -2,6 +2,7 @@
 #include "cli.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -9,6 +10,27 @@
 #include "laga/core/error.hpp"
 
 namespace laga::cli {
+
+namespace {
+
+// A seed is a whole number in [0, 2^64): CLI11 alone would read "-1" as 2^64 − 1 and clamp a larger
+// number to 2^64 − 1, two seeds nobody asked for.
+const CLI::Validator kSeed(
+    [](std::string& text) -> std::string {
+      uint64_t v = 0;
+      const size_t first = text.find_first_not_of(' '), last = text.find_last_not_of(' ');
+      text = first == std::string::npos ? std::string() : text.substr(first, last - first + 1);
+      const bool hex = text.size() > 2 && text[0] == '0' && (text[1] == 'x' || text[1] == 'X');
+      const char* b = text.data() + (hex ? 2 : 0);
+      const char* e = text.data() + text.size();
+      const auto [end, ec] = std::from_chars(b, e, v, hex ? 16 : 10);
+      if (b == e || ec != std::errc() || end != e)
+        return "'" + text + "' is not a seed; give a whole number from 0 to 18446744073709551615, e.g. --seed 1234";
+      return {};
+    },
+    "0..2^64-1", "seed");
+
+}  // namespace
 
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   app->add_option("--model", f.model, "preset: deepseek-v3, deepseek-v2-lite, small, tiny")->capture_default_str();
@@ -28,7 +50,7 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   app->add_option("--overlap", f.overlap, "collectives behind compute (the latent all-gather behind the query path, ...): "
                   "on, off")->capture_default_str();
   app->add_option("--json", f.json_path, "write results as JSON to this file");
-  app->add_option("--seed", f.seed, "seed of weights and inputs")->capture_default_str();
+  app->add_option("--seed", f.seed, "seed of weights and inputs")->check(kSeed)->capture_default_str();
   if (with_comm) {
     app->add_option("--comm", f.comm, "ranks as: auto (mpi under mpirun, else threads), threads, mpi")->capture_default_str();
     app->add_option("--timeout", f.timeout_s, "seconds a collective may wait before failing (0: no limit)")->capture_default_str();

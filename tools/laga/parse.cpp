@@ -150,6 +150,19 @@ std::optional<int> parse_with(CLI::App& app, int argc, const char* const* argv, 
     return app.exit(e, out, err);
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e, out, err);
+  } catch (const CLI::ConversionError& e) {
+    // CLI11 says "Could not convert: --seq = 64.5". --lr and --timeout take a decimal number, every
+    // other numeric option a whole number or a comma-separated list of them (--sp 1,2,4).
+    std::string what = e.what();
+    const std::string prefix = "Could not convert: ";
+    if (what.rfind(prefix, 0) == 0) what = what.substr(prefix.size());
+    const std::string name = what.substr(0, what.find(' '));
+    std::string hint;
+    if (name == "--lr" || name == "--timeout") hint = ": not a number; give one, e.g. " + name + (name == "--lr" ? " 1e-3" : " 60");
+    else if (what.find(',') != std::string::npos) hint = ": not a list of whole numbers; give e.g. " + name + " 1,2,4";
+    else hint = ": not a whole number; give one, e.g. " + name + (name == "--seq" ? " 1024" : " 2");
+    err << "laga: " << what << hint << "\n";
+    return 2;
   } catch (const CLI::ParseError& e) {
     err << "laga: " << e.what() << "\n";
     return 2;
