@@ -55,13 +55,13 @@ Config parse(const std::vector<std::string>& args) {
     LAGA_CHECK(i + 1 < args.size(),
                "unknown or incomplete option '{}'; see the usage at the top of bench_attention.cpp", a);
     const std::string v = args[++i];
-    if (a == "--seq") c.T = std::stoll(v);
-    else if (a == "--batch") c.B = std::stoll(v);
-    else if (a == "--heads") c.Hq = std::stoll(v);
-    else if (a == "--kv-heads") c.Hkv = std::stoll(v);
-    else if (a == "--dqk") c.Dqk = std::stoll(v);
-    else if (a == "--dv") c.Dv = std::stoll(v);
-    else if (a == "--matmul") c.matmul_n = std::stoll(v);
+    if (a == "--seq") c.T = whole_number(a, v);
+    else if (a == "--batch") c.B = whole_number(a, v);
+    else if (a == "--heads") c.Hq = whole_number(a, v);
+    else if (a == "--kv-heads") c.Hkv = whole_number(a, v);
+    else if (a == "--dqk") c.Dqk = whole_number(a, v);
+    else if (a == "--dv") c.Dv = whole_number(a, v);
+    else if (a == "--matmul") c.matmul_n = whole_number(a, v);
     else if (a == "--dtype") {
       c.dtypes.clear();
       for (const auto& d : split(v)) c.dtypes.push_back(parse_dtype(d));

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -99,6 +100,16 @@ inline Machine machine() {
 
 // ---- options ---------------------------------------------------------------------------------------
 
+// The whole number `text` given to `option`, or a usage error (exit 2) naming both; std::stoll would
+// read "12abc" as 12 and throw, uncaught, on "abc".
+inline int64_t whole_number(const std::string& option, const std::string& text) {
+  int64_t v = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+  if (text.empty() || ec != std::errc() || end != text.data() + text.size())
+    LAGA_FAIL_USAGE("{} '{}' is not a whole number; give one, e.g. {} 4", option, text, option);
+  return v;
+}
+
 struct Options {
   int warmup = 1, repeats = 5;
   std::string json_path;
@@ -112,8 +123,8 @@ struct Options {
         LAGA_CHECK(i + 1 < argc, "{} needs a value", a);
         return argv[++i];
       };
-      if (a == "--warmup") o.warmup = std::stoi(value());
-      else if (a == "--repeats") o.repeats = std::stoi(value());
+      if (a == "--warmup") o.warmup = int(std::clamp<int64_t>(whole_number(a, value()), -1, 1 << 20));
+      else if (a == "--repeats") o.repeats = int(std::clamp<int64_t>(whole_number(a, value()), 0, 1 << 20));
       else if (a == "--json") o.json_path = value();
       else o.rest.push_back(a);
     }

@@ -169,6 +169,16 @@ expect 2 "\-\-calibrate-reps goes with --calibrate" -- "$laga" model --model tin
 expect 2 "\-\-calibrate-reps -1 must be 1 .. 100" -- "$laga" model --calibrate "$tmp/out.json" --sp 2 --calibrate-reps -1
 expect 2 "\-\-calibrate-seq 1001: each T must be a multiple of --sp 2" -- "$laga" model --calibrate "$tmp/out.json" --sp 2 --calibrate-seq 2048,1001
 
+# The benchmark executables built beside laga: a number that is not one is a usage error (std::stoll
+# read "12abc" as 12 and aborted on "abc").
+bench_attention="$(dirname "$laga")/bench/bench_attention"
+if [ -x "$bench_attention" ]; then
+  expect 2 "\-\-seq 'abc' is not a whole number; give one, e.g. \-\-seq 4" -- "$bench_attention" --seq abc
+  expect 2 "\-\-repeats '3x' is not a whole number" -- "$bench_attention" --repeats 3x
+else
+  echo "FAIL: $bench_attention is not built"; failures=$((failures + 1))
+fi
+
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
 # The other side of the rule: exit 0, the refusing forms' rows say "not run" and why, the others have numbers.
 out=$("$laga" plan --model tiny --seq 64 --sp 16 2>&1); status=$?
