@@ -14,6 +14,8 @@
 //             dv of the tile and the fp32 dq sums of the sub-group's rows += dS K_j, in j order;
 //             a group split in sub-groups (few K/V heads; FusedTiles::split) sums its sub-groups'
 //             fp32 dk, dv partials in sub-group order at the end
+// Tasks are taken head-major (every tile of one (b, hk), longest first, then the next head): threads
+// on neighbouring tiles of one head read the same K/V (or q, dout) rows from the shared cache.
 // Neither uses FlashAttention-2's atomic dq update, which would make the sum order depend on timing:
 // the one pass owns the group's dq rows; pass B recomputes S and dP (two extra products per pair).
 // The products are laga::matmul (oneDNN) on tiles; the exponentials are vectorised row operations
@@ -441,8 +443,8 @@ AttentionSaved forward(const AttentionFwdParams& p) {
   const int64_t groups = p.B * p.Hkv;
   float* lse = saved.lse.data<float>();
   parallel_tasks(groups * tl.nqb, tl.slots, [&](int64_t slot, int64_t task) {
-    const int64_t i = tl.nqb - 1 - task / groups;  // longest (last) query tiles first
-    k.forward_task(k.q_tile((task % groups) / p.Hkv, task % p.Hkv, 0, i), ws.slot(slot), lse);
+    const int64_t g = task / tl.nqb, i = tl.nqb - 1 - task % tl.nqb;  // head-major, longest (last) tiles first
+    k.forward_task(k.q_tile(g / p.Hkv, g % p.Hkv, 0, i), ws.slot(slot), lse);
   });
   ws.release(plan);
   plan.finish();
@@ -476,12 +478,12 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
     if (partials) k.reduce_partials(p, partials);
   } else {
     parallel_tasks(groups * tl.nkb, tl.slots, [&](int64_t slot, int64_t task) {
-      // longest (first) key tiles first
-      k.key_task(p, (task % groups) / p.Hkv, task % p.Hkv, 0, task / groups, ws.slot(slot), lse, d);
+      const int64_t g = task / tl.nkb, j = task % tl.nkb;  // head-major, longest (first) key tiles first
+      k.key_task(p, g / p.Hkv, g % p.Hkv, 0, j, ws.slot(slot), lse, d);
     });
     parallel_tasks(groups * tl.nqb, tl.slots, [&](int64_t slot, int64_t task) {
-      const int64_t i = tl.nqb - 1 - task / groups;
-      k.query_task(p, k.q_tile((task % groups) / p.Hkv, task % p.Hkv, 0, i), ws.slot(slot), lse, d);
+      const int64_t g = task / tl.nqb, i = tl.nqb - 1 - task % tl.nqb;
+      k.query_task(p, k.q_tile(g / p.Hkv, g % p.Hkv, 0, i), ws.slot(slot), lse, d);
     });
   }
   ws.release(plan);
