@@ -147,15 +147,16 @@ std::vector<AttentionMemoryEvent> attention_memory_events(Kernel kernel, const A
   const int64_t S = tl.slots, R = tl.rows, K = tl.bk;
   if (!backward) alloc("attn.lse", {B, Hq, T}, f32);
   else alloc("attn.delta", {B, Hq, T}, f32);
-  alloc("attn.q_tile", {S, R, p.Dqk}, dt);
+  const int64_t U = tl.bundle;  // the forward's query tiles per task, each with its q, statistics and o sums
+  alloc("attn.q_tile", {S, U * R, p.Dqk}, dt);
   if (backward) alloc("attn.do_tile", {S, R, p.Dv}, dt);
   alloc("attn.kv_tile", {S, K, p.Dqk + p.Dv}, dt);
   alloc("attn.s_tile", {S, R, K}, f32);
   if (backward) alloc("attn.dp_tile", {S, R, K}, f32);
   if (low) alloc("attn.p_tile", {S, R, K}, dt);
   if (low && backward) alloc("attn.ds_tile", {S, R, K}, dt);
-  alloc("attn.row_stats", {S, 2, R}, f32);
-  if (!backward) alloc("attn.o_acc", {S, R, p.Dv}, f32);
+  alloc("attn.row_stats", {S, U * 2, R}, f32);
+  if (!backward) alloc("attn.o_acc", {S, U * R, p.Dv}, f32);
   else if (tl.one_pass) alloc("attn.grad_acc", {S, K * (p.Dqk + p.Dv)}, f32);
   else alloc("attn.grad_acc", {S, std::max(K * (p.Dqk + p.Dv), R * p.Dqk)}, f32);
   if (backward && tl.one_pass) alloc("attn.dq_sum", {S, tl.nqb * R, p.Dqk}, f32);  // a head group's dq rows

@@ -171,51 +171,66 @@ struct FusedKernel {
 
   // ---- forward --------------------------------------------------------------------------------
   // Online softmax over key tiles: m = running max of c·s, l = running Σ 2^(c·s − m),
-  // acc = running Σ 2^(c·s − m) v; o = acc / l, lse = (m + log2 l) · ln 2.
-  void forward_task(const QTile& q, const Slot<T>& w, float* lse) const {
-    float *m = w.stat0, *l = w.stat1, *acc = w.acc;
-    pack(w.qt, p.q, p.q_stride, p.Dqk, q);
-    std::fill(m, m + q.rows, -INFINITY);
-    std::fill(l, l + q.rows, 0.0f);
-    std::fill(acc, acc + q.rows * p.Dv, 0.0f);
-    const int64_t kend = p.causal ? q.t0 + q.nq : p.T;
+  // acc = running Σ 2^(c·s − m) v; o = acc / l, lse = (m + log2 l) · ln 2. A task runs a bundle of
+  // up to kFwdBundle query tiles of one head (its first the longest): each key tile is copied once
+  // and used by every tile of the bundle that sees it. Each tile's arithmetic is the same as alone.
+  void forward_task(const QTile* qs, int64_t n, const Slot<T>* ws, float* lse) const {
+    for (int64_t u = 0; u < n; ++u) {
+      const QTile& q = qs[u];
+      const Slot<T>& w = ws[u];
+      pack(w.qt, p.q, p.q_stride, p.Dqk, q);
+      std::fill(w.stat0, w.stat0 + q.rows, -INFINITY);
+      std::fill(w.stat1, w.stat1 + q.rows, 0.0f);
+      std::fill(w.acc, w.acc + q.rows * p.Dv, 0.0f);
+    }
+    auto key_end = [&](const QTile& q) { return p.causal ? q.t0 + q.nq : p.T; };
+    const int64_t kend = key_end(qs[0]);
     for (int64_t k0 = 0; k0 < kend; k0 += tl.bk) {
-      const int64_t nk = tile_keys(k0, tl.bk, p.T, kend);
-      const KvTile kv = kv_tile(k0, nk, q.b, q.hk, w);
-      prefetch_next_kv(k0, kend, q.b, q.hk);
-      // s [rows, nk] = qt · K_jᵀ (per row block: a block's columns past its nk are not computed, and
-      // its rows see none of them)
-      row_blocks(q, k0, nk, [&](const RowBlock& bl) {
-        matmul(product(bl.m, bl.nk, p.Dqk, p.dtype, w.qt + bl.r0 * p.Dqk, p.Dqk, 1, kv.k, 1, p.Dqk, w.s + bl.r0 * nk,
-                       nk, false));
-      });
+      const KvTile kv = kv_tile(k0, tile_keys(k0, tl.bk, p.T, kend), qs[0].b, qs[0].hk, ws[0]);
+      prefetch_next_kv(k0, kend, qs[0].b, qs[0].hk);
+      for (int64_t u = 0; u < n && k0 < key_end(qs[u]); ++u)
+        forward_step(qs[u], ws[u], k0, tile_keys(k0, tl.bk, p.T, key_end(qs[u])), kv);
+    }
+    for (int64_t u = 0; u < n; ++u) {
+      const QTile& q = qs[u];
+      const Slot<T>& w = ws[u];
       for (int64_t r = 0; r < q.rows; ++r) {
-        const int64_t n = visible(p.causal, token(q, r), k0, nk);
-        float* sr = w.s + r * nk;
-        T* pr = w.pt + r * nk;
-        if (n == 0) {
-          zero_row(pr, nk);
-          continue;
-        }
-        const float m_new = std::max(m[r], row_max(sr, n) * c);
-        const float alpha = std::exp2(m[r] - m_new);
-        l[r] = l[r] * alpha + row_exp2(sr, pr, n, nk, c, m_new);
-        m[r] = m_new;
-        if (alpha != 1.0f)
-          for (float *a = acc + r * p.Dv, *e = a + p.Dv; a < e; ++a) *a *= alpha;
+        const int64_t h = head(q, r), t = token(q, r);
+        if (p.o_f32) scale_row(w.acc + r * p.Dv, at<float>(p.o, p.o_stride, t, q.b, h), p.Dv, 1.0f / w.stat1[r]);
+        else scale_row(w.acc + r * p.Dv, at<T>(p.o, p.o_stride, t, q.b, h), p.Dv, 1.0f / w.stat1[r]);
+        lse[(q.b * p.Hq + h) * p.T + t] = (w.stat0[r] + std::log2(w.stat1[r])) * kLn2;
       }
-      // acc [rows, Dv] += P [rows, nk] · V_j (per row block: P is 0 past the block's nk)
-      row_blocks(q, k0, nk, [&](const RowBlock& bl) {
-        matmul(product(bl.m, p.Dv, bl.nk, p.dtype, w.pt + bl.r0 * nk, nk, 1, kv.v, p.Dv, 1, acc + bl.r0 * p.Dv, p.Dv,
-                       true));
-      });
     }
+  }
+  // Query tile q against the first nk keys of key tile k0 (kv: at least nk rows).
+  void forward_step(const QTile& q, const Slot<T>& w, int64_t k0, int64_t nk, const KvTile& kv) const {
+    float *m = w.stat0, *l = w.stat1, *acc = w.acc;
+    // s [rows, nk] = qt · K_jᵀ (per row block: a block's columns past its nk are not computed, and
+    // its rows see none of them)
+    row_blocks(q, k0, nk, [&](const RowBlock& bl) {
+      matmul(product(bl.m, bl.nk, p.Dqk, p.dtype, w.qt + bl.r0 * p.Dqk, p.Dqk, 1, kv.k, 1, p.Dqk, w.s + bl.r0 * nk,
+                     nk, false));
+    });
     for (int64_t r = 0; r < q.rows; ++r) {
-      const int64_t h = head(q, r), t = token(q, r);
-      if (p.o_f32) scale_row(acc + r * p.Dv, at<float>(p.o, p.o_stride, t, q.b, h), p.Dv, 1.0f / l[r]);
-      else scale_row(acc + r * p.Dv, at<T>(p.o, p.o_stride, t, q.b, h), p.Dv, 1.0f / l[r]);
-      lse[(q.b * p.Hq + h) * p.T + t] = (m[r] + std::log2(l[r])) * kLn2;
+      const int64_t n = visible(p.causal, token(q, r), k0, nk);
+      float* sr = w.s + r * nk;
+      T* pr = w.pt + r * nk;
+      if (n == 0) {
+        zero_row(pr, nk);
+        continue;
+      }
+      const float m_new = std::max(m[r], row_max(sr, n) * c);
+      const float alpha = std::exp2(m[r] - m_new);
+      l[r] = l[r] * alpha + row_exp2(sr, pr, n, nk, c, m_new);
+      m[r] = m_new;
+      if (alpha != 1.0f)
+        for (float *a = acc + r * p.Dv, *e = a + p.Dv; a < e; ++a) *a *= alpha;
     }
+    // acc [rows, Dv] += P [rows, nk] · V_j (per row block: P is 0 past the block's nk)
+    row_blocks(q, k0, nk, [&](const RowBlock& bl) {
+      matmul(product(bl.m, p.Dv, bl.nk, p.dtype, w.pt + bl.r0 * nk, nk, 1, kv.v, p.Dv, 1, acc + bl.r0 * p.Dv, p.Dv,
+                     true));
+    });
   }
 
   // ---- backward -------------------------------------------------------------------------------
@@ -388,14 +403,14 @@ struct Workspace {
 
   Workspace(MemoryPlanWalker& plan, const AttentionFwdParams& params, const FusedTiles& tiles, bool bwd)
       : p(params), tl(tiles), backward(bwd) {
-    q_tile = plan.allocate("attn.q_tile");                    // [slots, rows, Dqk]
+    q_tile = plan.allocate("attn.q_tile");                    // [slots, U · rows, Dqk] (U: forward bundle)
     if (backward) do_tile = plan.allocate("attn.do_tile");    // [slots, rows, Dv]
     kv_tile = plan.allocate("attn.kv_tile");                  // [slots, bk, Dqk + Dv]
     s_tile = plan.allocate("attn.s_tile");                    // [slots, rows, bk] fp32
     if (backward) dp_tile = plan.allocate("attn.dp_tile");    // [slots, rows, bk] fp32
     if (low) p_tile = plan.allocate("attn.p_tile");           // [slots, rows, bk] bf16
     if (low && backward) ds_tile = plan.allocate("attn.ds_tile");  // [slots, rows, bk] bf16
-    stats = plan.allocate("attn.row_stats");                  // [slots, 2, rows] fp32
+    stats = plan.allocate("attn.row_stats");                  // [slots, U · 2 · rows] fp32
     acc = plan.allocate(backward ? "attn.grad_acc" : "attn.o_acc");  // [slots, ...] fp32
     if (backward && tl.one_pass) dq_sum = plan.allocate("attn.dq_sum");  // [slots, nqb · rows, Dqk] fp32
     if (backward && tl.split > 1) dkv_partial = plan.allocate("attn.dkv_partial");  // [B·Hkv, split, T, Dqk+Dv] fp32
@@ -413,10 +428,11 @@ struct Workspace {
     if (backward) plan.release("attn.do_tile", do_tile);
     plan.release("attn.q_tile", q_tile);
   }
-  Slot<T> slot(int64_t i) const {
-    const int64_t tile = tl.rows * tl.bk;
+  // Thread i's tiles; u: the member of a forward bundle, with q, row statistics and o sums of its own.
+  Slot<T> slot(int64_t i, int64_t u = 0) const {
+    const int64_t tile = tl.rows * tl.bk, U = backward ? 1 : tl.bundle;
     Slot<T> w{};
-    w.qt = q_tile.data<T>() + i * tl.rows * p.Dqk;
+    w.qt = q_tile.data<T>() + (i * U + u) * tl.rows * p.Dqk;
     w.dot = backward ? do_tile.data<T>() + i * tl.rows * p.Dv : nullptr;
     w.kt = kv_tile.data<T>() + i * tl.bk * (p.Dqk + p.Dv);
     w.vt = w.kt + tl.bk * p.Dqk;
@@ -424,9 +440,9 @@ struct Workspace {
     w.dp = backward ? dp_tile.data<float>() + i * tile : nullptr;
     w.pt = low ? p_tile.data<T>() + i * tile : reinterpret_cast<T*>(w.s);
     w.ds = !backward ? nullptr : low ? ds_tile.data<T>() + i * tile : reinterpret_cast<T*>(w.dp);
-    w.stat0 = stats.data<float>() + i * 2 * tl.rows;
+    w.stat0 = stats.data<float>() + (i * U + u) * 2 * tl.rows;
     w.stat1 = w.stat0 + tl.rows;
-    w.acc = acc.data<float>() + i * (acc.numel() / acc.dim(0));
+    w.acc = acc.data<float>() + i * (acc.numel() / acc.dim(0)) + u * tl.rows * p.Dv;
     return w;
   }
   float* dq_sum_of(int64_t i) const { return dq_sum.data<float>() + i * (dq_sum.numel() / dq_sum.dim(0)); }
@@ -442,9 +458,15 @@ AttentionSaved forward(const AttentionFwdParams& p) {
   Workspace<T> ws(plan, p, tl, false);
   const int64_t groups = p.B * p.Hkv;
   float* lse = saved.lse.data<float>();
-  parallel_tasks(groups * tl.nqb, tl.slots, [&](int64_t slot, int64_t task) {
-    const int64_t g = task / tl.nqb, i = tl.nqb - 1 - task % tl.nqb;  // head-major, longest (last) tiles first
-    k.forward_task(k.q_tile(g / p.Hkv, g % p.Hkv, 0, i), ws.slot(slot), lse);
+  const int64_t bundles = (tl.nqb + tl.bundle - 1) / tl.bundle;
+  parallel_tasks(groups * bundles, tl.slots, [&](int64_t slot, int64_t task) {
+    // head-major, longest (last) tiles first: bundle u of head g holds tiles nqb−1−U·u, nqb−2−U·u, ...
+    const int64_t g = task / bundles, first = tl.nqb - 1 - tl.bundle * (task % bundles);
+    const int64_t n = std::min(tl.bundle, first + 1);
+    typename FusedKernel<T>::QTile qs[kFwdBundle];
+    Slot<T> w[kFwdBundle];
+    for (int64_t u = 0; u < n; ++u) qs[u] = k.q_tile(g / p.Hkv, g % p.Hkv, 0, first - u), w[u] = ws.slot(slot, u);
+    k.forward_task(qs, n, w, lse);
   });
   ws.release(plan);
   plan.finish();

@@ -49,6 +49,11 @@ inline constexpr int64_t kDiagTokens = 64;
 // results and memory depend on the config alone.
 inline constexpr int64_t kOnePassTasks = 4;
 
+// The forward's task is a bundle of this many query tiles of one head (the last bundle of a head may
+// hold fewer): each key tile is copied from its strided rows once per bundle instead of once per
+// query tile. Each member has its own q tile, row statistics and o sums.
+inline constexpr int64_t kFwdBundle = 2;
+
 struct FusedTiles {
   int64_t group = 1;      // g = Hq / Hkv
   int64_t split = 1;      // sub-groups of a K/V head's query heads (the one pass; 1 otherwise)
@@ -57,6 +62,7 @@ struct FusedTiles {
   int64_t rows = 1;       // heads · bq
   int64_t nqb = 1, nkb = 1;
   int64_t slots = 1;      // per-thread workspaces = threads used at most
+  int64_t bundle = 1;     // query tiles per forward task (kFwdBundle, at most nqb); 1 in backward
   bool one_pass = false;  // backward in one pass (AttentionFwdParams::one_pass_backward)
 };
 
@@ -73,7 +79,9 @@ inline FusedTiles fused_tiles(const AttentionFwdParams& p, bool backward) {
   t.rows = t.heads * t.bq;
   t.nqb = (p.T + t.bq - 1) / t.bq;
   t.nkb = (p.T + t.bk - 1) / t.bk;
-  const int64_t tasks = p.B * p.Hkv * (!backward ? t.nqb : t.one_pass ? t.split : std::max(t.nqb, t.nkb));
+  if (!backward) t.bundle = std::min(kFwdBundle, t.nqb);
+  const int64_t tasks =
+      p.B * p.Hkv * (!backward ? (t.nqb + t.bundle - 1) / t.bundle : t.one_pass ? t.split : std::max(t.nqb, t.nkb));
   t.slots = std::min(kAttentionMaxThreads, tasks);
   return t;
 }
