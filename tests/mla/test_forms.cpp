@@ -124,29 +124,44 @@ TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
   });
 }
 
+namespace {
+
+// verify's forms on a custom configuration (dims: config.json keys), fp32, fused kernel, T 48, under
+// threads; prints and checks every case that ran (pass), and returns the report.
+verify::FormsReport check_custom(const nlohmann::json& dims, int64_t layers, int64_t batch, std::vector<int64_t> sps,
+                                 std::vector<std::string> forms, uint64_t seed) {
+  MlaConfig c = MlaConfig::from_json(dims);
+  c.dtype = DType::f32, c.kernel = Kernel::fused, c.seq_len = 48, c.num_layers = layers, c.batch = batch;
+  verify::FormsReport report;
+  launch(LaunchKind::threads, [&](Launcher& l) {
+    verify::FormsOptions opt;
+    opt.seed = seed;
+    opt.forms = std::move(forms);
+    report = verify::check_forms(Config(c), sps, l, opt);
+  });
+  for (const auto& k : report.cases) {
+    if (k.vs == "not run") continue;
+    fmt::print("[measured] {} P{} vs {}: worst {} at {:.3f} of allowed\n", k.form, k.sp, k.vs, k.worst, k.worst_ratio);
+    EXPECT_TRUE(k.pass) << k.form << " P" << k.sp << ": " << k.worst << " at " << k.worst_ratio << "; " << k.criterion;
+  }
+  EXPECT_TRUE(report.pass);
+  return report;
+}
+
+}  // namespace
+
 // The plain baseline is, per tensor, the larger of two plain implementations of the block: explicit's
 // per-head order and the absorbed order (reference Core::absorbed), in which the absorbed forms
 // compute. On this custom configuration (seed 1234) both absorbed forms failed against the per-head
 // plain baseline alone: dkv_norm.1 at 1.042 of the allowance (absorbed's error 1.96e-5, explicit's
 // 6.6e-6); with the absorbed order's plain error in the baseline, 0.76.
 TEST(Forms, PlainBaselineIncludesTheAbsorbedOrder) {
-  MlaConfig c = MlaConfig::from_json(nlohmann::json{
-      {"hidden_size", 48}, {"num_attention_heads", 5}, {"q_lora_rank", 16}, {"kv_lora_rank", 24},
-      {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8}, {"v_head_dim", 12}, {"rope_scaling", nullptr}});
-  c.dtype = DType::f32, c.kernel = Kernel::fused, c.seq_len = 48, c.num_layers = 2, c.batch = 2;
-  verify::FormsReport report;
-  launch(LaunchKind::threads, [&](Launcher& l) {
-    verify::FormsOptions opt;
-    opt.seed = 1234;
-    opt.forms = {"absorbed-expanded", "absorbed-shared"};
-    report = verify::check_forms(Config(c), {1}, l, opt);
-  });
+  const verify::FormsReport report = check_custom(
+      {{"hidden_size", 48}, {"num_attention_heads", 5}, {"q_lora_rank", 16}, {"kv_lora_rank", 24},
+       {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8}, {"v_head_dim", 12}, {"rope_scaling", nullptr}},
+      2, 2, {1}, {"absorbed-expanded", "absorbed-shared"}, 1234);
   int absorbed = 0;
-  for (const auto& k : report.cases) {
-    fmt::print("[measured] {} P{} vs {}: worst {} at {:.3f} of allowed\n", k.form, k.sp, k.vs, k.worst, k.worst_ratio);
-    EXPECT_TRUE(k.pass) << k.form << ": " << k.worst << " at " << k.worst_ratio << "; " << k.criterion;
-    absorbed += k.form.rfind("absorbed", 0) == 0;
-  }
+  for (const auto& k : report.cases) absorbed += k.form.rfind("absorbed", 0) == 0;
   EXPECT_EQ(absorbed, 2);
   EXPECT_NE(report.rule.find("absorbed order"), std::string::npos) << report.rule;
 }
@@ -156,28 +171,15 @@ TEST(Forms, PlainBaselineIncludesTheAbsorbedOrder) {
 // failed at 1.136 of the allowance on dq_norm.0; with each merge computed in fp64 and rounded once,
 // 0.835. explicit refuses P 8 here (H 4), so the ring forms are held to explicit's error at P 1.
 TEST(Forms, RingMergesHoldOverShortChunks) {
-  MlaConfig c = MlaConfig::from_json(nlohmann::json{
-      {"hidden_size", 32}, {"num_attention_heads", 4}, {"q_lora_rank", 16}, {"kv_lora_rank", 16},
-      {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 32},
-      {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64},
-                        {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}}});
-  c.dtype = DType::f32, c.kernel = Kernel::fused, c.seq_len = 48, c.num_layers = 1, c.batch = 1;
-  verify::FormsReport report;
-  launch(LaunchKind::threads, [&](Launcher& l) {
-    verify::FormsOptions opt;
-    opt.seed = 480899;
-    opt.forms = {"ring-kv", "ring-latent"};
-    report = verify::check_forms(Config(c), {1, 8}, l, opt);
-  });
+  const verify::FormsReport report = check_custom(
+      {{"hidden_size", 32}, {"num_attention_heads", 4}, {"q_lora_rank", 16}, {"kv_lora_rank", 16},
+       {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 32},
+       {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64},
+                         {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}}},
+      1, 1, {1, 8}, {"ring-kv", "ring-latent"}, 480899);
   int at8 = 0;
-  for (const auto& k : report.cases) {
-    if (k.vs == "not run") continue;
-    fmt::print("[measured] {} P{} vs {}: worst {} at {:.3f} of allowed\n", k.form, k.sp, k.vs, k.worst, k.worst_ratio);
-    EXPECT_TRUE(k.pass) << k.form << " P" << k.sp << ": " << k.worst << " at " << k.worst_ratio << "; " << k.criterion;
-    at8 += k.sp == 8 && k.vs == "fp64";
-  }
+  for (const auto& k : report.cases) at8 += k.sp == 8 && k.vs == "fp64";
   EXPECT_EQ(at8, 2);
-  EXPECT_TRUE(report.pass);
 }
 
 // Under --kernel eager a form with a kernel of its own (ring-latent: the fused kernel) is held to
