@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -101,12 +102,16 @@ inline Machine machine() {
 // ---- options ---------------------------------------------------------------------------------------
 
 // The whole number `text` given to `option`, or a usage error (exit 2) naming both; std::stoll would
-// read "12abc" as 12 and throw, uncaught, on "abc".
-inline int64_t whole_number(const std::string& option, const std::string& text) {
+// read "12abc" as 12 and throw, uncaught, on "abc". With bounds, a number outside [lo, hi] is a usage
+// error too.
+inline int64_t whole_number(const std::string& option, const std::string& text,
+                            int64_t lo = std::numeric_limits<int64_t>::min(),
+                            int64_t hi = std::numeric_limits<int64_t>::max()) {
   int64_t v = 0;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
   if (text.empty() || ec != std::errc() || end != text.data() + text.size())
     LAGA_FAIL_USAGE("{} '{}' is not a whole number; give one, e.g. {} 4", option, text, option);
+  if (v < lo || v > hi) LAGA_FAIL_USAGE("{} {} must be {} .. {}", option, v, lo, hi);
   return v;
 }
 
@@ -123,12 +128,11 @@ struct Options {
         LAGA_CHECK(i + 1 < argc, "{} needs a value", a);
         return argv[++i];
       };
-      if (a == "--warmup") o.warmup = int(std::clamp<int64_t>(whole_number(a, value()), -1, 1 << 20));
-      else if (a == "--repeats") o.repeats = int(std::clamp<int64_t>(whole_number(a, value()), 0, 1 << 20));
+      if (a == "--warmup") o.warmup = int(whole_number(a, value(), 0, 1 << 20));
+      else if (a == "--repeats") o.repeats = int(whole_number(a, value(), 1, 1 << 20));
       else if (a == "--json") o.json_path = value();
       else o.rest.push_back(a);
     }
-    LAGA_CHECK(o.warmup >= 0 && o.repeats >= 1, "--warmup {} must be ≥ 0 and --repeats {} ≥ 1", o.warmup, o.repeats);
     return o;
   }
 };
