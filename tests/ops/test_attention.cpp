@@ -474,6 +474,25 @@ TEST(Attention, OnePassAndTwoPassBackwardsAgree) {
     }
 }
 
+// The first token of a causal row sees one key: its softmax is the constant 1, so dS and with it the
+// token's dq are exactly 0. The fused kernels take delta = dO·O, which sums dP's value in another order
+// than the product that gives dP; they must still give the exact 0 (the plain implementations, which
+// take rowsum(P∘dP), cancel to the bit), or every short sequence carries the residue into the weights.
+TEST(Attention, TheFirstTokensQueryGradientIsExactlyZero) {
+  for (Kernel kernel : {Kernel::fused, Kernel::eager})
+    for (DType dt : {DType::f32, DType::bf16})
+      for (Case c : cases()) {
+        if (!c.causal) continue;
+        AttnRun r = setup(c, dt);
+        const Results got = run_kernel(kernel, r);
+        const std::string what = c.name + " " + std::string(dtype_name(dt)) + (kernel == Kernel::fused ? " fused" : " eager");
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t h = 0; h < c.Hq; ++h)
+            for (int64_t d = 0; d < c.Dqk; ++d)
+              ASSERT_EQ(got.dq[((0 * c.B + b) * c.Hq + h) * c.Dqk + d], 0.0) << what << " b " << b << " h " << h;
+      }
+}
+
 TEST(Attention, EagerRefusesTheOnePassBackward) {
   AttnRun r = setup(cases()[1], DType::bf16);
   AttentionSaved saved = attention_forward(Kernel::eager, r.p);
