@@ -43,12 +43,17 @@ int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, 
   const int64_t hk = h / d.group, n = causal ? t + 1 : d.T;
   std::fill(p.begin(), p.end(), 0.0);
   double mx = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    double s = 0;
+  const double* qt = q.data.data() + at(t, b, h, d.B, d.Hq, d.Dqk);
+  constexpr int64_t kKeys = 8;  // keys whose sums advance side by side, each over c in order
+  for (int64_t j0 = 0; j0 < n; j0 += kKeys) {
+    const int64_t nj = std::min(kKeys, n - j0);
+    double s[kKeys] = {};
     for (int64_t c = 0; c < d.Dqk; ++c)
-      s = Sum::add(s, q[at(t, b, h, d.B, d.Hq, d.Dqk) + c] * k[at(j, b, hk, d.B, d.Hkv, d.Dqk) + c]);
-    p[size_t(j)] = scale * s;
-    mx = std::max(mx, p[size_t(j)]);
+      for (int64_t j = 0; j < nj; ++j) s[j] = Sum::add(s[j], qt[c] * k[at(j0 + j, b, hk, d.B, d.Hkv, d.Dqk) + c]);
+    for (int64_t j = 0; j < nj; ++j) {
+      p[size_t(j0 + j)] = scale * s[j];
+      mx = std::max(mx, p[size_t(j0 + j)]);
+    }
   }
   double sum = 0;
   for (int64_t j = 0; j < n; ++j) sum = Sum::add(sum, p[size_t(j)] = std::exp(p[size_t(j)] - mx));
@@ -61,9 +66,11 @@ Array attention_forward_t(const Array& q, const Array& k, const Array& v, double
                           std::optional<DType> storage) {
   const Dims d = dims_of(q, k, v);
   Array o({d.T, d.B, d.Hq, d.Dv});  // [T, B, Hq, Dv]
-  std::vector<double> p(size_t(d.T));  // [T] one row of probabilities
+  // Heads in parallel: each writes its own rows of o, so the bits do not depend on the thread count.
+#pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < d.Hq; ++h)
+    for (int64_t h = 0; h < d.Hq; ++h) {
+      std::vector<double> p(size_t(d.T));  // [T] one row of probabilities
       for (int64_t t = 0; t < d.T; ++t) {
         // P = softmax(scale · q kᵀ) (masked);  o = P v
         const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
@@ -75,6 +82,7 @@ Array attention_forward_t(const Array& q, const Array& k, const Array& v, double
             oc = Sum::add(oc, p[size_t(j)] * v[at(j, b, hk, d.B, d.Hkv, d.Dv) + c]);
           }
       }
+    }
   return o;
 }
 
@@ -85,38 +93,43 @@ AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array&
   LAGA_CHECK(dout.shape == Shape({d.T, d.B, d.Hq, d.Dv}), "dout has shape {}; expected [{}, {}, {}, {}]",
              shape_str(dout.shape), d.T, d.B, d.Hq, d.Dv);
   AttentionGrads g{Array(q.shape), Array(k.shape), Array(v.shape)};
-  std::vector<double> p(size_t(d.T)), dp(size_t(d.T));  // [T] one row of P and of dP
+  // K/V heads in parallel, each with its group's query heads in order: dk and dv of a K/V head sum
+  // over h, then t, as one thread would, so the bits do not depend on the thread count.
+#pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t h = 0; h < d.Hq; ++h)
-      for (int64_t t = 0; t < d.T; ++t) {
-        const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
-        const int64_t qo = at(t, b, h, d.B, d.Hq, d.Dqk), oo = at(t, b, h, d.B, d.Hq, d.Dv);
-        if (storage)
-          for (int64_t j = 0; j < n; ++j) p[size_t(j)] = rounded(*storage, p[size_t(j)]);
-        // o = P v:  dv_j += p_j · do_t,  dp_j = do_t · v_j
-        for (int64_t j = 0; j < n; ++j) {
-          const int64_t vo = at(j, b, hk, d.B, d.Hkv, d.Dv);
-          double s = 0;
-          for (int64_t c = 0; c < d.Dv; ++c) {
-            g.dv[vo + c] = Sum::add(g.dv[vo + c], p[size_t(j)] * dout[oo + c]);
-            s = Sum::add(s, dout[oo + c] * v[vo + c]);
+    for (int64_t hk0 = 0; hk0 < d.Hkv; ++hk0) {
+      std::vector<double> p(size_t(d.T)), dp(size_t(d.T));  // [T] one row of P and of dP
+      for (int64_t h = hk0 * d.group; h < (hk0 + 1) * d.group; ++h)
+        for (int64_t t = 0; t < d.T; ++t) {
+          const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
+          const int64_t qo = at(t, b, h, d.B, d.Hq, d.Dqk), oo = at(t, b, h, d.B, d.Hq, d.Dv);
+          if (storage)
+            for (int64_t j = 0; j < n; ++j) p[size_t(j)] = rounded(*storage, p[size_t(j)]);
+          // o = P v:  dv_j += p_j · do_t,  dp_j = do_t · v_j
+          for (int64_t j = 0; j < n; ++j) {
+            const int64_t vo = at(j, b, hk, d.B, d.Hkv, d.Dv);
+            double s = 0;
+            for (int64_t c = 0; c < d.Dv; ++c) {
+              g.dv[vo + c] = Sum::add(g.dv[vo + c], p[size_t(j)] * dout[oo + c]);
+              s = Sum::add(s, dout[oo + c] * v[vo + c]);
+            }
+            dp[size_t(j)] = s;
           }
-          dp[size_t(j)] = s;
-        }
-        // P = softmax(S):  dS_j = p_j · (dp_j − Σ_i p_i dp_i)
-        double delta = 0;
-        for (int64_t j = 0; j < n; ++j) delta = Sum::add(delta, p[size_t(j)] * dp[size_t(j)]);
-        // S = scale · q kᵀ:  dq_t += scale · dS_j k_j,  dk_j += scale · dS_j q_t
-        for (int64_t j = 0; j < n; ++j) {
-          double ds = p[size_t(j)] * (dp[size_t(j)] - delta);
-          if (storage) ds = rounded(*storage, ds);
-          const int64_t ko = at(j, b, hk, d.B, d.Hkv, d.Dqk);
-          for (int64_t c = 0; c < d.Dqk; ++c) {
-            g.dq[qo + c] = Sum::add(g.dq[qo + c], scale * ds * k[ko + c]);
-            g.dk[ko + c] = Sum::add(g.dk[ko + c], scale * ds * q[qo + c]);
+          // P = softmax(S):  dS_j = p_j · (dp_j − Σ_i p_i dp_i)
+          double delta = 0;
+          for (int64_t j = 0; j < n; ++j) delta = Sum::add(delta, p[size_t(j)] * dp[size_t(j)]);
+          // S = scale · q kᵀ:  dq_t += scale · dS_j k_j,  dk_j += scale · dS_j q_t
+          for (int64_t j = 0; j < n; ++j) {
+            double ds = p[size_t(j)] * (dp[size_t(j)] - delta);
+            if (storage) ds = rounded(*storage, ds);
+            const int64_t ko = at(j, b, hk, d.B, d.Hkv, d.Dqk);
+            for (int64_t c = 0; c < d.Dqk; ++c) {
+              g.dq[qo + c] = Sum::add(g.dq[qo + c], scale * ds * k[ko + c]);
+              g.dk[ko + c] = Sum::add(g.dk[ko + c], scale * ds * q[qo + c]);
+            }
           }
         }
-      }
+    }
   return g;
 }
 

@@ -19,6 +19,10 @@ namespace {
 // The product of all dims but the last: the number of rows an op over the last dim visits.
 int64_t leading_rows(const Array& a) { return a.shape.empty() ? 1 : a.numel() / a.shape.back(); }
 
+// Rows of a linear's output that one pass over its weight serves (below): the reference's products are
+// bound by reading the weight, once per row without blocks.
+constexpr int64_t kRefRows = 8;
+
 // docs/design.md §1.1: yarn_mscale(f, m) = 0.1 · m · ln(f) + 1, or 1 if f ≤ 1.
 double yarn_mscale(double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; }
 
@@ -100,23 +104,26 @@ Array linear_forward_t(const Array& x, const Array& w) {
   Shape ys = x.shape;
   ys.back() = O;
   Array y(ys);  // [..., O], zeros: the sums start there
-  // Rows in parallel: each y[m, o] is one thread's sum, in the order of i (the same bits on any count).
-  // w is read transposed, so that a row's O sums advance side by side (independent, contiguous,
-  // vectorised): each still adds its terms in the order of i, so the bits are those of summing one
-  // element at a time, without its chain of dependent additions (F32Sum rounds after each one).
+  // Rows in parallel, kRefRows at a time: each y[m, o] is one thread's sum, in the order of i (the same
+  // bits on any count). w is read transposed, so that a row's O sums advance side by side (independent,
+  // contiguous, vectorised): each still adds its terms in the order of i, so the bits are those of
+  // summing one element at a time, without its chain of dependent additions (F32Sum rounds after each
+  // one). A block of rows shares each row of wᵀ while it is in cache, so wᵀ is read M / kRefRows times
+  // instead of M.
   std::vector<double> wt(size_t(O * I));  // [I, O]
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < I; ++i)
     for (int64_t o = 0; o < O; ++o) wt[size_t(i * O + o)] = w[o * I + i];
 #pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < M; ++m) {
-    double* ym = &y[m * O];
+  for (int64_t m0 = 0; m0 < M; m0 += kRefRows)
     for (int64_t i = 0; i < I; ++i) {
-      const double xi = x[m * I + i];
       const double* wi = &wt[size_t(i * O)];
-      for (int64_t o = 0; o < O; ++o) ym[o] = Sum::add(ym[o], xi * wi[o]);
+      for (int64_t m = m0; m < std::min(M, m0 + kRefRows); ++m) {
+        const double xi = x[m * I + i];
+        double* ym = &y[m * O];
+        for (int64_t o = 0; o < O; ++o) ym[o] = Sum::add(ym[o], xi * wi[o]);
+      }
     }
-  }
   return y;
 }
 
@@ -129,20 +136,23 @@ LinearGrads linear_backward_t(const Array& x, const Array& w, const Array& dy) {
   LAGA_CHECK(dy.numel() == M * O && dy.shape.back() == O, "linear backward: dy {} must be [..., O = {}] over {} rows",
              shape_str(dy.shape), O, M);
   LinearGrads g{Array(x.shape), Array(w.shape)};  // dx [..., I], dw [O, I]
-  // Two passes, each in parallel over the rows it writes; every element's sum keeps its order (dx over
-  // o, dw over m), so the bits do not depend on the thread count.
+  // Two passes, each in parallel over the rows it writes, kRefRows at a time (a block shares each row
+  // of w, or of x, while it is in cache); every element's sum keeps its order (dx over o, dw over m),
+  // so the bits do not depend on the thread count or the block.
 #pragma omp parallel for schedule(static)
-  for (int64_t m = 0; m < M; ++m)
-    for (int64_t o = 0; o < O; ++o) {
-      const double d = dy[m * O + o];
-      for (int64_t i = 0; i < I; ++i) g.dx[m * I + i] = Sum::add(g.dx[m * I + i], d * w[o * I + i]);
-    }
+  for (int64_t m0 = 0; m0 < M; m0 += kRefRows)
+    for (int64_t o = 0; o < O; ++o)
+      for (int64_t m = m0; m < std::min(M, m0 + kRefRows); ++m) {
+        const double d = dy[m * O + o];
+        for (int64_t i = 0; i < I; ++i) g.dx[m * I + i] = Sum::add(g.dx[m * I + i], d * w[o * I + i]);
+      }
 #pragma omp parallel for schedule(static)
-  for (int64_t o = 0; o < O; ++o)
-    for (int64_t m = 0; m < M; ++m) {
-      const double d = dy[m * O + o];
-      for (int64_t i = 0; i < I; ++i) g.dw[o * I + i] = Sum::add(g.dw[o * I + i], d * x[m * I + i]);
-    }
+  for (int64_t o0 = 0; o0 < O; o0 += kRefRows)
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t o = o0; o < std::min(O, o0 + kRefRows); ++o) {
+        const double d = dy[m * O + o];
+        for (int64_t i = 0; i < I; ++i) g.dw[o * I + i] = Sum::add(g.dw[o * I + i], d * x[m * I + i]);
+      }
   return g;
 }
 

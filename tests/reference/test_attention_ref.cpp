@@ -2,9 +2,12 @@
 // finite differences of a random-projection loss ⟨g, o⟩ (never sum(o): the sum of a softmax row has
 // zero gradient), and against properties that pin its definition down.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <functional>
+#include <optional>
+#include <vector>
 
 #include "laga/core/random.hpp"
 #include "reference/attention_ref.hpp"
@@ -110,4 +113,24 @@ TEST(AttentionRef, GroupedHeadsEqualRepeatedKeyValueHeads) {
         EXPECT_NEAR(gr.dv[(tb * Hkv + hk) * Dv + d], s, 1e-13);
       }
     }
+}
+
+// The reference runs heads (forward) and K/V heads with their query groups (backward) in parallel; every
+// sum keeps the order one thread gives it, so its bits do not depend on the thread count. 11 keys is a
+// block of 8 key sums side by side and a part block; grouped heads share their K/V head's dk, dv.
+TEST(AttentionRef, IsIndependentOfThreadCount) {
+  const ref::Array q = random_array({11, 2, 4, 5}, "q"), k = random_array({11, 2, 2, 5}, "k");
+  const ref::Array v = random_array({11, 2, 2, 3}, "v"), g = random_array({11, 2, 4, 3}, "g");
+  for (std::optional<DType> storage : {std::optional<DType>(), std::optional<DType>(DType::bf16)}) {
+    std::vector<ref::Array> runs[2];
+    const int keep = omp_get_max_threads();
+    for (int i = 0; i < 2; ++i) {
+      omp_set_num_threads(i == 0 ? 1 : 3);
+      const ref::AttentionGrads gr = ref::attention_backward(q, k, v, g, 0.7, true, storage);
+      runs[i] = {ref::attention_forward(q, k, v, 0.7, true, storage), gr.dq, gr.dk, gr.dv};
+    }
+    omp_set_num_threads(keep);
+    for (size_t t = 0; t < runs[0].size(); ++t)
+      EXPECT_EQ(runs[0][t].data, runs[1][t].data) << "output " << t << (storage ? " (bf16 storage)" : " (exact)");
+  }
 }

@@ -8,6 +8,7 @@
 // so no test reads MlaConfig::rope_inv_freq(): the reference and the fast code stay independent.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <cmath>
 #include <functional>
@@ -123,6 +124,24 @@ TEST(LinearRef, GradientsMatchFiniteDifferences) {
   EXPECT_EQ(grads.dw.shape, w.shape);
   expect_fd("dx", x, grads.dx, [&](const Array& p) { return dot(g, ref::linear_forward(p, w)); });
   expect_fd("dw", w, grads.dw, [&](const Array& p) { return dot(g, ref::linear_forward(x, p)); });
+}
+
+// The reference's products run blocks of kRefRows output rows in parallel; every sum keeps the order
+// one thread gives it, so the bits depend neither on the thread count nor on the blocks: 13 rows and 11
+// output columns are one block of 8 and a part block either way, in both accumulations.
+TEST(LinearRef, IsIndependentOfThreadCount) {
+  const Array x = random_array({13, 7}, "x"), w = random_array({11, 7}, "w"), dy = random_array({13, 11}, "dy");
+  for (ref::Accum acc : {ref::Accum::exact, ref::Accum::f32}) {
+    std::vector<Array> runs[2];
+    const int keep = omp_get_max_threads();
+    for (int i = 0; i < 2; ++i) {
+      omp_set_num_threads(i == 0 ? 1 : 3);
+      const ref::LinearGrads g = ref::linear_backward(x, w, dy, acc);
+      runs[i] = {ref::linear_forward(x, w, acc), g.dx, g.dw};
+    }
+    omp_set_num_threads(keep);
+    for (size_t t = 0; t < runs[0].size(); ++t) EXPECT_EQ(runs[0][t].data, runs[1][t].data) << "output " << t;
+  }
 }
 
 TEST(RmsNormRef, GradientsMatchFiniteDifferences) {
