@@ -95,6 +95,43 @@ Array rope_apply(const Array& x, const MlaConfig& c, int64_t pos0, double sign) 
 
 // ---------------------------------------------------------------------------------------------
 // linear: y[m, o] = Σ_i x[m, i] · w[o, i]
+//
+// All three products (y, dx, dw) are rows of sums out[j] = Σ_k a[k]·b_k[j] over contiguous rows b_k,
+// each sum adding its terms in the order of k, one rounding (Sum::add) after each: the bits of
+// summing one element at a time. The j of a row advance side by side (independent, contiguous,
+// vectorised), four terms per pass over the row, and the rows run in blocks of kRefRows that share each
+// chunk of kRefChunk rows b_k while it is in cache. Blocks run in parallel and each sum is one
+// thread's, so the bits depend neither on the thread count nor on the blocking.
+
+constexpr int64_t kRefChunk = 8;
+
+// out[0..n) ← out[j] + a[0]·b[j] + a[as]·b[ldb + j] + … over k < K, in the order of k.
+template <class Sum>
+void add_products(double* out, const double* a, int64_t as, const double* b, int64_t ldb, int64_t K, int64_t n) {
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    const double a0 = a[k * as], a1 = a[(k + 1) * as], a2 = a[(k + 2) * as], a3 = a[(k + 3) * as];
+    const double *b0 = b + k * ldb, *b1 = b0 + ldb, *b2 = b1 + ldb, *b3 = b2 + ldb;
+    for (int64_t j = 0; j < n; ++j)
+      out[j] = Sum::add(Sum::add(Sum::add(Sum::add(out[j], a0 * b0[j]), a1 * b1[j]), a2 * b2[j]), a3 * b3[j]);
+  }
+  for (; k < K; ++k) {
+    const double ak = a[k * as], *bk = b + k * ldb;
+    for (int64_t j = 0; j < n; ++j) out[j] = Sum::add(out[j], ak * bk[j]);
+  }
+}
+
+// out rows r < R (row r at out + r·ldo) += Σ_k a_r[k]·b_k, a_r[k] = a[r·ar + k·as], b_k = b + k·ldb,
+// rows in parallel blocks of kRefRows, k in chunks of kRefChunk (above).
+template <class Sum>
+void product_rows(double* out, int64_t ldo, int64_t R, const double* a, int64_t ar, int64_t as, const double* b,
+                  int64_t ldb, int64_t K, int64_t n) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r0 = 0; r0 < R; r0 += kRefRows)
+    for (int64_t k0 = 0; k0 < K; k0 += kRefChunk)
+      for (int64_t r = r0; r < std::min(R, r0 + kRefRows); ++r)
+        add_products<Sum>(out + r * ldo, a + r * ar + k0 * as, as, b + k0 * ldb, ldb, std::min(kRefChunk, K - k0), n);
+}
 
 template <class Sum>
 Array linear_forward_t(const Array& x, const Array& w) {
@@ -104,55 +141,25 @@ Array linear_forward_t(const Array& x, const Array& w) {
   Shape ys = x.shape;
   ys.back() = O;
   Array y(ys);  // [..., O], zeros: the sums start there
-  // Rows in parallel, kRefRows at a time: each y[m, o] is one thread's sum, in the order of i (the same
-  // bits on any count). w is read transposed, so that a row's O sums advance side by side (independent,
-  // contiguous, vectorised): each still adds its terms in the order of i, so the bits are those of
-  // summing one element at a time, without its chain of dependent additions (F32Sum rounds after each
-  // one). A block of rows shares each row of wᵀ while it is in cache, so wᵀ is read M / kRefRows times
-  // instead of M.
-  std::vector<double> wt(size_t(O * I));  // [I, O]
+  std::vector<double> wt(size_t(O * I));  // [I, O]: y's rows are sums of rows of wᵀ
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < I; ++i)
     for (int64_t o = 0; o < O; ++o) wt[size_t(i * O + o)] = w[o * I + i];
-#pragma omp parallel for schedule(static)
-  for (int64_t m0 = 0; m0 < M; m0 += kRefRows)
-    for (int64_t i = 0; i < I; ++i) {
-      const double* wi = &wt[size_t(i * O)];
-      for (int64_t m = m0; m < std::min(M, m0 + kRefRows); ++m) {
-        const double xi = x[m * I + i];
-        double* ym = &y[m * O];
-        for (int64_t o = 0; o < O; ++o) ym[o] = Sum::add(ym[o], xi * wi[o]);
-      }
-    }
+  product_rows<Sum>(y.data.data(), O, M, x.data.data(), I, 1, wt.data(), O, I, O);
   return y;
 }
 
 // Differentiates y[m, o] = Σ_i x[m, i] · w[o, i]:
-//   dx[m, i] = Σ_o dy[m, o] · w[o, i]        (dx = dy · w)
-//   dw[o, i] = Σ_m dy[m, o] · x[m, i]        (dw = dyᵀ · x)
+//   dx[m, i] = Σ_o dy[m, o] · w[o, i]        (dx = dy · w: rows of w, in the order of o)
+//   dw[o, i] = Σ_m dy[m, o] · x[m, i]        (dw = dyᵀ · x: rows of x, in the order of m)
 template <class Sum>
 LinearGrads linear_backward_t(const Array& x, const Array& w, const Array& dy) {
   const int64_t M = leading_rows(x), O = w.shape[0], I = w.shape[1];
   LAGA_CHECK(dy.numel() == M * O && dy.shape.back() == O, "linear backward: dy {} must be [..., O = {}] over {} rows",
              shape_str(dy.shape), O, M);
   LinearGrads g{Array(x.shape), Array(w.shape)};  // dx [..., I], dw [O, I]
-  // Two passes, each in parallel over the rows it writes, kRefRows at a time (a block shares each row
-  // of w, or of x, while it is in cache); every element's sum keeps its order (dx over o, dw over m),
-  // so the bits do not depend on the thread count or the block.
-#pragma omp parallel for schedule(static)
-  for (int64_t m0 = 0; m0 < M; m0 += kRefRows)
-    for (int64_t o = 0; o < O; ++o)
-      for (int64_t m = m0; m < std::min(M, m0 + kRefRows); ++m) {
-        const double d = dy[m * O + o];
-        for (int64_t i = 0; i < I; ++i) g.dx[m * I + i] = Sum::add(g.dx[m * I + i], d * w[o * I + i]);
-      }
-#pragma omp parallel for schedule(static)
-  for (int64_t o0 = 0; o0 < O; o0 += kRefRows)
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t o = o0; o < std::min(O, o0 + kRefRows); ++o) {
-        const double d = dy[m * O + o];
-        for (int64_t i = 0; i < I; ++i) g.dw[o * I + i] = Sum::add(g.dw[o * I + i], d * x[m * I + i]);
-      }
+  product_rows<Sum>(g.dx.data.data(), I, M, dy.data.data(), O, 1, w.data.data(), I, O, I);
+  product_rows<Sum>(g.dw.data.data(), I, O, dy.data.data(), 1, O, x.data.data(), I, M, I);
   return g;
 }
 
