@@ -126,12 +126,12 @@ TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
 
 namespace {
 
-// verify's forms on a custom configuration (dims: config.json keys), fp32, fused kernel, T 48, under
-// threads; prints and checks every case that ran (pass), and returns the report.
+// verify's forms on a custom configuration (dims: config.json keys), fp32, fused kernel, T seq (48 unless
+// given), under threads; prints and checks every case that ran (pass), and returns the report.
 verify::FormsReport check_custom(const nlohmann::json& dims, int64_t layers, int64_t batch, std::vector<int64_t> sps,
-                                 std::vector<std::string> forms, uint64_t seed) {
+                                 std::vector<std::string> forms, uint64_t seed, int64_t seq = 48) {
   MlaConfig c = MlaConfig::from_json(dims);
-  c.dtype = DType::f32, c.kernel = Kernel::fused, c.seq_len = 48, c.num_layers = layers, c.batch = batch;
+  c.dtype = DType::f32, c.kernel = Kernel::fused, c.seq_len = seq, c.num_layers = layers, c.batch = batch;
   verify::FormsReport report;
   launch(LaunchKind::threads, [&](Launcher& l) {
     verify::FormsOptions opt;
@@ -180,6 +180,19 @@ TEST(Forms, RingMergesHoldOverShortChunks) {
   int at8 = 0;
   for (const auto& k : report.cases) at8 += k.sp == 8 && k.vs == "fp64";
   EXPECT_EQ(at8, 2);
+}
+
+// Six tokens, so the first token's row (one key: its dS is exactly 0) is a large share of every weight's
+// gradient. The fused kernel's delta = dO·O is summed in another order than dP, and its residue at that
+// row took explicit itself to 1.011 of its allowance on dwq_b.0; with one-hot rows given dS = 0, 0.392.
+TEST(Forms, ExplicitHoldsAtSixTokens) {
+  const verify::FormsReport report = check_custom(
+      {{"hidden_size", 48}, {"num_attention_heads", 4}, {"q_lora_rank", 32}, {"kv_lora_rank", 64},
+       {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 16}, {"rope_scaling", nullptr}},
+      2, 2, {1}, {"explicit", "laga"}, 947624, 6);
+  int explicit_rows = 0;
+  for (const auto& k : report.cases) explicit_rows += k.form == "explicit" && k.vs == "fp64";
+  EXPECT_EQ(explicit_rows, 1);
 }
 
 // Under --kernel eager a form with a kernel of its own (ring-latent: the fused kernel) is held to
