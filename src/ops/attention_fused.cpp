@@ -98,6 +98,9 @@ struct FusedKernel {
   int64_t first_head(const QTile& q) const { return q.hk * tl.group + q.sub * tl.heads; }
   int64_t head(const QTile& q, int64_t r) const { return first_head(q) + r / q.nq; }
   int64_t token(const QTile& q, int64_t r) const { return q.t0 + r % q.nq; }
+  // Whether token t's softmax is one key: its dS is exactly 0, while p·(dp − delta) would keep the
+  // residue of delta = dO·O summed in another order than dp (docs/attention.md §2).
+  bool alone(int64_t t) const { return t == 0 && p.causal && p.first_row_alone; }
   // dst [rows, D] = x rows of the tile's heads, packed head-major.
   void pack(T* dst, const void* x, const AttentionStrides& s, int64_t D, const QTile& q) const {
     for (int64_t u = 0; u < tl.heads; ++u)
@@ -290,6 +293,8 @@ struct FusedKernel {
                     w.stat1 + u * q.nq + first);
         }
       }
+      if (k0 == 0 && alone(q.t0))  // the first token of every head sees key 0 alone: its dS is 0
+        for (int64_t u = 0; u < tl.heads; ++u) zero_row(w.ds + u * q.nq, 1);
       // dv_acc += Pᵀ [nk, R] · dot [R, Dv];  dk_acc += dSᵀ [nk, R] · qt [R, Dqk];  one pass:
       // dq_sum [R, Dqk] += dS [R, nk] · K_j (per key block)
       key_blocks(q, k0, nk, [&](const KeyBlock& bl) {
@@ -380,8 +385,8 @@ struct FusedKernel {
                        nk, false));
       });
       for (int64_t r = 0; r < q.rows; ++r)
-        row_grad(w.s + r * nk, w.dp + r * nk, w.ds + r * nk, visible(p.causal, token(q, r), k0, nk), nk, c,
-                 w.stat0[r], w.stat1[r]);
+        row_grad(w.s + r * nk, w.dp + r * nk, w.ds + r * nk, alone(token(q, r)) ? 0 : visible(p.causal, token(q, r), k0, nk),
+                 nk, c, w.stat0[r], w.stat1[r]);
       // dq_acc [rows, Dqk] += dS [rows, nk] · K_j (per row block: dS is 0 past the block's nk)
       row_blocks(q, k0, nk, [&](const RowBlock& bl) {
         matmul(product(bl.m, p.Dqk, bl.nk, p.dtype, w.ds + bl.r0 * nk, nk, 1, kv.k, p.Dqk, 1, dq_acc + bl.r0 * p.Dqk,

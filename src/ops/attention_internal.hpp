@@ -206,55 +206,32 @@ inline float row_exp2(const float* s, P* p, int64_t n, int64_t nk, float c, floa
 #endif
 }
 
-// One-hot rows. The fused kernels take delta = rowsum(dO∘O), FlashAttention's identity for the
-// softmax's rowsum(P∘dP), and sum it in another order than the product that gives dP. Where a row's
-// softmax is one-hot (its one visible key, or every other p below the rounding), rowsum(P∘dP) is dp
-// itself and dS = p·(dp − delta) is 0 exactly; the two orders would leave a residue of a few ulps of
-// |dO|·|V| instead, which plain implementations do not have and which short sequences carry into
-// every weight. p is 1 to the precision of the row's statistics when its exponent c·s − lse2 is
-// within kOneHot·max(|lse2|, 1) of 0, 4 to 8 ulps of lse2: lse2 is rounded in the forward's max, its
-// log2 l, its conversion to the saved natural-log lse and back, and c·s once more (about 3 ulps in
-// all). Such a p gets ds = 0. The true dS there is p·Σ_j p_j·(dp − dp_j) over the other keys j,
-// whose mass 1 − p is below kOneHot·ln 2·max(|lse2|, 1): no larger than the residue it replaces
-// while |lse2| is moderate. A p further below 1 keeps its dS.
-constexpr float kOneHot = 0x1p-20f;
-
-inline float one_hot_floor(float lse2) { return -kOneHot * std::max(std::abs(lse2), 1.0f); }
-
-#if defined(__AVX512F__)
-inline __m512 one_hot_floor(__m512 lse2) {
-  return _mm512_mul_ps(_mm512_set1_ps(-kOneHot), _mm512_max_ps(_mm512_abs_ps(lse2), _mm512_set1_ps(1.0f)));
-}
-#endif
-
 // One row of the backward against one query's statistics (lse2 = log2-sum-exp2 of c·s, delta =
-// rowsum(dO∘O)): for k < n, p = 2^(c·s − lse2), ds = p·(dp − delta), 0 where the row is one-hot
-// (above); 0 for n ≤ k < nk. ds may alias dp when D is float.
+// rowsum(dO∘O)): for k < n, p = 2^(c·s − lse2), ds = p·(dp − delta); 0 for n ≤ k < nk.
+// ds may alias dp when D is float.
 template <class D>
 inline void row_grad(const float* s, const float* dp, D* ds, int64_t n, int64_t nk, float c, float lse2, float delta) {
 #if defined(__AVX512F__)
   const __m512 vc = _mm512_set1_ps(c), vl = _mm512_set1_ps(-lse2), vd = _mm512_set1_ps(delta);
-  const __m512 floor = _mm512_set1_ps(one_hot_floor(lse2));
   int64_t k = 0;
   for (; k < n; k += 16) {
     const __mmask16 mk = tail_mask(n - k);
-    const __m512 arg = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, s + k), vc, vl);
-    const __mmask16 live = _mm512_mask_cmp_ps_mask(mk, arg, floor, _CMP_LT_OQ);
-    const __m512 g = _mm512_maskz_mul_ps(live, exp2_ps(arg), _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp + k), vd));
-    store16(ds + k, g, tail_mask(nk - k));
+    const __m512 pr = exp2_ps(_mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, s + k), vc, vl));
+    const __m512 g = _mm512_mul_ps(pr, _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp + k), vd));
+    store16(ds + k, _mm512_maskz_mov_ps(mk, g), tail_mask(nk - k));
   }
   if (k < nk) zero_row(ds + k, nk - k);
 #else
   for (int64_t k = 0; k < n; ++k) {
-    const float arg = s[k] * c - lse2;
-    ds[k] = from_float<D>(arg < one_hot_floor(lse2) ? std::exp2(arg) * (dp[k] - delta) : 0.0f);
+    const float pr = std::exp2(s[k] * c - lse2);
+    ds[k] = from_float<D>(pr * (dp[k] - delta));
   }
   zero_row(ds + n, nk - n);
 #endif
 }
 
 // The same across queries (one key against n queries, each with its own lse2[r] and delta[r]),
-// writing both p and ds (0 where the row is one-hot, as in row_grad). p may alias s and ds may alias dp when P is float.
+// writing both p and ds. p may alias s and ds may alias dp when P is float.
 template <class P>
 inline void span_grad(const float* s, const float* dp, P* p, P* ds, int64_t n, float c, const float* lse2,
                       const float* delta) {
@@ -262,18 +239,17 @@ inline void span_grad(const float* s, const float* dp, P* p, P* ds, int64_t n, f
   const __m512 vc = _mm512_set1_ps(c);
   for (int64_t r = 0; r < n; r += 16) {
     const __mmask16 mk = tail_mask(n - r);
-    const __m512 l2 = _mm512_maskz_loadu_ps(mk, lse2 + r);
-    const __m512 arg = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mk, s + r), vc, l2);
+    const __m512 arg = _mm512_fmsub_ps(_mm512_maskz_loadu_ps(mk, s + r), vc, _mm512_maskz_loadu_ps(mk, lse2 + r));
     const __m512 pr = exp2_ps(arg);
     const __m512 centred = _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp + r), _mm512_maskz_loadu_ps(mk, delta + r));
-    const __m512 g = _mm512_maskz_mul_ps(_mm512_cmp_ps_mask(arg, one_hot_floor(l2), _CMP_LT_OQ), pr, centred);
+    const __m512 g = _mm512_mul_ps(pr, centred);
     store16(p + r, pr, mk);
     store16(ds + r, g, mk);
   }
 #else
   for (int64_t r = 0; r < n; ++r) {
-    const float arg = s[r] * c - lse2[r], pr = std::exp2(arg);
-    const float g = arg < one_hot_floor(lse2[r]) ? pr * (dp[r] - delta[r]) : 0.0f;
+    const float pr = std::exp2(s[r] * c - lse2[r]);
+    const float g = pr * (dp[r] - delta[r]);
     p[r] = from_float<P>(pr);
     ds[r] = from_float<P>(g);
   }

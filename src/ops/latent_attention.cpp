@@ -260,6 +260,9 @@ struct LatentKernel {
           attn::span_grad(w.s + o + first, w.dp + o + first, w.pt + o + first, w.ds + o + first, R - first, c,
                           w.lse2 + first, w.delta + first);
       }
+      // The first token sees key 0 alone: its dS is exactly 0, which p·(dp − delta) misses by the residue
+      // of delta = dO·O summed in another order than dp (docs/attention.md §2).
+      if (k0 == 0 && t0 == 0) attn::zero_row(w.ds, 1);
       // dv_acc += Pᵀ [nk, R] · dot;  dk_acc += dSᵀ [nk, R] · qt;  dq_sum rows [R, Dqk] += dS [R, nk] · K_j
       matmul(product(nk, p.Dv, R, p.dtype, w.pt, R, 1, w.dot, p.Dv, 1, dv_acc, p.Dv, DType::f32, true));
       matmul(product(nk, Dqk, R, p.dtype, w.ds, R, 1, w.qt, Dqk, 1, dk_acc, Dqk, DType::f32, true));

@@ -57,6 +57,11 @@ struct AttentionFwdParams {
   // flight, and a split group's fp32 dk, dv partials). Read by backward and by the memory plan; the
   // eager kernel refuses true.
   bool one_pass_backward = false;
+  // Causal only: the first query row's softmax is its first key alone, so its dS is exactly 0, which
+  // the fused backward then gives it (its delta = dO·O would leave a residue; docs/attention.md §2).
+  // False where a causal call is one chunk pair of a longer sequence and its first row sees earlier
+  // keys in other calls (the ring forms' diagonal pairs past the sequence's first chunk).
+  bool first_row_alone = true;
 };
 
 // What forward keeps for backward. Exactly one of probs (eager) and lse (fused) is defined.

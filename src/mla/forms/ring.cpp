@@ -52,6 +52,7 @@ AttentionFwdParams chunk_attention(const RankCtx& ctx, const RingView& rv, const
   AttentionFwdParams p;
   p.B = ctx.B, p.T = rv.C, p.Hq = rv.Hs, p.Hkv = rv.Hs, p.Dqk = ctx.Dqk, p.Dv = ctx.Dv;
   p.dtype = ctx.dt, p.scale = float(ctx.c.softmax_scale()), p.causal = pr.causal;
+  p.first_row_alone = rv.r == 0 && pr.qu == 0;  // only the sequence's first chunk starts with its first token
   p.one_pass_backward = ctx.c.attn_backward == AttnBackward::one_pass;
   p.q = chunk(rv, q, pr.qu).raw(), p.q_stride = dense_strides(ctx.B, rv.Hs, ctx.Dqk);
   p.k = chunk(rv, k, pr.ku).raw(), p.k_stride = dense_strides(ctx.B, rv.Hs, ctx.Dqk);
