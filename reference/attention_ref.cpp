@@ -97,11 +97,11 @@ AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array&
   // over h, then t, as one thread would, so the bits do not depend on the thread count.
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < d.B; ++b)
-    for (int64_t hk0 = 0; hk0 < d.Hkv; ++hk0) {
+    for (int64_t hk = 0; hk < d.Hkv; ++hk) {
       std::vector<double> p(size_t(d.T)), dp(size_t(d.T));  // [T] one row of P and of dP
-      for (int64_t h = hk0 * d.group; h < (hk0 + 1) * d.group; ++h)
+      for (int64_t h = hk * d.group; h < (hk + 1) * d.group; ++h)
         for (int64_t t = 0; t < d.T; ++t) {
-          const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
+          const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, p);
           const int64_t qo = at(t, b, h, d.B, d.Hq, d.Dqk), oo = at(t, b, h, d.B, d.Hq, d.Dv);
           if (storage)
             for (int64_t j = 0; j < n; ++j) p[size_t(j)] = rounded(*storage, p[size_t(j)]);

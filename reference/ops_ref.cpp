@@ -19,10 +19,6 @@ namespace {
 // The product of all dims but the last: the number of rows an op over the last dim visits.
 int64_t leading_rows(const Array& a) { return a.shape.empty() ? 1 : a.numel() / a.shape.back(); }
 
-// Rows of a linear's output that one pass over its weight serves (below): the reference's products are
-// bound by reading the weight, once per row without blocks.
-constexpr int64_t kRefRows = 8;
-
 // docs/design.md §1.1: yarn_mscale(f, m) = 0.1 · m · ln(f) + 1, or 1 if f ≤ 1.
 double yarn_mscale(double f, double m) { return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0; }
 
@@ -103,7 +99,7 @@ Array rope_apply(const Array& x, const MlaConfig& c, int64_t pos0, double sign) 
 // chunk of kRefChunk rows b_k while it is in cache. Blocks run in parallel and each sum is one
 // thread's, so the bits depend neither on the thread count nor on the blocking.
 
-constexpr int64_t kRefChunk = 8;
+constexpr int64_t kRefRows = 8, kRefChunk = 8;
 
 // out[0..n) ← out[j] + a[0]·b[j] + a[as]·b[ldb + j] + … over k < K, in the order of k.
 template <class Sum>

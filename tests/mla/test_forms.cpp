@@ -184,7 +184,7 @@ TEST(Forms, RingMergesHoldOverShortChunks) {
 
 // Six tokens, so the first token's row (one key: its dS is exactly 0) is a large share of every weight's
 // gradient. The fused kernel's delta = dO·O is summed in another order than dP, and its residue at that
-// row took explicit itself to 1.011 of its allowance on dwq_b.0; with one-hot rows given dS = 0, 0.392.
+// row took explicit itself to 1.011 of its allowance on dwq_b.0; with the first token given dS = 0, 0.392.
 TEST(Forms, ExplicitHoldsAtSixTokens) {
   const verify::FormsReport report = check_custom(
       {{"hidden_size", 48}, {"num_attention_heads", 4}, {"q_lora_rank", 32}, {"kv_lora_rank", 64},
