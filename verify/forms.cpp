@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "laga/driver/plan.hpp"
 #include "laga/driver/run.hpp"
 #include "laga/mla/form.hpp"
 
@@ -59,6 +60,32 @@ Tensors run_tensors(const Config& c) {
   opt.gather_tensors = true;
   const std::vector<RankResult> ranks = run_group(c, opt);
   return tensors_of(ranks.front().y, ranks.front().dx, ranks.front().grads);
+}
+
+int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads) {
+  const MlaConfig& c = *base;
+  int64_t weights = 0;
+  for (const auto& [name, shape] : layer_weight_shapes(c)) weights += shape_numel(shape);
+  weights *= c.num_layers;
+  auto planned = [&](std::string_view form, int64_t P) {
+    return plan_memory(base.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; }));
+  };
+  const PlannedMemory one = planned(kBaselineForm, 1);  // the run every sweep starts with
+  const int64_t ref_activations = 8 / dtype_size(c.dtype) * one.activation_peak_bytes;
+  int64_t largest_run = one.baseline_bytes + one.activation_peak_bytes + 4 * weights;
+  for (int64_t P : sps) {
+    MlaConfig m = c;
+    m.sp = P;
+    const FormsAt here = judge_forms(m);
+    int64_t per_rank = 0;
+    for (const Form* f : here.runnable) {
+      const PlannedMemory p = planned(f->name(), P);
+      per_rank = std::max(per_rank, p.baseline_bytes + p.activation_peak_bytes + 4 * weights);
+    }
+    largest_run = std::max(largest_run, (ranks_are_threads ? P : 1) * per_rank);
+  }
+  return kVerifyProcessBytes + kVerifyFp64Copies * 8 * weights + ref_activations + dtype_size(c.dtype) * weights +
+         largest_run;
 }
 
 FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,

@@ -59,6 +59,22 @@ inline bool ulysses_row_at(int64_t Pu, int64_t P) { return Pu > 0 && Pu < P && P
 // gradients, gathered to rank 0. What the bitwise claims of the tests compare.
 Tensors run_tensors(const Config& c);
 
+// What check_forms(base, sps) holds at its peak in one process, estimated before anything is
+// allocated (laga verify refuses a sweep that does not fit, exit 2, rather than be killed for memory):
+//   the root's fp64 arrays: kVerifyFp64Copies × 8 bytes per weight (the run's inputs, outputs and
+//     weights as fp64, the exact reference and one plain reference being computed, with its gradients),
+//     plus the reference's activations, (8 / dtype size) × explicit's planned activation peak at P 1;
+//   the weights drawn once (dtype);
+//   the largest run: its ranks in this process (P when ranks_are_threads, else 1) × the largest planned
+//     per-rank peak over the forms that run at each P (baseline + activations) plus the fp32 gradient
+//     sync's scratch (4 bytes per weight);
+//   kVerifyProcessBytes for the process itself.
+// Measured peak RSS (deepseek-v2-lite fp32, T 16–256, L 1–2, P 1–8; deepseek-v3 bf16 T 16, P 1,8;
+// docs/design.md, "Verification's memory") stays 4–20 % under this estimate.
+inline constexpr int64_t kVerifyFp64Copies = 7;
+inline constexpr int64_t kVerifyProcessBytes = int64_t(64) << 20;
+int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads);
+
 // base: the configuration (its sp and form are replaced by each case's). sps: the rank counts.
 FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,
                         const FormsOptions& opt);

@@ -95,6 +95,9 @@ expect 2 "size '12 parsecs' is not a byte count" -- "$laga" run --model tiny --s
 # A run or plan over the memory limit is refused before anything is allocated, naming the planned peak.
 expect 2 "refused: the planned peak is .* over --mem-limit 1MiB" -- "$laga" run --model small --seq 2048 --mem-limit 1MiB
 expect 2 "refused: the planned peak is .* over --mem-limit 80GB" -- "$laga" plan --model deepseek-v3 --seq 65536 --sp 8 --kernel eager --mem-limit 80GB
+# verify's sweep, estimated before anything is allocated (fp64 references + the largest run's ranks)
+expect 2 "refused: this sweep is estimated to hold .* over --mem-limit 64MiB .* drop the largest --sp" -- "$laga" verify --model small --seq 64 --sp 1,8 --mem-limit 64MiB
+expect 2 "size 'lots' is not a byte count" -- "$laga" verify --model tiny --seq 16 --mem-limit lots
 
 # bench-comm: the sweep, the collectives, the dtypes and the counts, each named with a valid alternative.
 expect 2 "\-b 2097152 is larger than -e 1048576; give -b ≤ -e" -- "$laga" bench-comm -b 2M -e 1M

@@ -12,19 +12,31 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "laga/core/bytes.hpp"
 #include "laga/core/error.hpp"
 #include "laga/driver/launch.hpp"
 #include "verify/forms.hpp"
 
 namespace laga::cli {
 
-int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps) {
+int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps, const std::string& mem_limit) {
   CommonFlags g = f;
   g.ulysses = 0;  // the forms' base; laga --ulysses is one more row per P (FormsOptions::ulysses)
   const Config base = build_config(g);
+  // Refused before anything is allocated: the fp64 references and the largest run's ranks in this process.
+  const LaunchKind kind = launch_kind(f.comm);
+  const bool threads = kind == LaunchKind::threads;
+  const int64_t need = verify::planned_verify_bytes(base, sps, threads);
+  const int64_t limit = mem_limit.empty() ? available_memory_bytes() / (threads ? 1 : local_ranks()) : parse_bytes(mem_limit);
+  const std::string source = mem_limit.empty() ? "available memory" : "--mem-limit " + mem_limit;
+  LAGA_CHECK(need <= limit,
+             "refused: this sweep is estimated to hold {} ({} bytes: the fp64 references and the largest run's "
+             "ranks{}) in this process, over {} of {} ({} bytes); lower --seq or --layers, drop the largest --sp, "
+             "or set --mem-limit",
+             human_bytes(need), need, threads ? ", all threads here" : "", source, human_bytes(limit), limit);
   auto json_out = open_output(f.json_path, "--json");
   verify::FormsReport report;
-  const bool root = launch(launch_kind(f.comm), [&](Launcher& launcher) {
+  const bool root = launch(kind, [&](Launcher& launcher) {
     verify::FormsOptions opt;
     opt.seed = f.seed, opt.timeout_s = f.timeout_s, opt.ulysses = f.ulysses;
     report = verify::check_forms(base, sps, launcher, opt);

@@ -12,7 +12,7 @@ namespace laga::cli {
 
 int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit,
             int64_t stand_in = -1);
-int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps);
+int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps, const std::string& mem_limit);
 // bench: --seq list, --forms, --iters, --warmup, validation (off with --no-validate), --inject-wrong, --profile.
 struct BenchFlags {
   std::vector<int64_t> seqs;

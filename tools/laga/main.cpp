@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
     set_check_finite(flags.check_finite);
     if (inv.command == "run") return cmd_run(flags, inv.dump_dir, inv.weights, inv.mem_limit, inv.stand_in);
     if (inv.command == "plan") return cmd_plan(flags, inv.sweep, inv.mem_limit);
-    if (inv.command == "verify") return cmd_verify(flags, inv.sps);
+    if (inv.command == "verify") return cmd_verify(flags, inv.sps, inv.mem_limit);
     if (inv.command == "bench")
       return cmd_bench(flags, {inv.seqs, inv.forms, inv.iters, inv.warmup, !inv.no_validate, inv.inject_wrong, inv.profile});
     if (inv.command == "report") return cmd_report(inv.out_dir, inv.quick);

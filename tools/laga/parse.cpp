@@ -64,6 +64,9 @@ void build_app(CLI::App& app, Invocation& inv) {
   verify->add_option("--sp", inv.sps, "rank counts to check, e.g. 1,2,4,8")->delimiter(',')->capture_default_str();
   verify->add_option("--ulysses", flags.ulysses, "also check laga with head-scatter groups of Pu ranks × a ring over "
                      "them, at every --sp that Pu divides with Pu < P")->capture_default_str();
+  verify->add_option("--mem-limit", inv.mem_limit,
+                     "refuse a sweep whose estimated peak in this process exceeds this (e.g. 16GiB; default: available "
+                     "memory, divided among the local ranks under mpirun)");
 
   auto* bench = app.add_subcommand("bench", "the forms timed side by side, every row validated first: medians, spread and ratios");
   add_common(bench, flags, true);
