@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "laga/core/bytes.hpp"
 #include "laga/core/error.hpp"
 
 namespace laga::cli {
@@ -185,6 +186,11 @@ int64_t local_ranks() {
   const char* s = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   int64_t n = s ? std::atoll(s) : 1;
   return n > 0 ? n : 1;
+}
+
+MemLimit mem_limit_of(const std::string& mem_limit, bool ranks_are_processes) {
+  if (!mem_limit.empty()) return {parse_bytes(mem_limit), "--mem-limit " + mem_limit};
+  return {available_memory_bytes() / (ranks_are_processes ? local_ranks() : 1), "available memory"};
 }
 
 nlohmann::json rank_json(const RankResult& r, const PlannedMemory& plan) {

@@ -78,6 +78,14 @@ nlohmann::json rank_json(const RankResult& r, const PlannedMemory& plan);
 void check_mem_limit(const PlannedMemory& plan, int64_t ranks, int64_t limit_bytes, const std::string& limit_source);
 // MPI ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE), 1 when unknown.
 int64_t local_ranks();
+// The memory one process may hold: --mem-limit's value when given (mem_limit non-empty), else the
+// available memory, shared among this node's ranks when they are processes (mpirun). source names it
+// for a refusal: "--mem-limit 16GiB" or "available memory".
+struct MemLimit {
+  int64_t bytes = 0;
+  std::string source;
+};
+MemLimit mem_limit_of(const std::string& mem_limit, bool ranks_are_processes);
 nlohmann::json collectives_json(const std::vector<CollectiveRecord>& records);
 
 // Every rank's JSON on every rank, in rank order (variable-length all-gather).

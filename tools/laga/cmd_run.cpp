@@ -7,7 +7,6 @@
 #include "commands.hpp"
 #include "laga/core/error.hpp"
 #include "laga/comm/stand_in.hpp"
-#include "laga/core/bytes.hpp"
 #include "laga/io/checkpoint.hpp"
 #include "laga/driver/launch.hpp"
 #include "laga/driver/plan.hpp"
@@ -96,9 +95,8 @@ int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string
   // Refused before anything is allocated: this process holds every rank (threads) or one.
   const PlannedMemory plan = plan_memory(cfg);
   const bool mpi = kind == LaunchKind::mpi;
-  check_mem_limit(plan, kind == LaunchKind::threads ? c.sp : 1,
-                  mem_limit.empty() ? available_memory_bytes() / (mpi ? local_ranks() : 1) : parse_bytes(mem_limit),
-                  mem_limit.empty() ? "available memory" : "--mem-limit " + mem_limit);
+  const MemLimit limit = mem_limit_of(mem_limit, mpi);
+  check_mem_limit(plan, kind == LaunchKind::threads ? c.sp : 1, limit.bytes, limit.source);
   RunOptions opt;
   opt.seed = f.seed;
   opt.weights_path = weights;

@@ -12,7 +12,6 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
-#include "laga/core/bytes.hpp"
 #include "laga/core/error.hpp"
 #include "laga/driver/launch.hpp"
 #include "verify/forms.hpp"
@@ -27,13 +26,13 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps, const std:
   const LaunchKind kind = launch_kind(f.comm);
   const bool threads = kind == LaunchKind::threads;
   const int64_t need = verify::planned_verify_bytes(base, sps, threads);
-  const int64_t limit = mem_limit.empty() ? available_memory_bytes() / (threads ? 1 : local_ranks()) : parse_bytes(mem_limit);
-  const std::string source = mem_limit.empty() ? "available memory" : "--mem-limit " + mem_limit;
-  LAGA_CHECK(need <= limit,
+  const MemLimit limit = mem_limit_of(mem_limit, !threads);
+  LAGA_CHECK(need <= limit.bytes,
              "refused: this sweep is estimated to hold {} ({} bytes: the fp64 references and the largest run's "
              "ranks{}) in this process, over {} of {} ({} bytes); lower --seq or --layers, drop the largest --sp, "
              "or set --mem-limit",
-             human_bytes(need), need, threads ? ", all threads here" : "", source, human_bytes(limit), limit);
+             human_bytes(need), need, threads ? ", all threads here" : "", limit.source, human_bytes(limit.bytes),
+             limit.bytes);
   auto json_out = open_output(f.json_path, "--json");
   verify::FormsReport report;
   const bool root = launch(kind, [&](Launcher& launcher) {
