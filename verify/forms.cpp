@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "laga/core/memory.hpp"
 #include "laga/driver/plan.hpp"
 #include "laga/driver/run.hpp"
 #include "laga/mla/form.hpp"
@@ -62,30 +63,38 @@ Tensors run_tensors(const Config& c) {
   return tensors_of(ranks.front().y, ranks.front().dx, ranks.front().grads);
 }
 
-int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads) {
-  const MlaConfig& c = *base;
+int64_t weight_count(const MlaConfig& c) {
   int64_t weights = 0;
   for (const auto& [name, shape] : layer_weight_shapes(c)) weights += shape_numel(shape);
-  weights *= c.num_layers;
-  auto planned = [&](std::string_view form, int64_t P) {
-    return plan_memory(base.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; }));
+  return weights * c.num_layers;
+}
+
+int64_t output_count(const MlaConfig& c) { return weight_count(c) + 2 * c.seq_len * c.batch * c.hidden_size; }
+
+int64_t planned_run_bytes(const Config& c, bool ranks_are_threads, bool gathered) {
+  const PlannedMemory p = plan_memory(c);
+  int64_t per_rank = p.baseline_bytes + p.activation_peak_bytes;
+  if (gathered) per_rank += 4 * weight_count(*c) + 4 * c->seq_len * c->batch * c->hidden_size * dtype_size(c->dtype);
+  return (ranks_are_threads ? c->sp : 1) * per_rank;
+}
+
+int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads) {
+  const MlaConfig& c = *base;
+  const int64_t weights = weight_count(c);
+  auto at = [&](std::string_view form, int64_t P) {
+    return base.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; });
   };
-  const PlannedMemory one = planned(kBaselineForm, 1);  // the run every sweep starts with
-  const int64_t ref_activations = 8 / dtype_size(c.dtype) * one.activation_peak_bytes;
-  int64_t largest_run = one.baseline_bytes + one.activation_peak_bytes + 4 * weights;
+  const Config one = at(kBaselineForm, 1);  // the run every sweep starts with
+  const int64_t ref_activations = 8 / dtype_size(c.dtype) * plan_memory(one).activation_peak_bytes;
+  int64_t largest_run = planned_run_bytes(one, ranks_are_threads, true);
   for (int64_t P : sps) {
     MlaConfig m = c;
     m.sp = P;
-    const FormsAt here = judge_forms(m);
-    int64_t per_rank = 0;
-    for (const Form* f : here.runnable) {
-      const PlannedMemory p = planned(f->name(), P);
-      per_rank = std::max(per_rank, p.baseline_bytes + p.activation_peak_bytes + 4 * weights);
-    }
-    largest_run = std::max(largest_run, (ranks_are_threads ? P : 1) * per_rank);
+    for (const Form* f : judge_forms(m).runnable)
+      largest_run = std::max(largest_run, planned_run_bytes(at(f->name(), P), ranks_are_threads, true));
   }
-  return kVerifyProcessBytes + kVerifyFp64Copies * 8 * weights + ref_activations + dtype_size(c.dtype) * weights +
-         largest_run;
+  return kVerifyProcessBytes + kVerifyFp64Copies * 8 * output_count(c) + ref_activations +
+         dtype_size(c.dtype) * weights + largest_run;
 }
 
 FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,
@@ -110,6 +119,10 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
         out.x = ref::from_tensor(r.x), out.dy = ref::from_tensor(r.dy);
       }
     }, opt.timeout_s);
+    // What the caching allocator kept of this run goes back: a sweep of many runs would otherwise hold
+    // up to its cap (an eighth of physical memory) of blocks beside the next run and the references,
+    // outside planned_verify_bytes.
+    release_free_memory();
     return out;
   };
   auto at = [&](std::string_view form, int64_t P) {

@@ -59,18 +59,30 @@ inline bool ulysses_row_at(int64_t Pu, int64_t P) { return Pu > 0 && Pu < P && P
 // gradients, gathered to rank 0. What the bitwise claims of the tests compare.
 Tensors run_tensors(const Config& c);
 
+// The weights of every layer of c, counted in elements.
+int64_t weight_count(const MlaConfig& c);
+// The elements of a run's outputs: y and dx [T, B, D] and every weight gradient.
+int64_t output_count(const MlaConfig& c);
+
+// One run of c in this process, planned: per rank its baseline and activation peak (plan_memory); with
+// `gathered` (run_rank's gather_tensors and grad sync, as verify and bench's validation run), the fp32
+// gradient sync's scratch (4 bytes per weight) and the whole x, dy, y and dx that every rank then
+// holds; × the ranks in this process (c->sp when ranks_are_threads, else 1). The caching allocator's
+// blocks kept after a run are not in it: whoever runs more than one run accounts for them.
+int64_t planned_run_bytes(const Config& c, bool ranks_are_threads, bool gathered);
+
 // What check_forms(base, sps) holds at its peak in one process, estimated before anything is
 // allocated (laga verify refuses a sweep that does not fit, exit 2, rather than be killed for memory):
-//   the root's fp64 arrays: kVerifyFp64Copies × 8 bytes per weight (the run's inputs, outputs and
-//     weights as fp64, the exact reference and one plain reference being computed, with its gradients),
+//   the root's fp64 arrays: kVerifyFp64Copies × 8 bytes per output element (output_count: the first
+//     run's outputs, weights and inputs as fp64, the exact reference's outputs and one plain
+//     reference's being computed, with its gradients, and the run in progress's),
 //     plus the reference's activations, (8 / dtype size) × explicit's planned activation peak at P 1;
 //   the weights drawn once (dtype);
-//   the largest run: its ranks in this process (P when ranks_are_threads, else 1) × the largest planned
-//     per-rank peak over the forms that run at each P (baseline + activations) plus the fp32 gradient
-//     sync's scratch (4 bytes per weight);
+//   the largest run, planned_run_bytes(gathered) over the forms that run at each P (check_forms empties
+//     the caching allocator after every run, so no earlier run's blocks sit beside it);
 //   kVerifyProcessBytes for the process itself.
-// Measured peak RSS (deepseek-v2-lite fp32, T 16–256, L 1–2, P 1–8; deepseek-v3 bf16 T 16, P 1,8;
-// docs/design.md, "Verification's memory") stays 4–20 % under this estimate.
+// Measured peak RSS (laga verify prints it beside the estimate; tests/cli/memory_estimate.sh holds it
+// under) stays under this estimate: docs/design.md, "Verification's memory".
 inline constexpr int64_t kVerifyFp64Copies = 7;
 inline constexpr int64_t kVerifyProcessBytes = int64_t(64) << 20;
 int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads);

@@ -3,6 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <fstream>
+#include <limits>
 
 #include "laga/core/error.hpp"
 
@@ -42,6 +43,21 @@ int64_t available_memory_bytes() {
   while (in >> key >> kib >> unit)
     if (key == "MemAvailable:") return kib * 1024;
   LAGA_FAIL_USAGE("cannot read MemAvailable from /proc/meminfo; give --mem-limit explicitly, e.g. --mem-limit 16GiB");
+}
+
+int64_t peak_rss_bytes() {
+  std::ifstream in("/proc/self/status");
+  std::string key;
+  while (in >> key) {
+    if (key == "VmHWM:") {
+      int64_t kib = 0;
+      in >> kib;
+      return kib * 1024;
+    }
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  LAGA_ASSERT(false, "cannot read VmHWM from /proc/self/status");
+  return 0;
 }
 
 }  // namespace laga

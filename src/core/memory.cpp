@@ -1,5 +1,6 @@
 #include "laga/core/memory.hpp"
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -37,6 +38,7 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = cached_.lower_bound(size);
+      static_assert(kPoolFitNum == 8 && kPoolFitDen == 7, "a request takes a cached block of at most 8/7 its size");
       if (it != cached_.end() && it->first - it->first / 8 <= size) {
         void* p = it->second;
         in_use_[p] = it->first;
@@ -92,7 +94,7 @@ class Pool {
   }
   PoolStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return {enabled_, reserved_, cached_bytes_, peak_reserved_, hits_, misses_};
+    return {enabled_, reserved_, cached_bytes_, peak_reserved_, hits_, misses_, cap_};
   }
 
  private:
@@ -111,6 +113,11 @@ class Pool {
   int64_t reserved_ = 0, cached_bytes_ = 0, peak_reserved_ = 0, hits_ = 0, misses_ = 0;
 };
 }  // namespace
+
+void release_free_memory() {
+  pool_empty_cache();
+  malloc_trim(0);
+}
 
 PoolStats pool_stats() { return Pool::get().stats(); }
 void* pool_allocate(size_t bytes) {

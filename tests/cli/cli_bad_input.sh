@@ -98,6 +98,9 @@ expect 2 "refused: the planned peak is .* over --mem-limit 80GB" -- "$laga" plan
 # verify's sweep, estimated before anything is allocated (fp64 references + the largest run's ranks)
 expect 2 "refused: this sweep is estimated to hold .* over --mem-limit 64MiB .* drop the largest --sp" -- "$laga" verify --model small --seq 64 --sp 1,8 --mem-limit 64MiB
 expect 2 "size 'lots' is not a byte count" -- "$laga" verify --model tiny --seq 16 --mem-limit lots
+# bench likewise: its validation, its timed rounds and the caching allocator estimated first
+expect 2 "refused: this bench is estimated to hold .* over --mem-limit 64MiB .* lower the largest --seq" -- "$laga" bench --model small --seq 1024 --sp 2 --mem-limit 64MiB
+expect 2 "size 'plenty' is not a byte count" -- "$laga" bench --model tiny --seq 16 --mem-limit plenty
 
 # bench-comm: the sweep, the collectives, the dtypes and the counts, each named with a valid alternative.
 expect 2 "\-b 2097152 is larger than -e 1048576; give -b ≤ -e" -- "$laga" bench-comm -b 2M -e 1M

@@ -41,6 +41,7 @@
 #include "laga/driver/plan.hpp"
 #include "laga/mla/flops.hpp"
 #include "verify/compare.hpp"
+#include "laga/core/memory.hpp"
 #include "verify/forms.hpp"
 
 namespace laga::cli {
@@ -145,7 +146,43 @@ verify::Tensors gathered_run(Launcher& launcher, const Config& c, uint64_t seed,
     RankResult r = run_rank(c, opt, comm);
     if (comm.rank() == 0) out = verify::tensors_of(r.y, r.dx, r.grads);
   }, timeout_s);
+  release_free_memory();  // untimed: what this run cached does not sit beside the next (planned_bench_bytes)
   return out;
+}
+
+// What bench holds at its peak in this process, planned before anything is allocated (refused above
+// the memory limit, exit 2, rather than killed):
+//   validation (b.validate): verify's estimate at T_v over {P} (check_forms empties the cache after
+//     each run); then per T, the root's fp64 whole outputs of the reference and of one form (8 bytes ×
+//     (weights + 2·T·B·D) each) beside one gathered run of either (planned_run_bytes); the cache is
+//     emptied after each of those runs;
+//   the timed rounds: one run at a time, its blocks at most kPoolFitNum / kPoolFitDen of what it asked
+//     (a cached block serves a request of 7/8 of its size), beside the caching allocator's blocks kept
+//     from the round's other forms: at most its cap and at most what the round's runs planned;
+//   the process itself (verify::kVerifyProcessBytes).
+int64_t planned_bench_bytes(const std::vector<Config>& configs, const std::vector<int64_t>& seqs, const Config& base,
+                            int64_t Tv, bool validate, bool threads) {
+  const size_t nf = configs.size() / seqs.size();
+  const int64_t P = configs[0]->sp;
+  int64_t need = 0;
+  if (validate)
+    need = verify::planned_verify_bytes(base.with([&](MlaConfig& m) { m.seq_len = Tv; }), {P}, threads) -
+           verify::kVerifyProcessBytes;
+  for (size_t si = 0; si < seqs.size(); ++si) {
+    int64_t largest = 0, round = 0;
+    for (size_t fi = 0; fi < nf; ++fi) {
+      const int64_t r = verify::planned_run_bytes(configs[si * nf + fi], threads, false);
+      largest = std::max(largest, r), round += r;
+    }
+    need = std::max(need, largest * kPoolFitNum / kPoolFitDen + std::min(pool_stats().cap_bytes, round));
+    if (!validate) continue;
+    const Config ref = base.with([&](MlaConfig& m) { m.seq_len = seqs[si]; });
+    int64_t gathered = verify::planned_run_bytes(ref, threads, true);
+    for (size_t fi = 0; fi < nf; ++fi)
+      gathered = std::max(gathered, verify::planned_run_bytes(configs[si * nf + fi], threads, true));
+    need = std::max(need, 2 * 8 * verify::output_count(*ref) + gathered);
+  }
+  return verify::kVerifyProcessBytes + need;
 }
 
 // The failed checks of one row, and what its agreement check measured.
@@ -267,6 +304,16 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
                "so the reference runs at P 1: at --seq {} it plans {} on one rank, more than the {} available; validate "
                "at a smaller --seq, or pass --no-validate", P, explicit_refusal, Tmax, human_bytes(need), human_bytes(have));
   }
+
+  const bool ranks_are_threads = kind == LaunchKind::threads;
+  const int64_t need = planned_bench_bytes(configs, seqs, base, Tv, b.validate, ranks_are_threads);
+  const MemLimit limit = mem_limit_of(b.mem_limit, !ranks_are_threads);
+  LAGA_CHECK(need <= limit.bytes,
+             "refused: this bench is estimated to hold {} ({} bytes: {}the largest run's ranks{} beside the caching "
+             "allocator's blocks) in this process, over {} of {} ({} bytes); lower the largest --seq, --layers or --sp, "
+             "or set --mem-limit",
+             human_bytes(need), need, b.validate ? "the validation's fp64 tensors, " : "", ranks_are_threads ? ", all threads here" : "",
+             limit.source, human_bytes(limit.bytes), limit.bytes);
 
   RunOptions opt;
   opt.seed = f.seed;
@@ -427,6 +474,9 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   fmt::print("# cpu: {}; threads per rank: {} (OpenMP, as each rank's kernels see it); link: {}; dtype {}; kernel {}; "
              "commit {}\n", machine.cpu_model, threads, link, dtype_name(dtype), kernel_name(c0.kernel), machine.commit);
   fmt::print("# validation: {}\n", validation);
+  const int64_t rss = peak_rss_bytes();
+  fmt::print("# memory of this process: estimated peak {} ({} bytes), measured peak RSS {} ({} bytes)\n",
+             human_bytes(need), need, human_bytes(rss), rss);
   fmt::print("# comm: exposed (time a rank waited in attention collectives); TFLOP/s: the group's, of the FLOPs each "
              "form executes (FlashAttention-3 convention)\n");
   const char* hfmt = "# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>9} {:>6}\n";
@@ -569,6 +619,7 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
         {"config", configs[0]->to_json()},
         {"iters", b.iters},
         {"warmup", b.warmup},
+        {"memory", {{"estimated_peak_bytes", need}, {"peak_rss_bytes", rss}}},
         {"validation",
          {{"enabled", b.validate},
           {"summary", validation},

@@ -12,6 +12,7 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "laga/core/bytes.hpp"
 #include "laga/core/error.hpp"
 #include "laga/driver/launch.hpp"
 #include "verify/forms.hpp"
@@ -71,10 +72,16 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps, const std:
                      {"pass", k.pass},
                      {"criterion", k.criterion}});
   }
+  // The estimate that admitted the sweep beside what this process held at its peak (the root's: it
+  // holds the fp64 references, and under threads every rank).
+  const int64_t rss = peak_rss_bytes();
+  fmt::print("# memory of this process: estimated peak {} ({} bytes), measured peak RSS {} ({} bytes)\n",
+             human_bytes(need), need, human_bytes(rss), rss);
   fmt::print("verify: {}\n", report.pass ? "pass" : "FAIL");
   if (json_out) {
     nlohmann::json j = {{"command", "verify"}, {"config", c.to_json()}, {"backend", report.backend},
-                        {"rule", report.rule}, {"cases", cases}, {"pass", report.pass}};
+                        {"rule", report.rule}, {"cases", cases}, {"pass", report.pass},
+                        {"memory", {{"estimated_peak_bytes", need}, {"peak_rss_bytes", rss}}}};
     *json_out << j.dump(2) << "\n";
   }
   return report.pass ? 0 : 1;

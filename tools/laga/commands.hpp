@@ -13,7 +13,8 @@ namespace laga::cli {
 int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit,
             int64_t stand_in = -1);
 int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps, const std::string& mem_limit);
-// bench: --seq list, --forms, --iters, --warmup, validation (off with --no-validate), --inject-wrong, --profile.
+// bench: --seq list, --forms, --iters, --warmup, validation (off with --no-validate), --inject-wrong, --profile,
+// --mem-limit.
 struct BenchFlags {
   std::vector<int64_t> seqs;
   std::vector<std::string> forms;
@@ -21,6 +22,7 @@ struct BenchFlags {
   bool validate = true;
   std::string inject_wrong;  // testing: FORM:ULPS (cli.hpp, parse_inject_wrong)
   bool profile = false;      // --profile: print the time by op class under the table
+  std::string mem_limit;     // --mem-limit: refuse above this estimated peak (default: available memory)
 };
 int cmd_bench(const CommonFlags& f, const BenchFlags& b);
 int cmd_plan(const CommonFlags& f, bool sweep, const std::string& mem_limit);

@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
     if (inv.command == "plan") return cmd_plan(flags, inv.sweep, inv.mem_limit);
     if (inv.command == "verify") return cmd_verify(flags, inv.sps, inv.mem_limit);
     if (inv.command == "bench")
-      return cmd_bench(flags, {inv.seqs, inv.forms, inv.iters, inv.warmup, !inv.no_validate, inv.inject_wrong, inv.profile});
+      return cmd_bench(flags, {inv.seqs, inv.forms, inv.iters, inv.warmup, !inv.no_validate, inv.inject_wrong, inv.profile,
+                                inv.mem_limit});
     if (inv.command == "report") return cmd_report(inv.out_dir, inv.quick);
     if (inv.command == "bench-comm") return cmd_bench_comm(flags, inv.bench_comm);
     if (inv.command == "model") return cmd_model(flags, inv.model);

@@ -85,6 +85,9 @@ void build_app(CLI::App& app, Invocation& inv) {
   bench->add_flag("--profile", inv.profile,
                   "also print each row's time by op class (matmul, attention forward and backward, other) with the "
                   "rates achieved in the block; the JSON has it always, with the matmul shapes");
+  bench->add_option("--mem-limit", inv.mem_limit,
+                    "refuse a bench whose estimated peak in this process exceeds this (e.g. 16GiB; default: available "
+                    "memory, divided among the local ranks under mpirun)");
   bench->add_option("--inject-fault", inv.fault, "testing: RANK:PLACE as for run (e.g. 1:nan-x), in every run");
   bench->add_option("--inject-wrong", inv.inject_wrong,
                     "testing: FORM:ULPS shifts one element of FORM's full-size y by ULPS ulps of max|y| before "
