@@ -78,7 +78,8 @@ int64_t planned_run_bytes(const Config& c, bool ranks_are_threads, bool gathered
   return (ranks_are_threads ? c->sp : 1) * per_rank;
 }
 
-int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads) {
+int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads,
+                             int64_t ulysses) {
   const MlaConfig& c = *base;
   const int64_t weights = weight_count(c);
   auto at = [&](std::string_view form, int64_t P) {
@@ -92,6 +93,10 @@ int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps
     m.sp = P;
     for (const Form* f : judge_forms(m).runnable)
       largest_run = std::max(largest_run, planned_run_bytes(at(f->name(), P), ranks_are_threads, true));
+    if (ulysses_row_at(ulysses, P)) {  // laga's --ulysses row plans its own peak (its ring's buffers)
+      m.form = "laga", m.ulysses = ulysses;
+      if (m.problems().empty()) largest_run = std::max(largest_run, planned_run_bytes(Config(m), ranks_are_threads, true));
+    }
   }
   return kVerifyProcessBytes + kVerifyFp64Copies * 8 * output_count(c) + ref_activations +
          dtype_size(c.dtype) * weights + largest_run;

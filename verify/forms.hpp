@@ -78,14 +78,16 @@ int64_t planned_run_bytes(const Config& c, bool ranks_are_threads, bool gathered
 //     reference's being computed, with its gradients, and the run in progress's),
 //     plus the reference's activations, (8 / dtype size) × explicit's planned activation peak at P 1;
 //   the weights drawn once (dtype);
-//   the largest run, planned_run_bytes(gathered) over the forms that run at each P (check_forms empties
+//   the largest run, planned_run_bytes(gathered) over the forms that run at each P and laga's row with
+//     --ulysses where it has one (ulysses: FormsOptions::ulysses; check_forms empties
 //     the caching allocator after every run, so no earlier run's blocks sit beside it);
 //   kVerifyProcessBytes for the process itself.
 // Measured peak RSS (laga verify prints it beside the estimate; tests/cli/memory_estimate.sh holds it
 // under) stays under this estimate: docs/design.md, "Verification's memory".
 inline constexpr int64_t kVerifyFp64Copies = 7;
 inline constexpr int64_t kVerifyProcessBytes = int64_t(64) << 20;
-int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads);
+int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads,
+                             int64_t ulysses = 0);
 
 // base: the configuration (its sp and form are replaced by each case's). sps: the rank counts.
 FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,

@@ -164,9 +164,12 @@ int64_t planned_bench_bytes(const std::vector<Config>& configs, const std::vecto
                             int64_t Tv, bool validate, bool threads) {
   const size_t nf = configs.size() / seqs.size();
   const int64_t P = configs[0]->sp;
+  int64_t ulysses = 0;  // laga's --ulysses row, as check_forms runs it (FormsOptions::ulysses)
+  for (size_t fi = 0; fi < nf; ++fi)
+    if (configs[fi]->hybrid()) ulysses = configs[fi]->ulysses;
   int64_t need = 0;
   if (validate)
-    need = verify::planned_verify_bytes(base.with([&](MlaConfig& m) { m.seq_len = Tv; }), {P}, threads) -
+    need = verify::planned_verify_bytes(base.with([&](MlaConfig& m) { m.seq_len = Tv; }), {P}, threads, ulysses) -
            verify::kVerifyProcessBytes;
   for (size_t si = 0; si < seqs.size(); ++si) {
     int64_t largest = 0, round = 0;

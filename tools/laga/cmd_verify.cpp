@@ -26,7 +26,7 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps, const std:
   // Refused before anything is allocated: the fp64 references and the largest run's ranks in this process.
   const LaunchKind kind = launch_kind(f.comm);
   const bool threads = kind == LaunchKind::threads;
-  const int64_t need = verify::planned_verify_bytes(base, sps, threads);
+  const int64_t need = verify::planned_verify_bytes(base, sps, threads, f.ulysses);
   const MemLimit limit = mem_limit_of(mem_limit, !threads);
   LAGA_CHECK(need <= limit.bytes,
              "refused: this sweep is estimated to hold {} ({} bytes: the fp64 references and the largest run's "
