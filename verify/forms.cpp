@@ -124,10 +124,6 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
         out.x = ref::from_tensor(r.x), out.dy = ref::from_tensor(r.dy);
       }
     }, opt.timeout_s);
-    // What the caching allocator kept of this run goes back: a sweep of many runs would otherwise hold
-    // up to its cap (an eighth of physical memory) of blocks beside the next run and the references,
-    // outside planned_verify_bytes.
-    release_free_memory();
     return out;
   };
   auto at = [&](std::string_view form, int64_t P) {
@@ -201,6 +197,10 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   // once, as a case of P 1 (unless P 1 is in sps: judged there).
   bool explicit_at_one_judged = std::find(sps.begin(), sps.end(), int64_t(1)) != sps.end();
   for (int64_t P : sps) {
+    // What the runs at the previous P left (the caching allocator's blocks, the C heap's free pages)
+    // goes back before this P's runs, whose sizes differ: otherwise it sits beside them, outside
+    // planned_verify_bytes. Within one P the runs reuse each other's blocks.
+    release_free_memory();
     // One rule for every form, the baseline included (forms_at): a form that refuses this P (a
     // head-scatter form's P ∤ H, a ring form's T not a multiple of 2P) is reported as not run, with its
     // reason. Where explicit itself refuses P, the others are held to explicit's error at P = 1.

@@ -80,7 +80,8 @@ int64_t planned_run_bytes(const Config& c, bool ranks_are_threads, bool gathered
 //   the weights drawn once (dtype);
 //   the largest run, planned_run_bytes(gathered) over the forms that run at each P and laga's row with
 //     --ulysses where it has one (ulysses: FormsOptions::ulysses; check_forms empties
-//     the caching allocator after every run, so no earlier run's blocks sit beside it);
+//     the caching allocator and the C heap before each P's runs, so no earlier P's blocks sit beside
+//     them);
 //   kVerifyProcessBytes for the process itself.
 // Measured peak RSS (laga verify prints it beside the estimate; tests/cli/memory_estimate.sh holds it
 // under) stays under this estimate: docs/design.md, "Verification's memory".
