@@ -37,11 +37,11 @@
 #include "laga/core/machine.hpp"
 #include "laga/core/profile.hpp"
 #include "laga/core/bytes.hpp"
+#include "laga/core/memory.hpp"
 #include "laga/driver/launch.hpp"
 #include "laga/driver/plan.hpp"
 #include "laga/mla/flops.hpp"
 #include "verify/compare.hpp"
-#include "laga/core/memory.hpp"
 #include "verify/forms.hpp"
 
 namespace laga::cli {
@@ -152,10 +152,10 @@ verify::Tensors gathered_run(Launcher& launcher, const Config& c, uint64_t seed,
 
 // What bench holds at its peak in this process, planned before anything is allocated (refused above
 // the memory limit, exit 2, rather than killed):
-//   validation (b.validate): verify's estimate at T_v over {P} (check_forms empties the cache after
-//     each run); then per T, the root's fp64 whole outputs of the reference and of one form (8 bytes ×
-//     (weights + 2·T·B·D) each) beside one gathered run of either (planned_run_bytes); the cache is
-//     emptied after each of those runs;
+//   validation (b.validate): verify's estimate at T_v over {P} (planned_verify_bytes); then per T,
+//     the root's fp64 whole outputs of the reference and of one form (8 bytes × (weights + 2·T·B·D)
+//     each) beside one gathered run of either (planned_run_bytes); gathered_run releases the cache
+//     and the C heap after each of those runs;
 //   the timed rounds: one run at a time, its blocks at most kPoolFitNum / kPoolFitDen of what it asked
 //     (a cached block serves a request of 7/8 of its size), beside the caching allocator's blocks kept
 //     from the round's other forms: at most its cap and at most what the round's runs planned;
