@@ -11,6 +11,8 @@
 #   scripts/verify_sweep.sh --quick ...     the tiny preset only (seconds per case): what the test suite
 #                                           samples every run (tests/cli/verify_sample.sh)
 #   scripts/verify_sweep.sh --models small  these presets only (comma-separated)
+#   scripts/verify_sweep.sh --resume LOG    skip the cases LOG (this script's earlier output) shows
+#                                           passed: a sweep of hours continued where it stopped
 #   LAGA=path/to/laga                       the binary (default build/laga)
 # Exit status: 0 every case passed, 1 some failed, 2 bad usage.
 set -u
@@ -18,6 +20,7 @@ cd "$(dirname "$0")/.."
 laga=${LAGA:-build/laga}
 [ -x "$laga" ] || { echo "verify_sweep: $laga is not built; run scripts/setup.sh or set LAGA" >&2; exit 2; }
 sample=0
+resume=
 models="tiny small deepseek-v2-lite"
 while [ $# -gt 0 ]; do
   case $1 in
@@ -28,7 +31,10 @@ while [ $# -gt 0 ]; do
     --sample)
       [ $# -ge 2 ] && [[ $2 =~ ^[0-9]+$ ]] || { echo "usage: $0 [--quick] [--sample N]" >&2; exit 2; }
       sample=$2; shift 2 ;;
-    *) echo "usage: $0 [--quick] [--models LIST] [--sample N] (unknown argument '$1')" >&2; exit 2 ;;
+    --resume)
+      [ $# -ge 2 ] && [ -r "$2" ] || { echo "usage: $0 --resume LOG: LOG must be a readable file (this script's earlier output)" >&2; exit 2; }
+      resume=$2; shift 2 ;;
+    *) echo "usage: $0 [--quick] [--models LIST] [--sample N] [--resume LOG] (unknown argument '$1')" >&2; exit 2 ;;
   esac
 done
 
@@ -63,6 +69,16 @@ random.seed($seed)
 print('\n'.join(random.sample(lines, min($sample, len(lines)))))")
 else
   echo "verify_sweep: all ${#cases[@]} cases"
+fi
+
+if [ -n "$resume" ]; then
+  # A case counts as passed only by its own "ok" line (the command after it, whole).
+  declare -A passed=()
+  while IFS= read -r line; do passed["${line#*laga verify }"]=1; done < <(grep -E '^ok +\(worst [0-9.]+ of allowed\) laga verify ' "$resume")
+  todo=()
+  for c in "${cases[@]}"; do [ -n "${passed[$c]:-}" ] || todo+=("$c"); done
+  echo "verify_sweep: ${#passed[@]} cases passed in $resume; $((${#cases[@]} - ${#todo[@]})) of them skipped here, ${#todo[@]} to run"
+  cases=("${todo[@]}")
 fi
 
 failed=0
