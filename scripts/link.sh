@@ -2,7 +2,8 @@
 # N machines joined by a rate-limited link, emulated on this one (run as root): N network namespaces,
 # one per MPI rank, each with a veth into a bridge that lives in one more namespace (the head, where
 # mpirun runs), addresses of a private /24 that only these namespaces see, and a tc token bucket
-# (tbf rate R burst B latency L, optionally behind a netem delay) on every rank's egress. The
+# (tbf rate R burst B latency L, optionally behind a netem delay) on every rank's egress, TCP's
+# congestion control set to CUBIC on the subnet's route (not the host's default, which may be BBR). The
 # command runs under mpirun as one process per namespace, its MPI traffic (btl tcp) and mpirun's own
 # (oob) over the bridge; LAGA_LINK describes the link to laga (bench-comm prints it).
 #
@@ -142,7 +143,15 @@ cpus_of() {  # rank -> a taskset list of its cores
 [ "$ranks" -le "$cores" ] || echo "link.sh: $ranks ranks on $cores cores: ranks share cores" >&2
 
 qdisc="tbf rate $rate burst $burst latency $latency"
-link="$ranks namespaces, tbf rate $rate burst $burst latency $latency${delay:+, netem delay $delay}"
+# TCP's congestion control, set on the route of the subnet inside each rank's namespace (the host's
+# default is left alone): loss-based CUBIC (else Reno, always built in). A host whose default is BBR
+# (seen on these machines) ran the collectives through the token bucket at half the rate or less,
+# bimodally: BBR's bandwidth estimate read the veth's bursts as 1–3 Gbit/s against the bucket's
+# 57 Mbit/s, and 6 MB all-to-alls after 0.1 s of compute took 0.65–1.1 s where CUBIC and Reno took
+# 0.46 s, the bucket's rate, every time (docs/throughput.md).
+congctl=reno
+grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null && congctl=cubic
+link="$ranks namespaces, tbf rate $rate burst $burst latency $latency${delay:+, netem delay $delay}, tcp $congctl"
 hostfile=$work/hostfile
 agent=$work/agent
 {
@@ -157,6 +166,8 @@ for ((i = 0; i < ranks; i++)); do
   add_ns "$ns"
   ip -n "$ns" link add eth0 type veth peer name v$i netns "$head" || die "cannot create a veth pair for $ns"
   ip -n "$ns" addr add "$addr/24" dev eth0 && ip -n "$ns" link set eth0 up || die "cannot configure eth0 in $ns"
+  err=$(ip -n "$ns" route replace "$subnet" dev eth0 congctl "$congctl" 2>&1) \
+    || die "cannot set TCP congestion control $congctl on the route of $subnet in $ns: $err"
   ip -n "$head" link set v$i master br0 && ip -n "$head" link set v$i up || die "cannot attach v$i to br0"
   if [ -n "$delay" ]; then
     err=$(ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: netem delay "$delay" 2>&1) \
