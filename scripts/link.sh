@@ -3,7 +3,8 @@
 # one per MPI rank, each with a veth into a bridge that lives in one more namespace (the head, where
 # mpirun runs), addresses of a private /24 that only these namespaces see, and a tc token bucket
 # (tbf rate R burst B latency L, optionally behind a netem delay) on every rank's egress, TCP's
-# congestion control set to CUBIC on the subnet's route (not the host's default, which may be BBR). The
+# congestion control set to CUBIC on the subnet's route (not the host's default, which may be BBR), and
+# OpenMPI's TCP transport sending messages up to 32 MiB eagerly (no rendezvous handshake). The
 # command runs under mpirun as one process per namespace, its MPI traffic (btl tcp) and mpirun's own
 # (oob) over the bridge; LAGA_LINK describes the link to laga (bench-comm prints it).
 #
@@ -202,6 +203,17 @@ for ((i = 0; i < ranks; i++)); do
   die "the link of $id-$i did not come up within 10 s: $(ip -n "$head" -o -d link show "v$i" | head -c 300)"
 done
 
+# OpenMPI's TCP transport sends every message up to 32 MiB eagerly (its default, 64 KiB, starts a
+# rendezvous above that). Under a rendezvous, a rank's clear-to-send for its peer's message travels in
+# the same ordered stream as its own bulk data and can be queued behind all of it: the two directions
+# of an all-to-all then run one after the other, at half the rate, whenever the handshakes race that
+# way (at 14 Mbit/s, 6 MB all-to-alls after 0.1 s of compute: 1.0 then 0.8 MB/s against 1.7–1.8;
+# docs/throughput.md §2). The emulated RoCE link has no such protocol. Set in the environment, where
+# mpirun passes it on to the ranks; a value already there, or an --mca in LAGA_LINK_MCA, wins.
+: "${OMPI_MCA_btl_tcp_eager_limit:=33554432}" "${OMPI_MCA_btl_tcp_rndv_eager_limit:=$OMPI_MCA_btl_tcp_eager_limit}"
+: "${OMPI_MCA_btl_tcp_max_send_size:=$OMPI_MCA_btl_tcp_eager_limit}"
+export OMPI_MCA_btl_tcp_eager_limit OMPI_MCA_btl_tcp_rndv_eager_limit OMPI_MCA_btl_tcp_max_send_size
+link="$link, mpi eager up to $((OMPI_MCA_btl_tcp_eager_limit / 1024)) KiB"
 export LAGA_LINK=$link OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 echo "link.sh: $link; subnet $subnet; namespaces $id-*" >&2
 # mpirun in the background and `wait`, so a signal to this script runs its trap at once; no rank reads
