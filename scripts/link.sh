@@ -145,11 +145,10 @@ cpus_of() {  # rank -> a taskset list of its cores
 
 qdisc="tbf rate $rate burst $burst latency $latency"
 # TCP's congestion control, set on the route of the subnet inside each rank's namespace (the host's
-# default is left alone): loss-based CUBIC (else Reno, always built in). A host whose default is BBR
-# (seen on these machines) ran the collectives through the token bucket at half the rate or less,
-# bimodally: BBR's bandwidth estimate read the veth's bursts as 1–3 Gbit/s against the bucket's
-# 57 Mbit/s, and 6 MB all-to-alls after 0.1 s of compute took 0.65–1.1 s where CUBIC and Reno took
-# 0.46 s, the bucket's rate, every time (docs/throughput.md).
+# default is left alone): loss-based CUBIC (else Reno, always built in). Under BBR, the default of
+# some hosts, transfers through the bucket were erratic: BBR's bandwidth estimate read the veth's
+# bursts as 1–3 Gbit/s against a 57 Mbit/s bucket, and a 6 MB all-to-all took 0.37–0.71 s where CUBIC
+# and Reno took 0.463 s every time (docs/throughput.md §2).
 congctl=reno
 grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null && congctl=cubic
 link="$ranks namespaces, tbf rate $rate burst $burst latency $latency${delay:+, netem delay $delay}, tcp $congctl"
