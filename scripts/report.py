@@ -246,6 +246,31 @@ def section_link(r):
             f"GFLOP/s (this machine's bf16 matmul per rank, calibrated in this run) / {lr['npu_matmul_tflops']:g} TFLOP/s "
             f"(a 910B's, docs/hw/ascend-910b.json: an assumed 60 % of its peak) = {lr['matched_Bps'] / 1e6:.2f} MB/s "
             f"per rank; the other rates are 4× that and a quarter of it.")
+        # The matched rate rests on one calibration; each link rate's model step calibrated the same rate
+        # again later in the run. A disagreement beyond 10 % means a disturbed reading (a slow spell of the
+        # shared machine) moved the matched rate: say by how much, and what the rate would have been.
+        T = str(lr.get("seq", 2048))
+        later = []
+        for n in ("matched", "fast", "slow"):
+            hwl = load(r.d, f"hw.link.{n}.json")
+            mm = (((hwl or {}).get("compute", {}).get("bf16", {}) or {}).get("matmul_tflops", {}))
+            v = mm.get(T) if isinstance(mm, dict) else mm
+            if v:
+                later.append((n, float(v)))
+        if later:
+            here = lr["here_matmul_tflops"]
+            worst = max(later, key=lambda x: abs(x[1] / here - 1))
+            text = ", ".join(f"{v * 1e3:.0f} ({n} step)" for n, v in later)
+            if abs(worst[1] / here - 1) > 0.10:
+                med = sorted(v for _, v in later)[len(later) // 2]
+                r.p(f"\n**Check: the matched rate's calibration disagrees with the later ones.** bf16 matmul at T {T} read "
+                    f"{here * 1e3:.0f} GFLOP/s for the matched rate, {text} GFLOP/s later in this run "
+                    f"({(worst[1] / here - 1) * 100:+.0f} % at the worst). By the later readings' median the matched rate "
+                    f"would be {lr['matched_Bps'] * med / here / 1e6:.2f} MB/s, {med / here:.2f}× the rate used: read the "
+                    "three link rates as that factor of their names.")
+            else:
+                r.p(f"\nCheck: the later calibrations in this run read bf16 matmul at T {T} at {text} GFLOP/s, within 10 % "
+                    f"of the {here * 1e3:.0f} GFLOP/s the matched rate was derived from.")
     fig, ax = plt.subplots(figsize=(6, 4))
     for n, j in found:
         r.h(f"{n} rate — {j.get('link')}", 3)
@@ -305,6 +330,13 @@ def section_model(r):
     hw = load(r.d, "hw.here.json")
     if hw:
         r.p("Calibrated here: `" + json.dumps(hw.get("compute", {}))[:600] + "`")
+        again = hw.get("notes", {}).get("remeasured")
+        if again is not None:
+            r.p(f"\nEvery rate was read in two rounds; {len(again)} whose readings differed by more than 10 % were read a "
+                "third time (each keeps the median of its readings)" + (":" if again else "."))
+            if again:
+                r.p(table(["rate", "readings"], [(x["what"], ", ".join(f"{v:.4g}" for v in x["rates"]) + " " + x["unit"])
+                                                for x in again]))
     comparisons = []
     for name, title in (("model.vs_bench.fused.json", "one machine, fused"), ("model.vs_bench.eager.json", "one machine, eager"),
                         ("model.vs_bench.link.matched.json", "link, matched"),

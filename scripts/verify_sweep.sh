@@ -13,6 +13,9 @@
 #   scripts/verify_sweep.sh --models small  these presets only (comma-separated)
 #   scripts/verify_sweep.sh --resume LOG    skip the cases LOG (this script's earlier output) shows
 #                                           passed: a sweep of hours continued where it stopped
+#   scripts/verify_sweep.sh --from K        begin at the K-th case of the whole sweep's order (1-based; the
+#                                           cases before it are not run, and the output says so): a sweep
+#                                           continued when the earlier log is gone but its end is known
 #   LAGA=path/to/laga                       the binary (default build/laga)
 # Exit status: 0 every case passed, 1 some failed, 2 bad usage.
 set -u
@@ -21,6 +24,7 @@ laga=${LAGA:-build/laga}
 [ -x "$laga" ] || { echo "verify_sweep: $laga is not built; run scripts/setup.sh or set LAGA" >&2; exit 2; }
 sample=0
 resume=
+from=1
 models="tiny small deepseek-v2-lite"
 while [ $# -gt 0 ]; do
   case $1 in
@@ -34,7 +38,10 @@ while [ $# -gt 0 ]; do
     --resume)
       [ $# -ge 2 ] && [ -r "$2" ] || { echo "usage: $0 --resume LOG: LOG must be a readable file (this script's earlier output)" >&2; exit 2; }
       resume=$2; shift 2 ;;
-    *) echo "usage: $0 [--quick] [--models LIST] [--sample N] [--resume LOG] (unknown argument '$1')" >&2; exit 2 ;;
+    --from)
+      [ $# -ge 2 ] && [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 --from K: K must be a case number ≥ 1, e.g. --from 529" >&2; exit 2; }
+      from=$2; shift 2 ;;
+    *) echo "usage: $0 [--quick] [--models LIST] [--sample N] [--resume LOG] [--from K] (unknown argument '$1')" >&2; exit 2 ;;
   esac
 done
 
@@ -58,6 +65,12 @@ for model in $models; do
     done
   done
 done
+
+if [ "$from" -gt 1 ]; then
+  [ "$from" -le "${#cases[@]}" ] || { echo "verify_sweep: --from $from is past the last case (${#cases[@]}); valid: 1..${#cases[@]}" >&2; exit 2; }
+  echo "verify_sweep: from case $from of ${#cases[@]}: cases 1..$((from - 1)) are not run here"
+  cases=("${cases[@]:$((from - 1))}")
+fi
 
 if [ "$sample" -gt 0 ]; then
   seed=${LAGA_SWEEP_SEED:-$RANDOM}

@@ -67,9 +67,14 @@ struct AttentionCase {
 // every row); one slow repeat in three moves the median not at all.
 double median_after_warmup(std::vector<double> worst) {
   LAGA_ASSERT(worst.size() >= 2, "a measurement needs a warm-up and a timed repeat");
-  std::sort(worst.begin() + 1, worst.end());
-  const size_t n = worst.size() - 1, mid = 1 + n / 2;
-  return n % 2 ? worst[mid] : (worst[mid - 1] + worst[mid]) / 2;
+  return median(std::vector<double>(worst.begin() + 1, worst.end()));
+}
+
+double median(std::vector<double> xs) {
+  LAGA_ASSERT(!xs.empty(), "the median of no values");
+  std::sort(xs.begin(), xs.end());
+  const size_t n = xs.size(), mid = n / 2;
+  return n % 2 ? xs[mid] : (xs[mid - 1] + xs[mid]) / 2;
 }
 
 LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, LatencyBandwidthFit>* fits) {
@@ -147,39 +152,57 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
                                 "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP counting; laga_fused: the latent kernel "
                                 "of laga-fused, its FLOPs the attention's plus the up-projection it executes", Hr)},
       {"elementwise", fmt::format("rmsnorm forward/backward and rope over [T/P, {}]: bytes read + written / time", D)}};
+  // Every reading is a Measurement: its time (seconds, the median of opt.reps repeats on all ranks
+  // at once), its work (FLOPs or bytes) and where its rate goes. All are read in two rounds, the second
+  // after the whole first, so a slow spell of the shared machine (seconds to minutes) hits one reading of
+  // an entry, not both; an entry whose two readings differ by more than opt.agree is read a third time.
+  // Each entry keeps the median of its readings (two agreeing: their mean).
+  struct Measurement {
+    std::string what;  // "bf16 T 2048 matmul", for the progress line and the notes
+    double work;       // FLOPs, or bytes for elementwise
+    std::function<double()> seconds;
+    std::function<void(double)> store;  // the rate (work / seconds, scaled to the file's unit)
+    double unit;                        // 1e12 (TFLOP/s) or 1e9 (GB/s)
+    std::vector<double> readings;       // seconds, one per round
+  };
+  std::vector<Measurement> ms;
   for (DType dt : {DType::bf16, DType::f32}) {
     const char* dn = dt == DType::bf16 ? "bf16" : "fp32";
-    ComputeSpec cs;
+    ComputeSpec& cs = hw.compute[dt];
     for (const int64_t T : opt.seqs) {
       const int64_t E = T / P;
       {  // matmul: the projections' linear forward + backward ([rows, in] · [out, in]ᵀ)
         struct Lin { int64_t rows, in, out; };
-        const Lin lins[] = {{E, D, Lq}, {E, Lq, H * Dqk}, {E, D, Lkv + Dr}, {T, Lkv, Hr * (Dqk - Dr + Dv)}, {E, H * Dv, D}};
-        double flops = 0, secs = 0;
-        for (const Lin& l : lins) {
-          secs += timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
-            Tensor x = random({l.rows, l.in}, dt, 1, "cal.x"), w = random({l.out, l.in}, dt, 2, "cal.w");
-            Tensor dy = random({l.rows, l.out}, dt, 3, "cal.dy"), dx = Tensor::empty({l.rows, l.in}, dt, "cal.dx");
-            Tensor dw = Tensor::zeros({l.out, l.in}, DType::f32, "cal.dw");
-            return [x, w, dy, dx, dw]() mutable {
-              Tensor y = linear_forward(x, w, "cal.y");
-              linear_backward(x, w, dy, &dx, false, dw);
-            };
-          });
-          flops += 6.0 * double(l.rows) * double(l.in) * double(l.out);
-        }
-        cs.matmul_tflops.by_seq[T] = flops / secs / 1e12;
-        say(fmt::format("{} T {} matmul: {:.4f} TFLOP/s", dn, T, flops / secs / 1e12));
+        const std::vector<Lin> lins = {{E, D, Lq}, {E, Lq, H * Dqk}, {E, D, Lkv + Dr}, {T, Lkv, Hr * (Dqk - Dr + Dv)}, {E, H * Dv, D}};
+        double flops = 0;
+        for (const Lin& l : lins) flops += 6.0 * double(l.rows) * double(l.in) * double(l.out);
+        ms.push_back({fmt::format("{} T {} matmul", dn, T), flops, [=, &opt] {
+                        double secs = 0;
+                        for (const Lin& l : lins)
+                          secs += timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
+                            Tensor x = random({l.rows, l.in}, dt, 1, "cal.x"), w = random({l.out, l.in}, dt, 2, "cal.w");
+                            Tensor dy = random({l.rows, l.out}, dt, 3, "cal.dy"), dx = Tensor::empty({l.rows, l.in}, dt, "cal.dx");
+                            Tensor dw = Tensor::zeros({l.out, l.in}, DType::f32, "cal.dw");
+                            return [x, w, dy, dx, dw]() mutable {
+                              Tensor y = linear_forward(x, w, "cal.y");
+                              linear_backward(x, w, dy, &dx, false, dw);
+                            };
+                          });
+                        return secs;
+                      },
+                      [&cs, T](double r) { cs.matmul_tflops.by_seq[T] = r; }, 1e12, {}});
       }
-      // An attention kernel's rates at T under `key`: forward and backward each timed on fresh buffers
-      // from make(backward), their FLOPs as the model's phases count them.
-      auto attention_rates = [&](const std::string& key, double fwd_flops, double bwd_flops,
-                                 const std::function<std::function<std::function<void()>()>(bool)>& make) {
-        const double tf = timed_on_ranks(P, opt.reps, make(false)), tb = timed_on_ranks(P, opt.reps, make(true));
-        cs.attention_tflops[key + "_fwd_tflops"].by_seq[T] = fwd_flops / tf / 1e12;
-        cs.attention_tflops[key + "_bwd_tflops"].by_seq[T] = bwd_flops / tb / 1e12;
-        say(fmt::format("{} T {} {}: forward {:.4f}, backward {:.4f} TFLOP/s", dn, T, key, fwd_flops / tf / 1e12,
-                        bwd_flops / tb / 1e12));
+      // An attention kernel's rates at T under `key`: forward and backward, each its own measurement on
+      // fresh buffers from make(backward), their FLOPs as the model's phases count them.
+      using Maker = std::function<std::function<std::function<void()>()>(bool)>;
+      auto attention_rates = [&](const std::string& key, double fwd_flops, double bwd_flops, const Maker& make) {
+        for (bool backward : {false, true}) {
+          const std::string name = key + (backward ? "_bwd_tflops" : "_fwd_tflops");
+          ms.push_back({fmt::format("{} T {} {} {}", dn, T, key, backward ? "backward" : "forward"),
+                        backward ? bwd_flops : fwd_flops,
+                        [P, reps = opt.reps, work = make(backward)] { return timed_on_ranks(P, reps, work); },
+                        [&cs, name, T](double r) { cs.attention_tflops[name].by_seq[T] = r; }, 1e12, {}});
+        }
       };
       {  // attention, per kernel and shape
         const AttentionCase cases[] = {{"attention", Kernel::fused, Hr, Dqk, Dv, Dv},
@@ -190,8 +213,8 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
                                        {"eager_mqa_attention", Kernel::eager, 1, Dl, Lkv, Lkv}};
         for (const AttentionCase& a : cases) {
           // Each rank its own tensors; a backward needs a forward's saved state, so it is timed after one.
-          auto make = [&](bool backward) {
-            return [&, backward]() -> std::function<void()> {
+          auto make = [=, scale = float(small.softmax_scale())](bool backward) {
+            return [=]() -> std::function<void()> {
               auto t = std::make_shared<std::vector<Tensor>>();
               Tensor q = random({T, 1, Hr, a.Dqk}, dt, 4, "cal.q"), k = random({T, 1, a.Hkv, a.Dqk}, dt, 5, "cal.k");
               Tensor v = random({T, 1, a.Hkv, a.Dv}, dt, 6, "cal.v"), o = Tensor::empty({T, 1, Hr, a.Dv}, dt, "cal.o");
@@ -201,7 +224,7 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
               *t = {q, k, v, o, dout, dq, dk, dv};
               AttentionFwdParams p;
               p.B = 1, p.T = T, p.Hq = Hr, p.Hkv = a.Hkv, p.Dqk = a.Dqk, p.Dv = a.Dv, p.dtype = dt;
-              p.scale = float(small.softmax_scale()), p.causal = true;
+              p.scale = scale, p.causal = true;
               p.q = q.raw(), p.q_stride = dense_strides(1, Hr, a.Dqk), p.k = k.raw(), p.k_stride = dense_strides(1, a.Hkv, a.Dqk);
               p.v = v.raw(), p.v_stride = dense_strides(1, a.Hkv, a.Dv), p.o = o.raw(), p.o_stride = dense_strides(1, Hr, a.Dv);
               AttentionBwdParams b;
@@ -225,13 +248,14 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
         const int64_t Dn = dims.Dn;
         MlaConfig at_dt = small;  // dlatent as laga-fused writes it under small's --dlatent-sum
         at_dt.dtype = dt;
-        auto make = [&](bool backward) {
-          return [&, backward]() -> std::function<void()> {
+        const DType dlatent_dt = at_dt.dlatent_sum_dtype();
+        auto make = [=](bool backward) {
+          return [=]() -> std::function<void()> {
             auto t = std::make_shared<std::vector<Tensor>>();
             Tensor latent = random({T, 1, Dl}, dt, 4, "cal.latent"), wkv = random({Hr, Dn + Dv, Lkv}, dt, 5, "cal.wkv");
             Tensor q = random({T, 1, Hr, Dqk}, dt, 6, "cal.q"), o = Tensor::empty({T, 1, Hr, Dv}, dt, "cal.o");
             Tensor dout = random({T, 1, Hr, Dv}, dt, 7, "cal.do");
-            Tensor dlatent = Tensor::empty({T, 1, Dl}, at_dt.dlatent_sum_dtype(), "cal.dlatent");
+            Tensor dlatent = Tensor::empty({T, 1, Dl}, dlatent_dt, "cal.dlatent");
             Tensor dwkv = Tensor::zeros({Hr, Dn + Dv, Lkv}, DType::f32, "cal.dwkv");
             *t = {latent, wkv, q, o, dout, dlatent, dwkv};
             LatentAttentionBwdParams p;
@@ -251,26 +275,51 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
       }
       {  // elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in place
         const double bytes = double(dtype_size(dt)) * (2.0 * E * D + 3.0 * E * D + 4.0 * E * H * Dr);
-        const double s = timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
-          Tensor x = random({E, D}, dt, 8, "cal.x"), w = random({D}, dt, 9, "cal.w"), dy = random({E, D}, dt, 10, "cal.dy");
-          Tensor dx = Tensor::empty({E, D}, dt, "cal.dx"), dw = Tensor::zeros({D}, DType::f32, "cal.dw");
-          Tensor qpe = random({E, H, Dr}, dt, 11, "cal.qpe");
-          RopeParams rp = rope_params(small.rope(), dt);
-          rp.x = qpe.raw(), rp.T = E, rp.inner = H, rp.t_stride = H * Dr, rp.inner_stride = Dr, rp.pos0 = 0;
-          // qpe is captured by name: rp only points into it.
-          return [x, w, dy, dx, dw, qpe, rp]() mutable {
-            Tensor y = rmsnorm_forward(x, w, 1e-6, "cal.y");
-            rmsnorm_backward(x, w, dy, 1e-6, dx, dw);
-            rope_forward(rp);
-            rope_backward(rp);
-          };
-        });
-        cs.elementwise_GBps.by_seq[T] = bytes / s / 1e9;
-        say(fmt::format("{} T {} elementwise: {:.3f} GB/s", dn, T, bytes / s / 1e9));
+        const RopeParams rope = rope_params(small.rope(), dt);
+        ms.push_back({fmt::format("{} T {} elementwise", dn, T), bytes, [=, &opt] {
+                        return timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
+                          Tensor x = random({E, D}, dt, 8, "cal.x"), w = random({D}, dt, 9, "cal.w"), dy = random({E, D}, dt, 10, "cal.dy");
+                          Tensor dx = Tensor::empty({E, D}, dt, "cal.dx"), dw = Tensor::zeros({D}, DType::f32, "cal.dw");
+                          Tensor qpe = random({E, H, Dr}, dt, 11, "cal.qpe");
+                          RopeParams rp = rope;
+                          rp.x = qpe.raw(), rp.T = E, rp.inner = H, rp.t_stride = H * Dr, rp.inner_stride = Dr, rp.pos0 = 0;
+                          // qpe is captured by name: rp only points into it.
+                          return [x, w, dy, dx, dw, qpe, rp]() mutable {
+                            Tensor y = rmsnorm_forward(x, w, 1e-6, "cal.y");
+                            rmsnorm_backward(x, w, dy, 1e-6, dx, dw);
+                            rope_forward(rp);
+                            rope_backward(rp);
+                          };
+                        });
+                      },
+                      [&cs, T](double r) { cs.elementwise_GBps.by_seq[T] = r; }, 1e9, {}});
       }
     }
-    hw.compute[dt] = cs;
   }
+  auto rate = [](const Measurement& m, double secs) { return m.work / secs / m.unit; };
+  auto unit = [](const Measurement& m) { return m.unit == 1e9 ? "GB/s" : "TFLOP/s"; };
+  for (int round = 1; round <= 2; ++round)
+    for (Measurement& m : ms) {
+      m.readings.push_back(m.seconds());
+      say(fmt::format("round {}: {}: {:.4f} {}", round, m.what, rate(m, m.readings.back()), unit(m)));
+    }
+  nlohmann::json remeasured = nlohmann::json::array();
+  for (Measurement& m : ms) {
+    const double a = m.readings[0], b = m.readings[1];
+    if (std::max(a, b) > (1 + opt.agree) * std::min(a, b)) {
+      m.readings.push_back(m.seconds());
+      say(fmt::format("round 3: {}: {:.4f} {} (rounds 1 and 2 read {:.4f} and {:.4f}: {:.0f} % apart)", m.what,
+                      rate(m, m.readings.back()), unit(m), rate(m, a), rate(m, b), 100 * (std::max(a, b) / std::min(a, b) - 1)));
+      nlohmann::json rs = nlohmann::json::array();
+      for (double s : m.readings) rs.push_back(rate(m, s));
+      remeasured.push_back({{"what", m.what}, {"rates", rs}, {"unit", unit(m)}});
+    }
+    m.store(rate(m, median(m.readings)));
+  }
+  notes["rounds"] = fmt::format("every rate read twice, the second round after the whole first; an entry whose two "
+                                "readings differ by more than {:.0f} % read a third time; each keeps the median of its "
+                                "readings (of two, their mean)", 100 * opt.agree);
+  notes["remeasured"] = remeasured;
   if (opt.link && P >= 2) {
     std::map<CollectiveOp, LatencyBandwidthFit> fits;
     hw.intra_node = calibrate_threads_link(P, std::max(opt.reps, 3), &fits);

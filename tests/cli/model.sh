@@ -35,7 +35,12 @@ done
 "$laga" model --calibrate "$tmp/cal.json" --sp 2 --calibrate-seq 64 >/dev/null || fail "--calibrate exit $?"
 python3 - "$tmp/cal.json" <<'PY' || fail "--calibrate JSON"
 import json, math, sys
-c = json.load(open(sys.argv[1]))["compute"]
+j = json.load(open(sys.argv[1]))
+c = j["compute"]
+# Every rate read in two rounds; the ones read a third time (rounds apart) are listed with all readings.
+assert "rounds" in j["notes"], j["notes"].keys()
+for r in j["notes"]["remeasured"]:
+    assert len(r["rates"]) == 3 and all(math.isfinite(x) and x > 0 for x in r["rates"]), r
 for dt in ("bf16", "fp32"):
     s = c[dt]
     for k in ["matmul_tflops", "elementwise_GBps"] + [f"{p}attention_{d}_tflops" for d in ("fwd", "bwd")

@@ -27,6 +27,7 @@ run model "$laga" model --hw "$src/docs/hw/ascend-910b.json" --bench-json "$d/be
   --json "$d/model.vs_bench.fused.json"
 run model.paper "$laga" model --model deepseek-v3 --seq 4096 --sp 8 --hw "$src/docs/hw/ascend-910b.json" \
   --json "$d/model.paper.ascend-910b.p8.t4096.json"
+run calibrate "$laga" model --calibrate "$d/hw.here.json" --sp 2 --calibrate-seq 64
 run train "$laga" train --model tiny --seq 32 --sp 2 --steps 40 --lr 1e-2 --forms explicit,laga --dtype fp32 --json "$d/train.json"
 mkdir -p "$d/logs"
 echo "link.sh: refused: not root (a test)" >"$d/logs/bench.link.matched.log"
@@ -59,6 +60,34 @@ expect "^Error of the total over 4 rows: max " "the model's error over every ben
 expect "^\| ascend-910b \| 8 \| [0-9.]+ \| - \| - \| 1.05 / 1.06 / 1.04 \|" "a paper configuration predicted"
 expect "bench across the link: no data \(skipped: link.sh: refused: not root \(a test\)\)" "a skipped step's reason"
 expect "^\| laga \| [0-9.]+ \| [0-9.]+ \| " "a training row"
+expect "^Every rate was read in two rounds; [0-9]+ whose readings differed by more than 10 % were read a third time" \
+  "the calibration's rounds"
+
+# The link section's check of the matched rate: a later calibration (the link steps' own) reading bf16
+# matmul 2× the one the matched rate came from is flagged with the factor; one within 10 % is not.
+d2=$d/link
+mkdir -p "$d2"
+cp "$d/bench.threads.fused.json" "$d2/bench.link.matched.json"  # a real bench file in the link's place
+for factor in 2.0 1.05; do
+  /usr/bin/python3 - "$d/hw.here.json" "$d2" "$factor" <<'PY'
+import json, sys
+hw, d2, f = json.load(open(sys.argv[1])), sys.argv[2], float(sys.argv[3])
+here = hw["compute"]["bf16"]["matmul_tflops"]["64"]
+json.dump({"paper_link_Bps": 11e9, "npu_matmul_tflops": 192, "here_matmul_tflops": here, "seq": 64,
+           "matched_Bps": 11e9 * here / 192}, open(f"{d2}/link_rates.json", "w"))
+hw["compute"]["bf16"]["matmul_tflops"]["64"] = here * f
+json.dump(hw, open(f"{d2}/hw.link.matched.json", "w"))
+PY
+  /usr/bin/python3 "$src/scripts/report.py" "$d2" >"$d2/report.py.log" 2>&1 || fail "report.py (link check, ×$factor): $(tail -3 "$d2/report.py.log")"
+  if [ "$factor" = 2.0 ]; then
+    grep -qE "^\*\*Check: the matched rate's calibration disagrees.*\+100 % at the worst.*2\.00× the rate used" "$d2/report.md" \
+      && ok "a disagreeing calibration flagged" || fail "no flag for a calibration 2× the matched rate's"
+  else
+    grep -qE "^Check: the later calibrations in this run read bf16 matmul at T 64 .* within 10 %" "$d2/report.md" \
+      && ok "an agreeing calibration not flagged" || fail "an agreeing calibration (×1.05) not reported as agreeing"
+  fi
+done
+
 for png in memory_vs_T comm_vs_H speedup_one_machine model_vs_measured train_loss; do
   [ -s "$d/$png.png" ] && ok "$png.png" || fail "$png.png not written"
 done

@@ -404,6 +404,11 @@ TEST(Calibration, AMeasurementIsTheMedianOfItsTimedRepeats) {
   EXPECT_DOUBLE_EQ(median_after_warmup({0.1, 9, 1, 1.2}), 1.2);  // one slow repeat: the median holds
   EXPECT_DOUBLE_EQ(median_after_warmup({100, 4, 2}), 3);      // two repeats: their mean
   EXPECT_DOUBLE_EQ(median_after_warmup({100, 5}), 5);
+  // The calibration's rounds keep the median of an entry's readings: two agreeing, their mean; a third
+  // read where two disagree outvotes the slow one.
+  EXPECT_DOUBLE_EQ(median({2.0, 2.2}), 2.1);
+  EXPECT_DOUBLE_EQ(median({2.0, 3.5, 2.1}), 2.1);
+  EXPECT_DOUBLE_EQ(median({7.0}), 7.0);
 }
 
 TEST(HardwareSpec, RefusesARateByTWithABadLengthOrValueNamingIt) {

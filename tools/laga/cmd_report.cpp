@@ -130,9 +130,10 @@ int cmd_report(const std::string& out_dir, bool quick) {
   auto tc_rate = [&](double factor) -> std::string {
     // The bf16 matmul rate at the link rows' first T (0 when the file is missing or unreadable: the
     // link steps then fail, saying why).
+    const int64_t T = std::stoll(link_seqs.substr(0, link_seqs.find(',')));
     auto matmul_tflops = [&](const std::string& path) {
       try {
-        return HardwareSpec::load(path).compute_for(DType::bf16).matmul_tflops.at(std::stoll(link_seqs.substr(0, link_seqs.find(','))));
+        return HardwareSpec::load(path).compute_for(DType::bf16).matmul_tflops.at(T);
       } catch (const std::exception&) {
         return 0.0;
       }
@@ -141,7 +142,8 @@ int cmd_report(const std::string& out_dir, bool quick) {
     if (here <= 0 || npu <= 0) return "";
     const double paper_link = 11e9, matched = paper_link * here / npu;  // bytes/s
     std::ofstream(J("link_rates.json")) << nlohmann::json{{"paper_link_Bps", paper_link}, {"npu_matmul_tflops", npu},
-                                                          {"here_matmul_tflops", here}, {"matched_Bps", matched}}.dump(2);
+                                                          {"here_matmul_tflops", here}, {"seq", T},
+                                                          {"matched_Bps", matched}}.dump(2);
     return fmt::format("{}kbit", std::llround(matched * factor * 8 / 1000));
   };
   const std::string link_forms = quick ? "explicit,laga" : "explicit,laga,laga-recompute,laga-fused,ring-kv,ring-latent";
