@@ -81,7 +81,7 @@ lines = sys.stdin.read().splitlines()
 random.seed($seed)
 print('\n'.join(random.sample(lines, min($sample, len(lines)))))")
 else
-  echo "verify_sweep: all ${#cases[@]} cases"
+  [ "$from" -gt 1 ] && echo "verify_sweep: ${#cases[@]} cases" || echo "verify_sweep: all ${#cases[@]} cases"
 fi
 
 if [ -n "$resume" ]; then

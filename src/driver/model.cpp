@@ -393,37 +393,70 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
     f.collectives.push_back(t);
   }
   if (m.overlap) {
-    // --overlap on (docs/design.md §2.6): every collective of a form other than q's pair (the latent's,
-    // or explicit's k and v, and their adjoints; what it sends again in backward) needs only the latent,
-    // so it is issued before the query path (L1–L3 and q's RoPE) and waited after it, and in backward
-    // it flies behind the query path's backward. q's and o's all-to-alls hide behind nothing. The
-    // collectives in flight share one link, so per layer and pass the query path hides at most its own
-    // compute time: exposed = max(0, Σ their seconds − query compute), shared in proportion. (Absorbed
-    // also hides the reduce-scatter behind A2's backward; not counted: the model errs towards exposed.)
-    std::set<std::string> behind_fwd, behind_bwd;
-    for (const DeclaredCollective& d : form.collectives())
-      if (d.forward != "q") {
-        behind_fwd.insert(d.forward), behind_bwd.insert(d.backward);
-        if (d.forward_again_in_backward) behind_bwd.insert(d.forward);
-      }
+    // --overlap on (docs/design.md §2.6, docs/model.md §1). What a collective hides behind depends on
+    // where the form issues and waits it; the collectives in flight at once share one link, so a window
+    // of compute hides at most its own length of them: exposed = max(0, Σ their seconds − window),
+    // shared in proportion. Two kinds of window:
+    // - the query path (L1–L3 and q's RoPE; its backward in backward): every plain collective of a form
+    //   other than q's pair (the latent's, or explicit's k and v, and their adjoints; what it sends
+    //   again in backward) needs only the latent, so it is issued before the query path and waited
+    //   after it. q's and o's all-to-alls hide behind nothing. (Absorbed also hides the reduce-scatter
+    //   behind A2's backward; not counted: the model errs towards exposed.)
+    // - one hop of a ring (per_ring_hop pairs): hop h's pair is issued before hop h − 1's compute (the
+    //   first: before the query path too, where no plain collective has it) and waited after it; in
+    //   backward the pair sent again flies behind one hop's backward, and the adjoint travelling back
+    //   (dk and dv, or dlatent) is issued and waited at once: it hides behind nothing. A hop's compute
+    //   is 1/(ring_hops + 1) of the pass's ring phases: attention, the merges and accumulators, the
+    //   other blocks' assembly, and, where every rank up-projects every block (the latent travels),
+    //   the up-projections and their assembly.
+    std::set<std::string> plain_fwd, plain_bwd, ring_fwd, ring_bwd;
+    for (const DeclaredCollective& d : form.collectives()) {
+      if (d.forward == "q") continue;
+      auto& fwd = d.per_ring_hop ? ring_fwd : plain_fwd;
+      auto& bwd = d.per_ring_hop ? ring_bwd : plain_bwd;
+      fwd.insert(d.forward);
+      if (!d.per_ring_hop) bwd.insert(d.backward);
+      if (d.forward_again_in_backward) bwd.insert(d.forward);
+    }
     const std::set<std::string> query{"wq_a", "rmsnorm q_norm", "wq_b", "wq", "rope q_pe"};
-    double query_fwd = 0, query_bwd = 0;  // per layer
+    const std::set<std::string> ring_phases{"attention", "ring merges and fp32 accumulators", "k, v assembly of the other blocks"};
+    const std::set<std::string> per_hop_up{"up-projection wkv_b", "k, v assembly", "every rank's up-projection",
+                                           "recompute up-projection", "dk, dv assembly"};
+    double query_s[2] = {0, 0}, ring_s[2] = {0, 0};  // per layer, [forward, backward]
+    bool up_per_hop[2] = {false, false};
     for (const PhaseTime& ph : f.phases)
-      if (query.count(ph.phase.name)) (ph.phase.backward ? query_bwd : query_fwd) += ph.seconds / double(m.num_layers);
+      if (ph.phase.name == "every rank's up-projection") up_per_hop[ph.phase.backward] = true;
+    for (const PhaseTime& ph : f.phases) {
+      const int b = ph.phase.backward;
+      if (query.count(ph.phase.name)) query_s[b] += ph.seconds / double(m.num_layers);
+      if (ring_phases.count(ph.phase.name) || (up_per_hop[b] && per_hop_up.count(ph.phase.name)))
+        ring_s[b] += ph.seconds / double(m.num_layers);
+    }
+    const double hop_s[2] = {ring_s[0] / double(form.ring_hops(m) + 1), ring_s[1] / double(form.ring_hops(m) + 1)};
+    // Exposed = max(0, Σ seconds − window) over the collectives chosen, shared in proportion.
+    auto hide = [](std::vector<CollectiveTime*> flying, double window) {
+      double sum = 0;
+      for (const CollectiveTime* t : flying) sum += t->seconds;
+      if (sum <= 0) return;
+      const double keep = std::max(0.0, sum - window) / sum;
+      for (CollectiveTime* t : flying) t->exposed_s = t->seconds * keep;
+    };
     for (bool backward : {false, true}) {
       const int64_t per_layer = backward ? per_layer_bwd : per_layer_fwd, first = backward ? m.num_layers * per_layer_fwd : 0;
-      const std::set<std::string>& behind = backward ? behind_bwd : behind_fwd;
+      const std::set<std::string>& plain = backward ? plain_bwd : plain_fwd;
+      const std::set<std::string>& ring = backward ? ring_bwd : ring_fwd;
       for (int64_t l = 0; l < m.num_layers; ++l) {
-        double flying = 0;
-        for (int64_t k = 0; k < per_layer; ++k) {
-          const CollectiveTime& t = f.collectives[size_t(first + l * per_layer + k)];
-          if (behind.count(t.record.tensor)) flying += t.seconds;
-        }
-        const double keep = flying > 0 ? std::max(0.0, flying - (backward ? query_bwd : query_fwd)) / flying : 1.0;
+        std::vector<CollectiveTime*> plain_flying;
+        std::map<int64_t, std::vector<CollectiveTime*>> by_hop;  // a ring tensor's k-th record: hop k
+        std::map<std::string, int64_t> seen;
         for (int64_t k = 0; k < per_layer; ++k) {
           CollectiveTime& t = f.collectives[size_t(first + l * per_layer + k)];
-          if (behind.count(t.record.tensor)) t.exposed_s = t.seconds * keep;
+          if (plain.count(t.record.tensor)) plain_flying.push_back(&t);
+          else if (ring.count(t.record.tensor)) by_hop[seen[t.record.tensor]++].push_back(&t);
         }
+        hide(plain_flying, query_s[backward]);
+        for (auto& [hop, flying] : by_hop)
+          hide(flying, hop_s[backward] + (!backward && hop == 0 && plain_flying.empty() ? query_s[0] : 0));
       }
     }
   }

@@ -169,7 +169,7 @@ expect 2 "\-\-calibrate measures this machine" -- "$laga" model --calibrate "$tm
 expect 2 "\-\-comm-json $tmp/nocomm.json: cannot open" -- "$laga" model --calibrate "$tmp/out.json" --comm-json "$tmp/nocomm.json"
 echo '{"command": "bench-comm", "sp": 4, "rows": [{"op": "all_gather", "bytes": 1024, "time_s": 1e-5}]}' >"$tmp/comm-few.json"
 expect 2 "bench-comm file $tmp/comm-few.json: fewer than 2 valid sizes of all_gather" -- "$laga" model --calibrate "$tmp/out.json" --comm-json "$tmp/comm-few.json"
-expect 2 "\-\-comm-json goes with --calibrate" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw.json" --comm-json "$tmp/comm-few.json"
+expect 2 "bench-comm file $tmp/comm-few.json: fewer than 2 valid sizes of all_gather" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw.json" --comm-json "$tmp/comm-few.json"
 expect 2 "\-\-calibrate-seq goes with --calibrate" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw.json" --calibrate-seq 2048
 expect 2 "\-\-calibrate-reps goes with --calibrate" -- "$laga" model --model tiny --seq 16 --hw "$tmp/hw.json" --calibrate-reps 3
 expect 2 "\-\-calibrate-reps -1 must be 1 .. 100" -- "$laga" model --calibrate "$tmp/out.json" --sp 2 --calibrate-reps -1

@@ -124,6 +124,54 @@ TEST(Model, OverlapHidesTheLatentsCollectivesBehindTheQueryPathOnly) {
     }
 }
 
+// The ring forms with --overlap on: hop h's pair (k and v together, or the latent) hides behind one
+// hop's compute, 1/P of the pass's ring phases (with the up-projections where the latent travels),
+// the first also behind the query path; in backward the pair sent again hides behind one hop's
+// backward, and the adjoint travelling back (dk, dv or dlatent) behind nothing.
+TEST(Model, OverlapHidesARingsPairsBehindOneHopEach) {
+  const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
+  for (const char* form : {"ring-latent", "ring-kv"})
+    for (int64_t P : {2, 4}) {
+      SCOPED_TRACE(std::string(form) + " P" + std::to_string(P));
+      MlaConfig c = *tiny(form, 32, P);
+      c.num_layers = 1;
+      const FormPrediction off = predict(c, hw);
+      c.overlap = true;
+      const FormPrediction on = predict(c, hw);
+      ASSERT_EQ(on.collectives.size(), off.collectives.size());
+      const bool latent = std::string(form) == "ring-latent";
+      std::set<std::string> ring{"attention", "ring merges and fp32 accumulators", "k, v assembly of the other blocks"};
+      if (latent)
+        ring.insert({"up-projection wkv_b", "k, v assembly", "every rank's up-projection", "recompute up-projection",
+                     "dk, dv assembly"});
+      double q = 0, hop[2] = {0, 0};
+      for (const PhaseTime& p : on.phases) {
+        if (!p.phase.backward && (p.phase.name == "wq_a" || p.phase.name == "rmsnorm q_norm" || p.phase.name == "wq_b" ||
+                                  p.phase.name == "rope q_pe"))
+          q += p.seconds;
+        if (ring.count(p.phase.name)) hop[p.phase.backward] += p.seconds / double(P);
+      }
+      const std::set<std::string> sent = latent ? std::set<std::string>{"latent"} : std::set<std::string>{"k", "v"};
+      std::map<std::pair<bool, std::string>, int64_t> seen;
+      std::map<std::pair<bool, int64_t>, std::pair<double, double>> by_hop;  // (pass, hop) -> (seconds, exposed)
+      for (const CollectiveTime& t : on.collectives) {
+        if (sent.count(t.record.tensor)) {
+          auto& [secs, exp] = by_hop[{t.backward, seen[{t.backward, t.record.tensor}]++}];
+          secs += t.seconds, exp += t.exposed_s;
+        } else {
+          EXPECT_EQ(t.exposed_s, t.seconds) << t.record.tensor << " hides behind nothing";
+        }
+      }
+      EXPECT_EQ(int64_t(by_hop.size()), 2 * (P - 1));
+      for (const auto& [key, v] : by_hop) {
+        const auto [backward, h] = key;
+        const double window = hop[backward] + (!backward && h == 0 ? q : 0);
+        EXPECT_NEAR(v.second, std::max(0.0, v.first - window), 1e-12 * v.first) << (backward ? "bwd" : "fwd") << " hop " << h;
+      }
+      EXPECT_LT(on.comm_s(), off.comm_s());
+    }
+}
+
 TEST(Model, ComputeIsEachPhaseOverItsClassRate) {
   const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
   const Config c = tiny("laga", 16, 2);

@@ -305,7 +305,14 @@ nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpe
 
 int cmd_model(const CommonFlags& f, const ModelFlags& m) {
   if (!m.calibrate_out.empty()) return calibrate(f, m);
-  const HardwareSpec file_hw = HardwareSpec::load(m.hw);
+  HardwareSpec file_hw = HardwareSpec::load(m.hw);
+  if (!m.comm_json.empty()) {  // this file's compute with a link measured apart (e.g. across link.sh's namespaces)
+    int64_t P = 0;
+    file_hw.intra_node = link_from_bench_comm(read_json(m.comm_json, "--comm-json"), m.comm_json, &P);
+    LAGA_CHECK(P <= file_hw.ranks_per_node, "--comm-json {} was measured at sp {}, more than the {} ranks per node of --hw {}",
+               m.comm_json, P, file_hw.ranks_per_node, m.hw);
+    file_hw.source += fmt::format("; intra-node link fitted to {}", m.comm_json);
+  }
   auto json_out = open_output(f.json_path, "--json");
   if (m.grid) {
     nlohmann::json j = {{"command", "model --grid"}, {"hardware", file_hw.to_json()}, {"hw_file", m.hw}};

@@ -141,7 +141,7 @@ void build_app(CLI::App& app, Invocation& inv) {
                     "--grid; default 1, or 0.25,1,4 with --grid)")->delimiter(',');
   model->add_flag("--grid", inv.model.grid, "the winner of every cell of a grid: deepseek-v2-lite and -v3, T 4K-64K, P 8-64, "
                   "the link scales");
-  model->add_option("--comm-json", inv.model.comm_json, "with --calibrate: the link from a laga bench-comm --json file");
+  model->add_option("--comm-json", inv.model.comm_json, "the link from a laga bench-comm --json file: with --calibrate, the file's link; with --hw, replacing its intra-node link");
   model->add_option("--calibrate-seq", inv.model.calibrate_seqs, "with --calibrate: measure every rate at these T "
                     "(default 2048; the model reads between them in log T)")->delimiter(',');
   model->add_option("--calibrate-reps", inv.model.calibrate_reps, "with --calibrate: timed repeats per measurement after "
@@ -314,7 +314,6 @@ void check_invocation(const Invocation& inv) {
       LAGA_CHECK(!m.grid || (f.seq == 0 && m.bench_json.empty() && m.forms.empty() && f.ulysses == 0),
                  "--grid chooses its own models, T, P and --ulysses over every form; it takes no --seq, --bench-json, "
                  "--forms or --ulysses");
-      LAGA_CHECK(m.comm_json.empty(), "--comm-json goes with --calibrate OUT.json");
       LAGA_CHECK(f.ulysses >= 0, "--ulysses {} must be positive (or 0: none)", f.ulysses);
       LAGA_CHECK(!m.hw.empty(), "laga model needs --hw FILE (a hardware file, docs/model.md), or --calibrate OUT.json");
       LAGA_CHECK(m.grid || f.seq > 0 || !m.bench_json.empty(), "laga model needs --seq T (or --bench-json FILE, or --grid)");
