@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -35,12 +36,18 @@
 #include "laga/comm/communicator.hpp"
 #include "laga/core/error.hpp"
 #include "laga/core/machine.hpp"
+#include "laga/core/progress.hpp"
 
 namespace laga {
 namespace {
 
 int64_t g_max_piece_bytes = INT_MAX;
 constexpr int kRingTag = 17;  // send_recv's point-to-point messages
+constexpr int kProgressTag = 4711;  // probed for progress (set_mpi_progress_interval); nothing sends it
+double g_progress_interval_s = 500e-6;
+// Raw requests in flight in this process (MpiCommunicator::Request, alive from issue until observed
+// complete). Only the rank's own thread touches it (MPI_THREAD_FUNNELED).
+int g_raw_in_flight = 0;
 
 std::string host_name() {
   int initialized = 0;
@@ -136,6 +143,10 @@ class MpiCommunicator final : public Communicator {
 
  protected:
   struct Request : RawRequest {
+    Request() { ++g_raw_in_flight; }
+    ~Request() override { --g_raw_in_flight; }
+    Request(const Request&) = delete;
+    Request& operator=(const Request&) = delete;
     std::vector<MPI_Request> reqs;  // one per piece
     const char* call = "";
   };
@@ -274,6 +285,13 @@ void set_mpi_max_piece_bytes(int64_t bytes) {
 }
 }  // namespace detail
 
+void set_mpi_progress_interval(double seconds) {
+  LAGA_CHECK(seconds >= 0 && std::isfinite(seconds),
+             "MPI progress interval {} s must be finite and ≥ 0 (0: progress only inside MPI calls)", seconds);
+  g_progress_interval_s = seconds;
+}
+double mpi_progress_interval() { return g_progress_interval_s; }
+
 bool under_mpi() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr; }
 
 int run_mpi(const std::function<void(Communicator&)>& fn, double timeout_s) {
@@ -302,6 +320,15 @@ int run_mpi(const std::function<void(Communicator&)>& fn, double timeout_s) {
     omp_set_num_threads(std::max(1, std::min(usable_cores(), online / local_size(MPI_COMM_WORLD, where))));
     MpiCommunicator comm(MPI_COMM_WORLD, false);
     comm.set_timeout(timeout_s);
+    // Any MPI call runs OpenMPI's progress engine for every request in flight, on every communicator;
+    // a probe of a tag nothing sends never matches, so it always does.
+    ProgressHook progress(
+        [&where] {
+          if (g_raw_in_flight == 0) return;
+          int flag = 0;
+          LAGA_MPI(where, MPI_Iprobe(MPI_ANY_SOURCE, kProgressTag, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE));
+        },
+        g_progress_interval_s);
     fn(comm);
   } catch (const Error& e) {
     status = e.exit_status();

@@ -8,6 +8,7 @@
 #include "laga/core/error.hpp"
 #include "laga/core/memory.hpp"
 #include "laga/core/profile.hpp"
+#include "laga/core/progress.hpp"
 
 namespace laga {
 
@@ -120,6 +121,7 @@ void matmul(const MatmulParams& p) {
   }
   c.prim.execute(stream, args);
   stream.wait();
+  progress_point();
 }
 
 MatView MatView::t() const {

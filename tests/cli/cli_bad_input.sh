@@ -54,6 +54,8 @@ expect 2 "unknown dtype 'fp16'; valid: fp32, bf16" -- "$laga" run --model tiny -
 expect 2 "unknown absorbed-kv regime" -- "$laga" run --model tiny --seq 16 --absorbed-kv copied
 expect 2 "unknown --overlap 'maybe'; valid: on, off" -- "$laga" run --model tiny --seq 16 --overlap maybe
 expect 2 "unknown --overlap 'maybe'; valid: on, off" -- "$laga" bench --model tiny --seq 16 --forms laga --overlap maybe
+expect 2 "\-\-mpi-progress -1 must be a number of microseconds ≥ 0, e.g. 500" -- "$laga" run --model tiny --seq 16 --mpi-progress -1
+expect 2 "\-\-mpi-progress = often: not a number; give one, e.g. \-\-mpi-progress 500" -- "$laga" bench-comm --mpi-progress often
 
 # A dimension that does not fit: an odd RoPE dim in a config file.
 cat >"$tmp/odd.json" <<'JSON'

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "laga/comm/communicator.hpp"
 #include "laga/core/bytes.hpp"
 #include "laga/core/error.hpp"
 
@@ -55,8 +56,17 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   if (with_comm) {
     app->add_option("--comm", f.comm, "ranks as: auto (mpi under mpirun, else threads), threads, mpi")->capture_default_str();
     app->add_option("--timeout", f.timeout_s, "seconds a collective may wait before failing (0: no limit)")->capture_default_str();
+    app->add_option("--mpi-progress", f.mpi_progress_us, kMpiProgressHelp)->capture_default_str();
     app->add_flag("--check-finite", f.check_finite, "stop (exit 1) at the first NaN or Inf in an input, activation or gradient");
   }
+}
+
+std::string link_description(bool mpi) {
+  std::string link = mpi ? "MPI, one process per rank" : "in-process threads";
+  if (const char* l = std::getenv("LAGA_LINK"); l && *l) link = l;
+  if (!mpi) return link;
+  const double us = mpi_progress_interval() * 1e6;
+  return link + (us > 0 ? fmt::format("; MPI progress from compute every {:g} µs", us) : "; MPI progress only inside MPI calls");
 }
 
 Config build_config(const CommonFlags& f) { return Config(build_spec(f)); }

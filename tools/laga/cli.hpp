@@ -21,6 +21,15 @@
 
 namespace laga::cli {
 
+// --mpi-progress's help: shared by the commands that communicate and bench-comm.
+inline constexpr const char* kMpiProgressHelp =
+    "under MPI, microseconds between the progress calls a rank makes from inside its compute, so a "
+    "collective in flight moves behind it (0: only inside MPI calls; docs/design.md)";
+
+// The link for a benchmark's header and JSON: scripts/link.sh's description (LAGA_LINK) or the
+// backend's, and under MPI how ranks progress collectives in flight (--mpi-progress).
+std::string link_description(bool mpi);
+
 struct CommonFlags {
   std::string model = "tiny";
   int64_t seq = 0, sp = 1, batch = 1, layers = 1, ulysses = 0;
@@ -29,12 +38,13 @@ struct CommonFlags {
   std::string attn_backward{attn_backward_name(RunChoices{}.attn_backward)};
   std::string rope_layout = "interleaved", comm = "auto", json_path, config_path, overlap = "off";
   double timeout_s = 0;
+  double mpi_progress_us = 500;  // set_mpi_progress_interval
   bool check_finite = false;
   uint64_t seed = 1234;
 };
 
 // --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --dlatent-sum --rope-layout --overlap --json --seed;
-// with_comm adds --comm and --timeout.
+// with_comm adds --comm, --timeout and --mpi-progress.
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
 Config build_config(const CommonFlags& f);
 // The flags' configuration, not yet validated (for the commands that run every form: forms_at).

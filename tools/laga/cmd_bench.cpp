@@ -259,11 +259,6 @@ class Progress {
   std::chrono::steady_clock::time_point t0_;
 };
 
-std::string link_name(const std::string& backend) {
-  if (const char* l = std::getenv("LAGA_LINK"); l && *l) return l;
-  return backend == "mpi" ? "MPI, one process per rank" : "in-process threads";
-}
-
 }  // namespace
 
 int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
@@ -456,7 +451,7 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
       for (const auto& s : per_f) threads_min = std::min(threads_min, s.threads_min), threads_max = std::max(threads_max, s.threads_max);
   const std::string threads =
       threads_min == threads_max ? fmt::format("{}", threads_max) : fmt::format("{}–{}", threads_min, threads_max);
-  const std::string link = link_name(backend);
+  const std::string link = link_description(backend == "mpi");
   const std::string reference =
       ref_P == P ? std::string() : fmt::format(" (explicit at P 1 the reference: it cannot run P {}: {})", P, explicit_refusal);
   const std::string validation =

@@ -108,11 +108,6 @@ int default_sp() {
   return world ? std::max(1, std::atoi(world)) : 2;
 }
 
-std::string link_description(LaunchKind kind) {
-  if (const char* link = std::getenv("LAGA_LINK"); link && *link) return link;
-  return kind == LaunchKind::mpi ? "MPI, one process per rank" : "in-process threads";
-}
-
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
@@ -142,7 +137,7 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
              "-e {}: {} rank(s) in this process need {} of buffers, more than the {} available; give a smaller -e",
              b.max_bytes, here, human_bytes(per_rank * here), human_bytes(available_memory_bytes()));
   auto json_out = is_root_process() ? open_output(f.json_path, "--json") : nullptr;
-  const std::string link = link_description(kind);
+  const std::string link = link_description(kind == LaunchKind::mpi);
   const MachineInfo machine = machine_info();
 
   std::vector<Row> rows;  // on the root

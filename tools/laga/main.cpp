@@ -8,6 +8,7 @@
 
 #include "cli.hpp"
 #include "commands.hpp"
+#include "laga/comm/communicator.hpp"
 #include "laga/core/error.hpp"
 #include "laga/core/finite.hpp"
 #include "parse.hpp"
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
     check_invocation(inv);
     const CommonFlags& flags = inv.flags;
     set_check_finite(flags.check_finite);
+    set_mpi_progress_interval(flags.mpi_progress_us * 1e-6);
     if (inv.command == "run") return cmd_run(flags, inv.dump_dir, inv.weights, inv.mem_limit, inv.stand_in);
     if (inv.command == "plan") return cmd_plan(flags, inv.sweep, inv.mem_limit);
     if (inv.command == "verify") return cmd_verify(flags, inv.sps, inv.mem_limit);

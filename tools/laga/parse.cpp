@@ -105,6 +105,7 @@ void build_app(CLI::App& app, Invocation& inv) {
   comm->add_option("-w,--warmup", bc.warmup, "untimed iterations before them")->capture_default_str();
   comm->add_option("--comm", flags.comm, "auto|threads|mpi (auto: mpi under mpirun)")->capture_default_str();
   comm->add_option("--timeout", flags.timeout_s, "seconds a collective may wait before it fails (0: forever)");
+  comm->add_option("--mpi-progress", flags.mpi_progress_us, kMpiProgressHelp)->capture_default_str();
   comm->add_option("--json", flags.json_path, "write the rows as JSON to this file");
 
   auto* train = app.add_subcommand("train", "optimizer steps of each form on a synthetic regression task");
@@ -157,14 +158,15 @@ std::optional<int> parse_with(CLI::App& app, int argc, const char* const* argv, 
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e, out, err);
   } catch (const CLI::ConversionError& e) {
-    // CLI11 says "Could not convert: --seq = 64.5". --lr and --timeout take a decimal number, every
+    // CLI11 says "Could not convert: --seq = 64.5". --lr, --timeout and --mpi-progress take a decimal number, every
     // other numeric option a whole number or a comma-separated list of them (--sp 1,2,4).
     std::string what = e.what();
     const std::string prefix = "Could not convert: ";
     if (what.rfind(prefix, 0) == 0) what = what.substr(prefix.size());
     const std::string name = what.substr(0, what.find(' '));
     std::string hint;
-    if (name == "--lr" || name == "--timeout") hint = ": not a number; give one, e.g. " + name + (name == "--lr" ? " 1e-3" : " 60");
+    if (name == "--lr" || name == "--timeout" || name == "--mpi-progress")
+      hint = ": not a number; give one, e.g. " + name + (name == "--lr" ? " 1e-3" : name == "--timeout" ? " 60" : " 500");
     else if (what.find(',') != std::string::npos) hint = ": not a list of whole numbers; give e.g. " + name + " 1,2,4";
     else hint = ": not a whole number; give one, e.g. " + name + (name == "--seq" ? " 1024" : " 2");
     err << "laga: " << what << hint << "\n";
@@ -210,6 +212,9 @@ std::optional<int> parse_args_fresh(int argc, const char* const* argv, Invocatio
 void check_invocation(const Invocation& inv) {
   const CommonFlags& f = inv.flags;
   if (!inv.mem_limit.empty()) parse_bytes(inv.mem_limit);
+  LAGA_CHECK(f.mpi_progress_us >= 0 && std::isfinite(f.mpi_progress_us),
+             "--mpi-progress {} must be a number of microseconds ≥ 0, e.g. 500 (0: progress only inside MPI calls)",
+             f.mpi_progress_us);
   if (inv.command == "run") {
     if (!inv.fault.empty()) set_injected_fault(inv.fault);
     const Config c = build_config(f);

@@ -285,6 +285,14 @@ void run_threads(int P, const std::function<void(Communicator&)>& fn, double tim
 // True when this process was started by mpirun/mpiexec (OpenMPI's environment: OMPI_COMM_WORLD_SIZE
 // or PMIX_RANK is set).
 bool under_mpi();
+// OpenMPI moves a non-blocking transfer only inside MPI calls (it has no progress thread): over TCP,
+// a collective issued before compute would otherwise wait for the rank's own wait. So run_mpi's rank
+// makes a progress call (MPI_Iprobe on a tag nothing sends) from compute's progress points
+// (core/progress.hpp: every matmul) whenever a collective is in flight, at most once every
+// `seconds`. 0: progress only inside MPI calls. Default 500 µs. Set before run_mpi; a usage error
+// unless finite and ≥ 0.
+void set_mpi_progress_interval(double seconds);
+double mpi_progress_interval();
 // Runs fn on this MPI process's rank of MPI_COMM_WORLD (MPI_Init_thread/Finalize around it), with
 // max(1, cores / ranks on this node) OpenMP threads. An escaping exception prints
 // "laga: rank R on HOST: <what>" and calls MPI_Abort with the error's exit status (2 usage,
