@@ -157,12 +157,13 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
   // after the whole first, so a slow spell of the shared machine (seconds to minutes) hits one reading of
   // an entry, not both; an entry whose two readings differ by more than opt.agree is read a third time.
   // Each entry keeps the median of its readings (two agreeing: their mean).
+  enum class Unit { tflops, GBps };  // the file's rates: TFLOP/s (FLOPs), GB/s (bytes)
   struct Measurement {
     std::string what;  // "bf16 T 2048 matmul", for the progress line and the notes
     double work;       // FLOPs, or bytes for elementwise
     std::function<double()> seconds;
-    std::function<void(double)> store;  // the rate (work / seconds, scaled to the file's unit)
-    double unit;                        // 1e12 (TFLOP/s) or 1e9 (GB/s)
+    std::function<void(double)> store;  // the rate (work / seconds, in unit)
+    Unit unit;
     std::vector<double> readings;       // seconds, one per round
   };
   std::vector<Measurement> ms;
@@ -190,7 +191,7 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
                           });
                         return secs;
                       },
-                      [&cs, T](double r) { cs.matmul_tflops.by_seq[T] = r; }, 1e12, {}});
+                      [&cs, T](double r) { cs.matmul_tflops.by_seq[T] = r; }, Unit::tflops, {}});
       }
       // An attention kernel's rates at T under `key`: forward and backward, each its own measurement on
       // fresh buffers from make(backward), their FLOPs as the model's phases count them.
@@ -201,7 +202,7 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
           ms.push_back({fmt::format("{} T {} {} {}", dn, T, key, backward ? "backward" : "forward"),
                         backward ? bwd_flops : fwd_flops,
                         [P, reps = opt.reps, work = make(backward)] { return timed_on_ranks(P, reps, work); },
-                        [&cs, name, T](double r) { cs.attention_tflops[name].by_seq[T] = r; }, 1e12, {}});
+                        [&cs, name, T](double r) { cs.attention_tflops[name].by_seq[T] = r; }, Unit::tflops, {}});
         }
       };
       {  // attention, per kernel and shape
@@ -292,12 +293,12 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
                           };
                         });
                       },
-                      [&cs, T](double r) { cs.elementwise_GBps.by_seq[T] = r; }, 1e9, {}});
+                      [&cs, T](double r) { cs.elementwise_GBps.by_seq[T] = r; }, Unit::GBps, {}});
       }
     }
   }
-  auto rate = [](const Measurement& m, double secs) { return m.work / secs / m.unit; };
-  auto unit = [](const Measurement& m) { return m.unit == 1e9 ? "GB/s" : "TFLOP/s"; };
+  auto rate = [](const Measurement& m, double secs) { return m.work / secs / (m.unit == Unit::GBps ? 1e9 : 1e12); };
+  auto unit = [](const Measurement& m) { return m.unit == Unit::GBps ? "GB/s" : "TFLOP/s"; };
   for (int round = 1; round <= 2; ++round)
     for (Measurement& m : ms) {
       m.readings.push_back(m.seconds());

@@ -27,6 +27,11 @@ nlohmann::json read_json(const std::string& path, const char* what) {
   return j;
 }
 
+// The link fitted to a `laga bench-comm --json` file (--comm-json), and in *P the ranks it ran on.
+LinkSpec comm_json_link(const std::string& path, int64_t* P) {
+  return link_from_bench_comm(read_json(path, "--comm-json"), path, P);
+}
+
 // A rate as the file gives it: one number, or "x at T 2048, y at T 8192".
 std::string rate_text(const SeqRate& r) {
   std::string s;
@@ -60,12 +65,10 @@ int calibrate(const CommonFlags& f, const ModelFlags& m) {
   opt.link = m.comm_json.empty();
   LAGA_CHECK(!opt.link || f.sp >= 2, "--calibrate measures the threads link between --sp ranks: give --sp 2 or more, "
              "or --comm-json FILE from laga bench-comm --json");
-  nlohmann::json comm;
   LinkSpec from_file;
   if (!opt.link) {
-    comm = read_json(m.comm_json, "--comm-json");
     int64_t P = 0;
-    from_file = link_from_bench_comm(comm, m.comm_json, &P);
+    from_file = comm_json_link(m.comm_json, &P);
     LAGA_CHECK(P == f.sp || f.sp == 1, "--comm-json {} was measured at sp {}, but --sp is {}; give --sp {}", m.comm_json, P,
                f.sp, P);
     opt.sp = P;
@@ -308,7 +311,7 @@ int cmd_model(const CommonFlags& f, const ModelFlags& m) {
   HardwareSpec file_hw = HardwareSpec::load(m.hw);
   if (!m.comm_json.empty()) {  // this file's compute with a link measured apart (e.g. across link.sh's namespaces)
     int64_t P = 0;
-    file_hw.intra_node = link_from_bench_comm(read_json(m.comm_json, "--comm-json"), m.comm_json, &P);
+    file_hw.intra_node = comm_json_link(m.comm_json, &P);
     LAGA_CHECK(P <= file_hw.ranks_per_node, "--comm-json {} was measured at sp {}, more than the {} ranks per node of --hw {}",
                m.comm_json, P, file_hw.ranks_per_node, m.hw);
     file_hw.source += fmt::format("; intra-node link fitted to {}", m.comm_json);
