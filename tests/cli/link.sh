@@ -50,9 +50,10 @@ status=$?
 grep -q "^# link: 2 namespaces, tbf rate ${rate_mbit}mbit" "$work/out" || fail "the table's header does not name the link"
 # TCP's congestion control is link.sh's own (CUBIC, else Reno), not the host's default (BBR on some
 # hosts), and OpenMPI sends eagerly up to 32 MiB (no rendezvous whose handshake can queue behind bulk
-# data): both named in the header (docs/throughput.md §2).
-grep -Eq "^# link: .*, tcp (cubic|reno), mpi eager up to 32768 KiB$" "$work/out" \
-  || fail "the header does not name link.sh's congestion control and eager limit: $(grep '^# link' "$work/out")"
+# data): both named in the header (docs/throughput.md §2), with laga's own MPI progress setting
+# (--mpi-progress, default 500 µs).
+grep -Eq "^# link: .*, tcp (cubic|reno), mpi eager up to 32768 KiB; MPI progress from compute every 500 µs$" "$work/out" \
+  || fail "the header does not name link.sh's congestion control, eager limit and laga's MPI progress: $(grep '^# link' "$work/out")"
 /usr/bin/python3 - "$work/link.json" "$rate_mbit" <<'PY' || fail "bench-comm JSON through the link"
 import json, sys
 j = json.load(open(sys.argv[1])); rate_GBps = float(sys.argv[2]) * 1e6 / 8 / 1e9
