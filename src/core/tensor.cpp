@@ -109,7 +109,19 @@ void Tensor::copy_from(const Tensor& src) {
     if (nbytes()) std::memmove(raw(), src.raw(), size_t(nbytes()));
     return;
   }
-  for (int64_t i = 0; i < numel(); ++i) set(i, src.get(i));
+  // The two dtypes' conversions, element for element as get and set do them, in one typed loop.
+  const int64_t n = numel();
+  if (dtype_ == DType::bf16) {
+    const float* from = static_cast<const float*>(src.raw());
+    bf16* into = static_cast<bf16*>(raw());
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) into[i] = to_bf16(from[i]);
+  } else {
+    const bf16* from = static_cast<const bf16*>(src.raw());
+    float* into = static_cast<float*>(raw());
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+    for (int64_t i = 0; i < n; ++i) into[i] = to_float(from[i]);
+  }
 }
 
 Tensor Tensor::clone(const std::string& tag) const { return to(dtype_, tag); }

@@ -3,6 +3,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
+#include <limits>
+#include <vector>
+
 #include "laga/mla/config.hpp"
 #include "laga/core/random.hpp"
 #include "laga/core/tensor.hpp"
@@ -81,6 +85,30 @@ TEST(Tensor, RowsViewSharesStorage) {
   EXPECT_EQ(r.get(0), 2.0f);
   r.set(3, 9.0f);
   EXPECT_EQ(a.get(5), 9.0f);
+}
+
+// copy_from between dtypes converts each element as to_bf16 / to_float do (round to nearest even,
+// NaN kept quiet), on the parallel path (≥ kParallelMin elements) and the serial one, views included.
+TEST(Tensor, CopyFromConvertsEachElementAsTheScalarConversions) {
+  for (int64_t n : {int64_t(37), 3 * kParallelMin + 5}) {
+    std::vector<float> values(static_cast<size_t>(n), 0.0f);
+    for (int64_t i = 0; i < n; ++i) values[size_t(i)] = std::ldexp(1.0f + float(i % 977) / 977.0f, int(i % 41) - 20) * (i % 2 ? -1 : 1);
+    values[3] = std::nanf(""), values[5] = std::numeric_limits<float>::infinity(), values[7] = 0x1.00ffp0f;
+    Tensor f = Tensor::from_floats({n}, DType::f32, values, "f");
+    Tensor b = f.to(DType::bf16, "b");
+    Tensor back = b.to(DType::f32, "back");
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want = to_bf16(values[size_t(i)]).bits;
+      ASSERT_EQ(static_cast<const bf16*>(b.raw())[i].bits, want) << "element " << i << " of " << n;
+      const float got = back.get(i), expect = to_float(bf16{want});
+      ASSERT_TRUE(got == expect || (std::isnan(got) && std::isnan(expect))) << "element " << i << " of " << n;
+    }
+  }
+  Tensor a = Tensor::from_floats({3, 2}, DType::f32, {0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f}, "a");
+  Tensor into = Tensor::zeros({2, 2}, DType::bf16, "into");
+  into.copy_from(a.rows(1, 3));
+  EXPECT_EQ(into.get(0), 2.5f);
+  EXPECT_EQ(into.get(3), 5.5f);
 }
 
 TEST(Config, PresetsAreValid) {
