@@ -1,6 +1,7 @@
 #include "laga/core/tensor.hpp"
 
 #include <cstring>
+#include <type_traits>
 
 namespace laga {
 
@@ -109,19 +110,18 @@ void Tensor::copy_from(const Tensor& src) {
     if (nbytes()) std::memmove(raw(), src.raw(), size_t(nbytes()));
     return;
   }
-  // The two dtypes' conversions, element for element as get and set do them, in one typed loop.
+  // Element for element as get and set convert (through float), in one typed loop.
   const int64_t n = numel();
-  if (dtype_ == DType::bf16) {
-    const float* from = static_cast<const float*>(src.raw());
-    bf16* into = static_cast<bf16*>(raw());
+  dispatch_dtype(dtype_, [&](auto* into_tag) {
+    using D = std::remove_pointer_t<decltype(into_tag)>;
+    dispatch_dtype(src.dtype_, [&](auto* from_tag) {
+      using S = std::remove_pointer_t<decltype(from_tag)>;
+      const S* from = static_cast<const S*>(src.raw());
+      D* into = static_cast<D*>(raw());
 #pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) into[i] = to_bf16(from[i]);
-  } else {
-    const bf16* from = static_cast<const bf16*>(src.raw());
-    float* into = static_cast<float*>(raw());
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-    for (int64_t i = 0; i < n; ++i) into[i] = to_float(from[i]);
-  }
+      for (int64_t i = 0; i < n; ++i) into[i] = from_float<D>(to_float(from[i]));
+    });
+  });
 }
 
 Tensor Tensor::clone(const std::string& tag) const { return to(dtype_, tag); }
