@@ -7,12 +7,14 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "laga/core/error.hpp"
 #include "laga/core/machine.hpp"
 #include "laga/core/random.hpp"
 #include "laga/mla/config.hpp"
 #include "laga/ops/attention.hpp"
+#include "laga/ops/elementwise.hpp"
 #include "laga/ops/latent_attention.hpp"
 #include "laga/ops/linear.hpp"
 #include "laga/ops/rmsnorm.hpp"
@@ -151,7 +153,10 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
       {"attention", fmt::format("T, B 1, {} query heads, causal; dense 192/128, latent 576/512 per head (fused: V padded to "
                                 "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP counting; laga_fused: the latent kernel "
                                 "of laga-fused, its FLOPs the attention's plus the up-projection it executes", Hr)},
-      {"elementwise", fmt::format("rmsnorm forward/backward and rope over [T/P, {}]: bytes read + written / time", D)}};
+      {"elementwise", fmt::format("rmsnorm forward/backward and rope over [T/P, {}]: bytes read + written / time", D)},
+      {"accumulate", fmt::format("fp32 streams of the ring forms over [T/P, {} heads, {}]: a zeroed accumulator, an add "
+                                 "into it, a log-sum-exp merge of [T/P, {}, {}], a rounding to bf16: bytes read + "
+                                 "written / time; the same in both dtypes' sections", H, Dqk, H, Dv)}};
   // Every reading is a Measurement: its time (seconds, the median of opt.reps repeats on all ranks
   // at once), its work (FLOPs or bytes) and where its rate goes. All are read in two rounds, the second
   // after the whole first, so a slow spell of the shared machine (seconds to minutes) hits one reading of
@@ -294,6 +299,37 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
                         });
                       },
                       [&cs, T](double r) { cs.elementwise_GBps.by_seq[T] = r; }, Unit::GBps, {}});
+      }
+      if (dt == DType::f32) {  // accumulate: fp32 streams, the same in a run of either dtype, stored in both
+        // What the ring forms do to their fp32 buffers every hop, at ring-kv's width (all H heads of
+        // E rows): a zeroed accumulator, a partial added into it, a partial attention merged by
+        // log-sum-exp, the accumulator rounded to bf16.
+        const double n = double(E) * H * Dqk, o = double(E) * H * Dv;
+        const double bytes = 4 * n + 12 * n + 6 * n + 12 * o + 12.0 * E * H;
+        ms.push_back({fmt::format("T {} accumulate", T), bytes, [=, &opt] {
+                        return timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
+                          Tensor part = random({E, 1, H, Dqk}, DType::f32, 12, "cal.part");
+                          Tensor o_part = random({E, 1, H, Dv}, DType::f32, 13, "cal.o_part");
+                          Tensor o_acc = random({E, 1, H, Dv}, DType::f32, 14, "cal.o_acc");
+                          Tensor lse_part = random({1, H, E}, DType::f32, 15, "cal.lse_part");
+                          Tensor lse_acc = random({1, H, E}, DType::f32, 16, "cal.lse_acc");
+                          Tensor rounded = Tensor::empty({E, 1, H, Dqk}, DType::bf16, "cal.rounded");
+                          return [=]() mutable {
+                            Tensor acc = Tensor::zeros({E, 1, H, Dqk}, DType::f32, "cal.acc");
+                            add_into(acc, part);
+                            attention_merge(o_part, lse_part, o_acc, lse_acc, false);
+                            rounded.copy_from(acc);
+                          };
+                        });
+                      },
+                      [&hw, T](double r) {
+                        for (DType d : {DType::bf16, DType::f32}) {
+                          std::optional<SeqRate>& a = hw.compute[d].accumulate_GBps;
+                          if (!a) a = SeqRate{};
+                          a->by_seq[T] = r;
+                        }
+                      },
+                      Unit::GBps, {}});
       }
     }
   }

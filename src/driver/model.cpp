@@ -199,12 +199,13 @@ HardwareSpec HardwareSpec::from_json(const json& j, const std::string& path) {
     else r.fail("compute." + dt_name, "is not a dtype; valid: bf16, fp32");
     const std::string f = "compute." + dt_name;
     r.object(sec, f);
-    std::set<std::string> known{"matmul_tflops", "elementwise_GBps"};
+    std::set<std::string> known{"matmul_tflops", "elementwise_GBps", "accumulate_GBps"};
     for (const char* k : kAttentionKeys) known.insert(k);
     r.only(sec, f, known);
     ComputeSpec c;
     c.matmul_tflops = r.rate(r.child(sec, f, "matmul_tflops", "a positive number (TFLOP/s)"), f + ".matmul_tflops", "TFLOP/s");
     c.elementwise_GBps = r.rate(r.child(sec, f, "elementwise_GBps", "a positive number (GB/s)"), f + ".elementwise_GBps", "GB/s");
+    if (sec.contains("accumulate_GBps")) c.accumulate_GBps = r.rate(sec.at("accumulate_GBps"), f + ".accumulate_GBps", "GB/s");
     for (const char* k : {"attention_fwd_tflops", "attention_bwd_tflops"})
       r.child(sec, f, k, "a positive number (TFLOP/s)");
     for (const char* k : kAttentionKeys)
@@ -235,6 +236,7 @@ json HardwareSpec::to_json() const {
   json compute_j;
   for (const auto& [dt, c] : compute) {
     json s = {{"matmul_tflops", c.matmul_tflops.to_json()}, {"elementwise_GBps", c.elementwise_GBps.to_json()}};
+    if (c.accumulate_GBps) s["accumulate_GBps"] = c.accumulate_GBps->to_json();
     for (const auto& [k, v] : c.attention_tflops) s[k] = v.to_json();
     compute_j[dt == DType::bf16 ? "bf16" : "fp32"] = s;
   }
@@ -366,11 +368,10 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
         break;
       case OpClass::attention_forward: t.rate = rates.attention_rate(kernel, ph.shape, false, call_seq) * 1e12; break;
       case OpClass::attention_backward: t.rate = rates.attention_rate(kernel, ph.shape, true, call_seq) * 1e12; break;
-      case OpClass::elementwise:  // fp32 buffers at the fp32 rate where the file has it
-        t.rate = (ph.fp32 && hw.compute.count(DType::f32) ? hw.compute.at(DType::f32) : rates).elementwise_GBps.at(m.seq_len) * 1e9;
-        break;
+      case OpClass::elementwise: t.rate = rates.elementwise_GBps.at(m.seq_len) * 1e9; break;
+      case OpClass::accumulate: t.rate = rates.accumulate_rate(m.seq_len) * 1e9; break;
     }
-    t.seconds = (ph.op == OpClass::elementwise ? ph.bytes : ph.flops) / t.rate;
+    t.seconds = (ph.by_bytes() ? ph.bytes : ph.flops) / t.rate;
     (ph.backward ? f.bwd_compute_s : f.fwd_compute_s) += t.seconds;
     f.phases.push_back(t);
   }
@@ -546,7 +547,7 @@ std::map<std::string, double> BenchRowComparison::predicted_by_class() const {
   std::map<std::string, double> by{{"matmul", 0}, {"attention_fwd", 0}, {"attention_bwd", 0}, {"other", 0}};
   // A product inside the form's own attention kernel is timed there by bench's op-class timer.
   for (const PhaseTime& t : predicted.phases)
-    by[t.phase.op == OpClass::elementwise ? "other"
+    by[t.phase.by_bytes() ? "other"
        : t.phase.in_kernel               ? (t.phase.backward ? "attention_bwd" : "attention_fwd")
                                          : std::string(op_class_name(t.phase.op))] += t.seconds;
   return by;

@@ -34,6 +34,7 @@ std::string_view op_class_name(OpClass k) {
     case OpClass::attention_forward: return "attention_fwd";
     case OpClass::attention_backward: return "attention_bwd";
     case OpClass::elementwise: return "elementwise";
+    case OpClass::accumulate: return "accumulate";
   }
   return "?";
 }
@@ -111,7 +112,7 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   // A form's elementwise traffic beyond these phases (the ring forms' merges and accumulators).
   auto extra = [&](bool bwd) {
     const Form::ExtraBytes e = form.extra_elementwise_bytes(c, bwd);
-    if (e.fp32 > 0) out.push_back({"ring merges and fp32 accumulators", bwd, OpClass::elementwise, shape, 0, e.fp32 * L, true});
+    if (e.fp32 > 0) out.push_back({"ring merges and fp32 accumulators", bwd, OpClass::accumulate, shape, 0, e.fp32 * L});
     if (e.storage > 0) out.push_back({"k, v assembly of the other blocks", bwd, OpClass::elementwise, shape, 0, e.storage * L});
   };
   extra(false);

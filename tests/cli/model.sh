@@ -43,7 +43,7 @@ for r in j["notes"]["remeasured"]:
     assert len(r["rates"]) == 3 and all(math.isfinite(x) and x > 0 for x in r["rates"]), r
 for dt in ("bf16", "fp32"):
     s = c[dt]
-    for k in ["matmul_tflops", "elementwise_GBps"] + [f"{p}attention_{d}_tflops" for d in ("fwd", "bwd")
+    for k in ["matmul_tflops", "elementwise_GBps", "accumulate_GBps"] + [f"{p}attention_{d}_tflops" for d in ("fwd", "bwd")
               for p in ("", "eager_", "latent_", "eager_latent_", "mqa_", "eager_mqa_", "laga_fused_")]:
         v = s[k]["64"] if isinstance(s[k], dict) else s[k]
         assert math.isfinite(v) and v > 0, (dt, k, v)

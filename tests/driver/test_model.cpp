@@ -386,6 +386,7 @@ TEST(Model, ReadsEachRateAtTheLengthOfItsRunOrKernelCall) {
   j["compute"]["bf16"]["matmul_tflops"] = {{"16", 1.0}, {"64", 4.0}};
   j["compute"]["bf16"]["attention_fwd_tflops"] = {{"8", 0.1}, {"32", 0.4}};
   j["compute"]["bf16"]["elementwise_GBps"] = {{"32", 20.0}};
+  j["compute"]["bf16"]["accumulate_GBps"] = {{"16", 30.0}, {"64", 90.0}};
   const HardwareSpec hw = HardwareSpec::from_json(j, "by-seq.json");
   const ComputeSpec& cs = hw.compute_for(DType::bf16);
   for (const char* form : {"laga", "ring-latent"}) {
@@ -398,18 +399,44 @@ TEST(Model, ReadsEachRateAtTheLengthOfItsRunOrKernelCall) {
       switch (t.phase.op) {
         case OpClass::matmul: want = cs.matmul_tflops.at(T) * 1e12; break;  // 2.0 at T 32
         case OpClass::elementwise: want = 20e9; break;
+        case OpClass::accumulate: want = 60e9; break;  // halfway in log2 between 16 and 64
         // at 32: the measured 0.4; at 16: halfway in log2 between 8 and 32, 0.25
         case OpClass::attention_forward: want = (call == 32 ? 0.4 : 0.25) * 1e12; break;
         case OpClass::attention_backward: want = 0.25e12; break;  // a plain number
       }
       EXPECT_DOUBLE_EQ(t.rate, want) << form << " " << t.phase.name;
-      EXPECT_DOUBLE_EQ(t.seconds, (t.phase.op == OpClass::elementwise ? t.phase.bytes : t.phase.flops) / want)
+      EXPECT_DOUBLE_EQ(t.seconds, (t.phase.by_bytes() ? t.phase.bytes : t.phase.flops) / want)
           << form << " " << t.phase.name;
       ++checked;
     }
     EXPECT_GT(checked, 8) << form;
   }
   EXPECT_DOUBLE_EQ(cs.matmul_tflops.at(32), 2.5);  // log2(32/16) / log2(64/16) = 1/2 of the way from 1 to 4
+}
+
+// The ring forms' fp32 merges and accumulators are their own class, timed at the file's accumulate
+// rate; a file without one times them at its elementwise rate. Only the ring forms have that class.
+TEST(Model, TimesTheRingsAccumulationAtItsOwnRate) {
+  for (bool given : {false, true}) {
+    json j = toy_hw();
+    if (given) j["compute"]["bf16"]["accumulate_GBps"] = 40;
+    const HardwareSpec hw = HardwareSpec::from_json(j, "toy.json");
+    EXPECT_EQ(hw.to_json()["compute"]["bf16"].contains("accumulate_GBps"), given);
+    for (const char* form : {"ring-kv", "ring-latent", "laga", "explicit"}) {
+      const bool ring = std::string(form).rfind("ring", 0) == 0;
+      double bytes = 0, seconds = 0;
+      for (const PhaseTime& t : predict(tiny(form, 32, 2), hw).phases)
+        if (t.phase.op == OpClass::accumulate) {
+          EXPECT_DOUBLE_EQ(t.rate, (given ? 40 : 10) * 1e9) << form;
+          bytes += t.phase.bytes, seconds += t.seconds;
+        }
+      EXPECT_EQ(bytes > 0, ring) << form;
+      EXPECT_DOUBLE_EQ(seconds, bytes / ((given ? 40 : 10) * 1e9)) << form;
+    }
+  }
+  json j = toy_hw();
+  j["compute"]["bf16"]["accumulate_GBps"] = 0;
+  expect_refused(j, "compute.bf16.accumulate_GBps");
 }
 
 // laga-fused's up-projection runs inside its kernel: timed at the file's laga_fused rate (which counts
@@ -430,7 +457,7 @@ TEST(Model, LagaFusedTimesItsUpProjectionWithItsKernel) {
     row.predicted = p;
     double attention_s[2] = {0, 0};
     for (const PhaseTime& t : p.phases) {
-      if (t.phase.op == OpClass::elementwise) continue;
+      if (t.phase.by_bytes()) continue;
       const bool kernel = t.phase.in_kernel || t.phase.op != OpClass::matmul;
       const double want = kernel ? (t.phase.backward ? bwd_rate : fwd_rate) : 1e12;
       EXPECT_DOUBLE_EQ(t.rate, want) << given << " " << t.phase.name;

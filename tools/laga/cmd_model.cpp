@@ -45,6 +45,8 @@ std::string rates_line(const HardwareSpec& hw, DType dt) {
   std::string s = fmt::format("matmul {} TFLOP/s, attention fwd {} / bwd {} TFLOP/s, elementwise {} GB/s",
                               rate_text(c.matmul_tflops), rate_text(c.attention_tflops.at("attention_fwd_tflops")),
                               rate_text(c.attention_tflops.at("attention_bwd_tflops")), rate_text(c.elementwise_GBps));
+  s += c.accumulate_GBps ? fmt::format(", accumulate {} GB/s", rate_text(*c.accumulate_GBps))
+                         : std::string(", accumulate at the elementwise rate (the file gives no accumulate_GBps)");
   auto link = [](const LinkSpec& l) {
     std::string b;
     for (const auto& [op, v] : l.busbw_GBps) b += fmt::format("{}{} {:.4g}", b.empty() ? "" : ", ", collective_name(op), v);

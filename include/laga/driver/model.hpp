@@ -59,6 +59,11 @@ struct SeqRate {
 struct ComputeSpec {
   SeqRate matmul_tflops;     // at the run's T (the projections' rows are T/P)
   SeqRate elementwise_GBps;  // at the run's T
+  // fp32 accumulation streams (add, log-sum-exp merge, zero fill, rounding: the ring forms' merges and
+  // accumulators), GB/s at the run's T. Optional: without it they run at elementwise_GBps, which
+  // prices them as norms and rotations (rates_line says which).
+  std::optional<SeqRate> accumulate_GBps;
+  double accumulate_rate(int64_t T) const { return (accumulate_GBps ? *accumulate_GBps : elementwise_GBps).at(T); }
   // Attention rates, TFLOP/s in the FlashAttention-3 counting of mla/flops.hpp, keyed by the file's
   // names: "[eager_][latent_|mqa_|laga_fused_]attention_{fwd,bwd}_tflops", each at the length of one kernel call
   // (Form::attention_call_seq). attention_fwd_tflops and attention_bwd_tflops (fused, per-head
@@ -89,7 +94,7 @@ struct HardwareSpec {
 
 struct PhaseTime {
   PhaseFlops phase;    // per rank: the whole-group figures of phase_flops divided by P
-  double rate = 0;     // FLOP/s, or bytes/s for elementwise
+  double rate = 0;     // FLOP/s, or bytes/s for elementwise and accumulate
   double seconds = 0;
 };
 

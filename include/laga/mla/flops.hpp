@@ -6,7 +6,8 @@
 //
 // phase_flops splits the same work phase by phase (each projection, the K/V up-projection or the
 // absorbed form's two absorptions, attention, a recompute form's rebuild) and adds each elementwise
-// step's bytes (norms, RoPE, residual, the copies that assemble k and v): what the performance model
+// step's bytes (norms, RoPE, residual, the copies that assemble k and v; the ring forms' fp32
+// accumulation as a class of its own): what the performance model
 // (driver/model.hpp, docs/model.md) divides by the rate of each operation class. Its FLOPs sum to
 // block_flops' totals exactly (tests/mla/test_phase_flops.cpp).
 #pragma once
@@ -27,8 +28,12 @@ struct BlockFlops {
 BlockFlops block_flops(const MlaConfig& c);
 
 // The class of hardware rate a phase runs at (the compute section of a hardware file, docs/model.md).
-enum class OpClass { matmul, attention_forward, attention_backward, elementwise };
-std::string_view op_class_name(OpClass k);  // "matmul", "attention_fwd", "attention_bwd", "elementwise"
+// elementwise: the block's normalisations, rotations and assemblies in the storage dtype; accumulate:
+// streams over fp32 buffers that only add, merge, zero and round (the ring forms' merges and
+// accumulators), which run at memory speed with little arithmetic per byte.
+enum class OpClass { matmul, attention_forward, attention_backward, elementwise, accumulate };
+// "matmul", "attention_fwd", "attention_bwd", "elementwise", "accumulate"
+std::string_view op_class_name(OpClass k);
 
 // The shape of an attention call, which sets its rate: per-head 192/128-like heads (explicit, laga and
 // their recompute forms), per-head 576/512 latent heads (absorbed-expanded: the latent copied to every
@@ -46,8 +51,8 @@ struct PhaseFlops {
   OpClass op = OpClass::matmul;
   AttentionShape shape = AttentionShape::dense;  // attention phases and in_kernel products only
   double flops = 0;  // matmul and attention phases
-  double bytes = 0;  // elementwise phases: bytes read + written (storage dtype)
-  bool fp32 = false;  // elementwise phases over fp32 buffers (timed at the fp32 elementwise rate)
+  double bytes = 0;  // elementwise and accumulate phases: bytes read + written
+  bool by_bytes() const { return op == OpClass::elementwise || op == OpClass::accumulate; }  // work in bytes
   // A matmul that the form's own attention kernel runs inside itself (laga-fused's up-projection and
   // its backward): counted here as matmul work, timed with the kernel at the kernel's rate.
   bool in_kernel = false;

@@ -149,7 +149,8 @@ class Form {
   // Elementwise traffic beyond the block's phases (bytes read + written, whole sequence, all ranks, one
   // layer, in one pass): the ring forms' log-sum-exp merges and fp32 gradient accumulators (fp32), and
   // the K/V assembly of the blocks every rank up-projects beyond its own (storage dtype). The
-  // performance model times them at the elementwise rate of fp32 and of the storage dtype.
+  // performance model times the first at its accumulate rate (fp32 streams), the second at its
+  // elementwise rate.
   struct ExtraBytes {
     double fp32 = 0, storage = 0;
   };
