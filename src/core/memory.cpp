@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <list>
 #include <map>
 #include <new>
 #include <unordered_map>
@@ -19,8 +20,11 @@ thread_local MemoryTracker* tls_tracker = nullptr;
 
 // The caching allocator. Poolable blocks (≥ kPoolMinBytes) are rounded up to kPoolGranule and a cached
 // block is reused for a request of at most its size and at least 7/8 of it (best fit), so a block is
-// never much larger than what uses it. The cache is bounded: when it would hold more than kCacheCap of
-// physical memory (an eighth), the largest cached blocks go back first.
+// never much larger than what uses it. What it holds is bounded (pool_bound): before a miss takes a
+// new block from the OS, the least recently released cached blocks go back until the new block fits
+// within pool_bound: max(cap, 3/2 × the most this process ever had in use at once). A training step
+// that allocates the same blocks each time keeps them all, and a stream of ever-new sizes gives back
+// the oldest first.
 constexpr int64_t kPoolGranule = int64_t(1) << 16;
 
 class Pool {
@@ -35,20 +39,25 @@ class Pool {
   void* allocate(size_t bytes) {
     if (!enabled_ || int64_t(bytes) < kPoolMinBytes) return std::aligned_alloc(kAlignment, bytes);
     const size_t size = round(bytes);
+    std::vector<void*> out;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      auto it = cached_.lower_bound(size);
+      auto it = by_size_.lower_bound(size);
       static_assert(kPoolFitNum == 8 && kPoolFitDen == 7, "a request takes a cached block of at most 8/7 its size");
-      if (it != cached_.end() && it->first - it->first / 8 <= size) {
-        void* p = it->second;
-        in_use_[p] = it->first;
+      if (it != by_size_.end() && it->first - it->first / 8 <= size) {
+        void* p = it->second->p;
+        take(p, it->first);
         cached_bytes_ -= int64_t(it->first);
-        cached_.erase(it);
+        lru_.erase(it->second);
+        by_size_.erase(it);
         ++hits_;
         return p;
       }
       ++misses_;
+      const int64_t bound = pool_bound(cap_, std::max(peak_in_use_, in_use_bytes_ + int64_t(size)));
+      while (reserved_ + int64_t(size) > bound && !lru_.empty()) out.push_back(evict_oldest());
     }
+    for (void* q : out) std::free(q);
     void* p = std::aligned_alloc(kAlignment, size);
     if (!p) {  // the OS refuses: give back what is cached and try once more
       pool_empty_cache();
@@ -56,48 +65,48 @@ class Pool {
       if (!p) return nullptr;
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    in_use_[p] = size;
+    take(p, size);
     reserved_ += int64_t(size);
     peak_reserved_ = std::max(peak_reserved_, reserved_);
     return p;
   }
   void release(void* p, size_t bytes) {
     if (!enabled_ || int64_t(bytes) < kPoolMinBytes) return std::free(p);
-    std::vector<void*> out;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = in_use_.find(p);
-      LAGA_ASSERT(it != in_use_.end(), "release of a block the caching allocator did not hand out");
-      const size_t size = it->second;
-      in_use_.erase(it);
-      cached_.emplace(size, p);
-      cached_bytes_ += int64_t(size);
-      while (cached_bytes_ > cap_ && !cached_.empty()) {
-        auto big = std::prev(cached_.end());
-        cached_bytes_ -= int64_t(big->first);
-        reserved_ -= int64_t(big->first);
-        out.push_back(big->second);
-        cached_.erase(big);
-      }
-    }
-    for (void* q : out) std::free(q);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = in_use_.find(p);
+    LAGA_ASSERT(it != in_use_.end(), "release of a block the caching allocator did not hand out");
+    const size_t size = it->second;
+    in_use_.erase(it);
+    in_use_bytes_ -= int64_t(size);
+    by_size_.emplace(size, lru_.insert(lru_.end(), Cached{size, p}));
+    cached_bytes_ += int64_t(size);
   }
   void empty() {
     std::vector<void*> out;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [size, p] : cached_) out.push_back(p), reserved_ -= int64_t(size);
-      cached_.clear();
-      cached_bytes_ = 0;
+      while (!lru_.empty()) out.push_back(evict_oldest());
     }
     for (void* q : out) std::free(q);
   }
+  void set_cap(int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    cap_ = bytes;
+  }
+  void reset_peaks() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    peak_in_use_ = in_use_bytes_, peak_reserved_ = reserved_;
+  }
   PoolStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return {enabled_, reserved_, cached_bytes_, peak_reserved_, hits_, misses_, cap_};
+    return {enabled_, reserved_, cached_bytes_, peak_reserved_, in_use_bytes_, peak_in_use_, hits_, misses_, cap_};
   }
 
  private:
+  struct Cached {
+    size_t size;
+    void* p;
+  };
   Pool() {
     const char* env = std::getenv("LAGA_ALLOC_CACHE");
     enabled_ = !(env && std::string(env) == "off");
@@ -105,12 +114,32 @@ class Pool {
     cap_ = pages > 0 && page > 0 ? int64_t(pages) * page / 8 : int64_t(2) << 30;
   }
   static size_t round(size_t bytes) { return (bytes + kPoolGranule - 1) / kPoolGranule * kPoolGranule; }
+  void take(void* p, size_t size) {  // under mutex_
+    in_use_[p] = size;
+    in_use_bytes_ += int64_t(size);
+    peak_in_use_ = std::max(peak_in_use_, in_use_bytes_);
+  }
+  void* evict_oldest() {  // under mutex_; the caller frees the block outside the lock
+    const Cached c = lru_.front();
+    auto range = by_size_.equal_range(c.size);
+    for (auto it = range.first; it != range.second; ++it)
+      if (it->second == lru_.begin()) {
+        by_size_.erase(it);
+        break;
+      }
+    lru_.pop_front();
+    cached_bytes_ -= int64_t(c.size);
+    reserved_ -= int64_t(c.size);
+    return c.p;
+  }
   bool enabled_ = true;
   int64_t cap_ = 0;
   std::mutex mutex_;
-  std::multimap<size_t, void*> cached_;
+  std::list<Cached> lru_;                                          // cached blocks, least recently released first
+  std::multimap<size_t, std::list<Cached>::iterator> by_size_;     // the same blocks by size (best fit)
   std::unordered_map<void*, size_t> in_use_;
-  int64_t reserved_ = 0, cached_bytes_ = 0, peak_reserved_ = 0, hits_ = 0, misses_ = 0;
+  int64_t reserved_ = 0, cached_bytes_ = 0, peak_reserved_ = 0, in_use_bytes_ = 0, peak_in_use_ = 0;
+  int64_t hits_ = 0, misses_ = 0;
 };
 }  // namespace
 
@@ -127,6 +156,11 @@ void pool_release(void* p, size_t bytes) {
   Pool::get().release(p, size_t((bytes + kAlignment - 1) / kAlignment * kAlignment));
 }
 void pool_empty_cache() { Pool::get().empty(); }
+void pool_set_cap(int64_t bytes) {
+  LAGA_ASSERT(bytes >= 0, "the caching allocator's cap must be ≥ 0 bytes, not {}", bytes);
+  Pool::get().set_cap(bytes);
+}
+void pool_reset_peaks() { Pool::get().reset_peaks(); }
 
 void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
   LAGA_ASSERT(bytes >= 0, "negative allocation of {} bytes for '{}'", bytes, tag);

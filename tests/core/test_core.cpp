@@ -76,6 +76,58 @@ TEST(Memory, CachingAllocatorReusesLargeBlocksAndTrackersCountRequestedBytes) {
   EXPECT_EQ(pool_stats().cached_bytes, 0);
 }
 
+// The cache's bound: a step that allocates what an earlier one did is served from the cache in full,
+// and a block the bound has no room for evicts the least recently released blocks first (not the
+// largest, which a step would fault in again). Sizes in MiB; the bound is 3/2 × the peak in use.
+TEST(Memory, CachingAllocatorKeepsAStepsBlocksAndEvictsTheLeastRecentlyReleased) {
+  if (!pool_stats().enabled) GTEST_SKIP() << "LAGA_ALLOC_CACHE=off";
+  static_assert(kPoolSlackNum == 3 && kPoolSlackDen == 2, "the sizes below assume a bound of 3/2 × the peak in use");
+  const int64_t MiB = int64_t(1) << 20, cap = pool_stats().cap_bytes;
+  pool_empty_cache();
+  ASSERT_EQ(pool_stats().in_use_bytes, 0) << "a block from an earlier test is still in use";
+  pool_set_cap(MiB);
+  pool_reset_peaks();
+  auto within_bound = [&] {
+    const PoolStats s = pool_stats();
+    EXPECT_LE(s.reserved_bytes, pool_bound(MiB, s.peak_in_use_bytes));
+  };
+  auto step = [&] {  // three blocks in use at once, released oldest first
+    std::vector<void*> p;
+    for (int64_t m : {2, 3, 5}) p.push_back(pool_allocate(size_t(m * MiB))), within_bound();
+    for (size_t i = 0; i < p.size(); ++i) pool_release(p[i], size_t(int64_t(std::vector<int>{2, 3, 5}[i]) * MiB));
+  };
+  const PoolStats s0 = pool_stats();
+  step();
+  EXPECT_EQ(pool_stats().misses, s0.misses + 3);
+  EXPECT_EQ(pool_stats().peak_in_use_bytes, 10 * MiB);
+  step();  // the same blocks again: all from the cache
+  EXPECT_EQ(pool_stats().hits, s0.hits + 3);
+  EXPECT_EQ(pool_stats().misses, s0.misses + 3);
+  EXPECT_EQ(pool_stats().reserved_bytes, 10 * MiB);
+
+  // 6 MiB fits no cached block; 10 + 6 > 15 = 3/2 × 10, so the 2 MiB block (released first) goes back.
+  void* six = pool_allocate(size_t(6 * MiB));
+  within_bound();
+  EXPECT_EQ(pool_stats().misses, s0.misses + 4);
+  EXPECT_EQ(pool_stats().reserved_bytes, 14 * MiB);
+  pool_release(six, size_t(6 * MiB));
+  // 2 MiB again: its block is gone (a miss), and room for it evicts the 3 MiB block, now the oldest.
+  void* two = pool_allocate(size_t(2 * MiB));
+  within_bound();
+  EXPECT_EQ(pool_stats().misses, s0.misses + 5);
+  EXPECT_EQ(pool_stats().reserved_bytes, 13 * MiB);  // 14 − 3 + 2
+  // The largest blocks, 5 and 6 MiB, were kept.
+  void* five = pool_allocate(size_t(5 * MiB));
+  void* six_again = pool_allocate(size_t(6 * MiB));
+  EXPECT_EQ(six_again, six);
+  EXPECT_EQ(pool_stats().hits, s0.hits + 5);
+  EXPECT_EQ(pool_stats().cached_bytes, 0);
+  for (auto [p, m] : {std::pair{two, 2}, std::pair{five, 5}, std::pair{six_again, 6}}) pool_release(p, size_t(m * MiB));
+  pool_empty_cache();
+  pool_set_cap(cap);
+  EXPECT_EQ(pool_stats().reserved_bytes, 0);
+}
+
 TEST(Tensor, RowsViewSharesStorage) {
   MemoryTracker tracker;
   TrackerScope scope(tracker);

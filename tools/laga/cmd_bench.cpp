@@ -157,8 +157,9 @@ verify::Tensors gathered_run(Launcher& launcher, const Config& c, uint64_t seed,
 //     each) beside one gathered run of either (planned_run_bytes); gathered_run releases the cache
 //     and the C heap after each of those runs;
 //   the timed rounds: one run at a time, its blocks at most kPoolFitNum / kPoolFitDen of what it asked
-//     (a cached block serves a request of 7/8 of its size), beside the caching allocator's blocks kept
-//     from the round's other forms: at most its cap and at most what the round's runs planned;
+//     (a cached block serves a request of 7/8 of its size), beside the caching allocator's cached
+//     blocks: in all at most pool_bound(cap, its peak in use) (memory.hpp), and at most what it could
+//     have cached since it was last emptied (the timed runs since the last gathered run);
 //   the process itself (verify::kVerifyProcessBytes).
 int64_t planned_bench_bytes(const std::vector<Config>& configs, const std::vector<int64_t>& seqs, const Config& base,
                             int64_t Tv, bool validate, bool threads) {
@@ -167,23 +168,28 @@ int64_t planned_bench_bytes(const std::vector<Config>& configs, const std::vecto
   int64_t ulysses = 0;  // laga's --ulysses row, as check_forms runs it (FormsOptions::ulysses)
   for (size_t fi = 0; fi < nf; ++fi)
     if (configs[fi]->hybrid()) ulysses = configs[fi]->ulysses;
-  int64_t need = 0;
+  auto fit = [](int64_t bytes) { return bytes * kPoolFitNum / kPoolFitDen; };  // what a planned run holds in blocks
+  int64_t need = 0, peak_in_use = 0, cacheable = 0;
   if (validate)
     need = verify::planned_verify_bytes(base.with([&](MlaConfig& m) { m.seq_len = Tv; }), {P}, threads, ulysses) -
            verify::kVerifyProcessBytes;
   for (size_t si = 0; si < seqs.size(); ++si) {
-    int64_t largest = 0, round = 0;
-    for (size_t fi = 0; fi < nf; ++fi) {
-      const int64_t r = verify::planned_run_bytes(configs[si * nf + fi], threads, false);
-      largest = std::max(largest, r), round += r;
+    if (validate) {
+      const Config ref = base.with([&](MlaConfig& m) { m.seq_len = seqs[si]; });
+      int64_t gathered = verify::planned_run_bytes(ref, threads, true);
+      for (size_t fi = 0; fi < nf; ++fi)
+        gathered = std::max(gathered, verify::planned_run_bytes(configs[si * nf + fi], threads, true));
+      need = std::max(need, 2 * 8 * verify::output_count(*ref) + gathered);
+      peak_in_use = std::max(peak_in_use, fit(gathered));
+      cacheable = 0;  // gathered_run empties the cache
     }
-    need = std::max(need, largest * kPoolFitNum / kPoolFitDen + std::min(pool_stats().cap_bytes, round));
-    if (!validate) continue;
-    const Config ref = base.with([&](MlaConfig& m) { m.seq_len = seqs[si]; });
-    int64_t gathered = verify::planned_run_bytes(ref, threads, true);
-    for (size_t fi = 0; fi < nf; ++fi)
-      gathered = std::max(gathered, verify::planned_run_bytes(configs[si * nf + fi], threads, true));
-    need = std::max(need, 2 * 8 * verify::output_count(*ref) + gathered);
+    int64_t largest = 0;
+    for (size_t fi = 0; fi < nf; ++fi) {
+      const int64_t r = fit(verify::planned_run_bytes(configs[si * nf + fi], threads, false));
+      largest = std::max(largest, r), cacheable += r;
+    }
+    peak_in_use = std::max(peak_in_use, largest);
+    need = std::max(need, std::min(pool_bound(pool_stats().cap_bytes, peak_in_use), largest + cacheable));
   }
   return verify::kVerifyProcessBytes + need;
 }
@@ -475,6 +481,13 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   const int64_t rss = peak_rss_bytes();
   fmt::print("# memory of this process: estimated peak {} ({} bytes), measured peak RSS {} ({} bytes)\n",
              human_bytes(need), need, human_bytes(rss), rss);
+  const PoolStats pool = pool_stats();  // this process: every rank under threads, rank 0 under MPI
+  if (pool.enabled)
+    fmt::print("# caching allocator (this process): peak in use {}, peak reserved {}, {} of {} large allocations "
+               "reused\n", human_bytes(pool.peak_in_use_bytes), human_bytes(pool.peak_reserved_bytes), pool.hits,
+               pool.hits + pool.misses);
+  else
+    fmt::print("# caching allocator: off (LAGA_ALLOC_CACHE=off)\n");
   fmt::print("# comm: exposed (time a rank waited in attention collectives); TFLOP/s: the group's, of the FLOPs each "
              "form executes (FlashAttention-3 convention)\n");
   const char* hfmt = "# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>9} {:>6}\n";
@@ -618,6 +631,9 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
         {"iters", b.iters},
         {"warmup", b.warmup},
         {"memory", {{"estimated_peak_bytes", need}, {"peak_rss_bytes", rss}}},
+        {"allocator", {{"cache", pool.enabled}, {"peak_in_use_bytes", pool.peak_in_use_bytes},
+                       {"peak_reserved_bytes", pool.peak_reserved_bytes}, {"hits", pool.hits},
+                       {"misses", pool.misses}}},
         {"validation",
          {{"enabled", b.validate},
           {"summary", validation},

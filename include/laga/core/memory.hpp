@@ -21,6 +21,7 @@
 // backward under a meta tracker plans their memory without computing anything.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -56,16 +57,32 @@ struct PoolStats {
   int64_t reserved_bytes = 0;   // held from the OS now: blocks in use (rounded) + cached
   int64_t cached_bytes = 0;     // released blocks kept for reuse
   int64_t peak_reserved_bytes = 0;
+  int64_t in_use_bytes = 0;     // blocks handed out and not released (rounded sizes)
+  int64_t peak_in_use_bytes = 0;
   int64_t hits = 0, misses = 0; // allocations of a poolable size served from the cache / from the OS
-  int64_t cap_bytes = 0;        // the most it keeps cached (an eighth of physical memory)
+  int64_t cap_bytes = 0;        // the bound's floor (an eighth of physical memory)
 };
 // A cached block serves a request of at least 7/8 of its size: a block in use holds at most 8/7 of
 // what was asked (kPoolFitNum / kPoolFitDen).
 inline constexpr int64_t kPoolFitNum = 8, kPoolFitDen = 7;
 inline constexpr int64_t kPoolMinBytes = int64_t(1) << 20;  // smaller blocks go to malloc and back at once
+// The most the cache holds from the OS (in use + cached) once this process has had `peak_in_use` bytes
+// of blocks in use at once: a new block first evicts the least recently released cached blocks down to
+// this bound. A step whose blocks of every size (its no-miss set) fit within it finds them all cached
+// the next time. With nothing evicted, benches held 1.06–1.13 × their peak in use (docs/model.md §4);
+// 3/2 leaves room above that. Least recently released first: a step that needed more than the bound
+// would miss on every block of a cyclic order, so the slack must cover the no-miss set.
+inline constexpr int64_t kPoolSlackNum = 3, kPoolSlackDen = 2;
+inline int64_t pool_bound(int64_t cap, int64_t peak_in_use) {
+  return std::max(cap, peak_in_use * kPoolSlackNum / kPoolSlackDen);
+}
 PoolStats pool_stats();
 // Returns every cached block to the OS (torch.cuda.empty_cache); blocks in use are unaffected.
 void pool_empty_cache();
+// The bound's floor (by default an eighth of physical memory), for a process that shares its machine
+// and for tests; and the peaks (in use, reserved) set to what is held now (torch.cuda.reset_peak_memory_stats).
+void pool_set_cap(int64_t bytes);
+void pool_reset_peaks();
 // An untracked block from the caching allocator (64-byte aligned; nullptr when the OS has none) and
 // its release: workspace no tensor owns, e.g. oneDNN's scratchpad (ops/matmul.cpp). It counts in
 // pool_stats' reserved bytes, never in a tracker's.
