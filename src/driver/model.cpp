@@ -111,13 +111,16 @@ struct Reader {
   }
   LinkSpec link(const json& obj, const std::string& field) const {
     object(obj, field);
-    only(obj, field, {"busbw_GBps", "latency_us"});
+    only(obj, field, {"busbw_GBps", "latency_us", "host_ns_per_byte"});
     LinkSpec l;
     l.busbw_GBps = per_op(child(obj, field, "busbw_GBps", "a number (GB/s) or one per collective"), field + ".busbw_GBps", true, "GB/s");
     const json& lat = child(obj, field, "latency_us", "a number ≥ 0 (µs) or one per collective");
     for (const auto& [op, us] : per_op(lat, field + ".latency_us", false, "µs")) l.latency_op_s[op] = us * 1e-6;
     l.latency_s = l.latency_op_s.begin()->second;
     for (const auto& [op, s] : l.latency_op_s) l.latency_s = std::max(l.latency_s, s);
+    if (obj.contains("host_ns_per_byte"))
+      for (const auto& [op, ns] : per_op(obj.at("host_ns_per_byte"), field + ".host_ns_per_byte", false, "ns per byte sent"))
+        l.host_ns_per_byte[op] = ns;
     return l;
   }
 };
@@ -133,7 +136,9 @@ json link_json(const LinkSpec& l) {
   json bw, lat;
   for (const auto& [op, v] : l.busbw_GBps) bw[std::string(collective_name(op))] = v;
   for (CollectiveOp op : kModelledOps) lat[std::string(collective_name(op))] = l.latency(op) * 1e6;
-  return {{"busbw_GBps", bw}, {"latency_us", lat}};
+  json j = {{"busbw_GBps", bw}, {"latency_us", lat}};
+  for (const auto& [op, v] : l.host_ns_per_byte) j["host_ns_per_byte"][std::string(collective_name(op))] = v;
+  return j;
 }
 
 }  // namespace
@@ -151,6 +156,11 @@ double nccl_size_bytes(CollectiveOp op, int64_t P, double tensor_bytes) {
 double LinkSpec::latency(CollectiveOp op) const {
   auto it = latency_op_s.find(op);
   return it != latency_op_s.end() ? it->second : latency_s;
+}
+
+double LinkSpec::host_cost(CollectiveOp op) const {
+  auto it = host_ns_per_byte.find(op);
+  return it != host_ns_per_byte.end() ? it->second * 1e-9 : 0.0;
 }
 
 double SeqRate::at(int64_t T) const {
@@ -310,6 +320,7 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
     }
     t.seconds = t.latency_s + t.size_bytes / (t.busbw_GBps * 1e9);
     t.exposed_s = t.seconds;
+    t.host_s = t.size_bytes * (g.crosses ? std::max(in.host_cost(as), inter().host_cost(as)) : in.host_cost(as));
     return t;
   }
   LAGA_ASSERT(parse_op(collective_name(r.op)), "the model has no rate for {}", collective_name(r.op));
@@ -341,6 +352,8 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
     }
   }
   t.exposed_s = t.seconds;  // no overlap: the caller waits for the whole collective
+  // Over several nodes, the costlier of the two links' host costs for all the bytes (an upper bound).
+  t.host_s = bus_bytes * (g.crosses ? std::max(in.host_cost(r.op), inter().host_cost(r.op)) : in.host_cost(r.op));
   return t;
 }
 
@@ -461,7 +474,14 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
       }
     }
   }
-  for (const CollectiveTime& t : f.collectives) (t.backward ? f.bwd_comm_s : f.fwd_comm_s) += t.exposed_s;
+  for (const CollectiveTime& t : f.collectives) {
+    (t.backward ? f.bwd_comm_s : f.fwd_comm_s) += t.exposed_s;
+    // The hidden part's bytes take the link's host cost from the compute that hid them (docs/model.md §1).
+    if (t.seconds <= 0 || t.host_s <= 0) continue;
+    const double s = t.host_s * (t.seconds - t.exposed_s) / t.seconds;
+    (t.backward ? f.bwd_compute_s : f.fwd_compute_s) += s;
+    f.hidden_host_s += s;
+  }
   return f;
 }
 
@@ -476,10 +496,11 @@ json FormPrediction::to_json() const {
                     {"pass", t.backward ? "backward" : "forward"}, {"tensor_bytes", t.record.tensor_bytes},
                     {"wire_bytes", t.record.wire_bytes}, {"size_bytes", t.size_bytes}, {"crosses_nodes", t.crosses_nodes},
                     {"busbw_GBps", t.busbw_GBps}, {"latency_s", t.latency_s}, {"seconds", t.seconds},
-                    {"exposed_s", t.exposed_s}});
+                    {"exposed_s", t.exposed_s}, {"host_s", t.host_s}});
   return {{"form", form}, {"fwd_compute_s", fwd_compute_s}, {"bwd_compute_s", bwd_compute_s},
           {"fwd_comm_s", fwd_comm_s}, {"bwd_comm_s", bwd_comm_s}, {"fwd_s", fwd_s()}, {"bwd_s", bwd_s()},
-          {"comm_s", comm_s()}, {"total_s", total_s()}, {"phases", phases_j}, {"collectives", coll}};
+          {"comm_s", comm_s()}, {"total_s", total_s()}, {"hidden_host_s", hidden_host_s}, {"phases", phases_j},
+          {"collectives", coll}};
 }
 
 LatencyBandwidthFit fit_latency_bandwidth(const std::vector<double>& x, const std::vector<double>& y) {
@@ -539,6 +560,21 @@ LinkSpec link_from_bench_comm(const json& j, const std::string& path, int64_t* s
     l.busbw_GBps[op] = f.busbw_GBps;
     l.latency_op_s[op] = f.latency_s;
     l.latency_s = std::max(l.latency_s, f.latency_s);
+  }
+  // bench-comm --host-cost: what each op's bytes took from compute running beside it. A negative
+  // reading (compute as fast as alone, within noise) is none.
+  if (j.contains("host_cost")) {
+    if (!j["host_cost"].is_array()) bad("'host_cost' is not an array (write it with laga bench-comm --host-cost)");
+    for (size_t i = 0; i < j["host_cost"].size(); ++i) {
+      const json& row = j["host_cost"][i];
+      if (!row.is_object() || !row.contains("op") || !row["op"].is_string() || !row.contains("host_ns_per_byte") ||
+          !row["host_ns_per_byte"].is_number())
+        bad(fmt::format("host_cost[{}] needs a string 'op' and a number 'host_ns_per_byte'", i));
+      if (auto op = parse_op(row["op"].get<std::string>())) l.host_ns_per_byte[*op] = std::max(0.0, row["host_ns_per_byte"].get<double>());
+    }
+    for (CollectiveOp op : kModelledOps)
+      if (!l.host_ns_per_byte.count(op))
+        bad(fmt::format("host_cost has no row for {} (bench-comm --host-cost measures every op it times)", collective_name(op)));
   }
   return l;
 }

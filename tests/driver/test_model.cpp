@@ -27,6 +27,8 @@ json toy_hw() {
     "ranks_per_node": 2})");
 }
 
+void expect_refused(const json& j, const std::string& field);
+
 Config tiny(const std::string& form, int64_t T, int64_t P) {
   MlaConfig c = MlaConfig::preset("tiny");
   c.seq_len = T, c.sp = P, c.form = form, c.dtype = DType::bf16;
@@ -122,6 +124,50 @@ TEST(Model, OverlapHidesTheLatentsCollectivesBehindTheQueryPathOnly) {
       EXPECT_LT(on.comm_s(), off.comm_s());
       EXPECT_NEAR(on.fwd_compute_s + on.bwd_compute_s, off.fwd_compute_s + off.bwd_compute_s, 1e-15);
     }
+}
+
+// A link's host cost (host_ns_per_byte): the hidden part of each collective takes its bytes' host time
+// from compute; exposed parts and runs without overlap are unchanged; the time of a collective is not.
+TEST(Model, HiddenBytesCostTheComputeTheLinksHostCost) {
+  json j = toy_hw();
+  const HardwareSpec plain = HardwareSpec::from_json(j, "toy.json");
+  j["link"]["intra_node"]["host_ns_per_byte"] = 2.5;  // every op
+  const HardwareSpec costly = HardwareSpec::from_json(j, "toy.json");
+  for (const char* form : {"laga", "explicit", "ring-latent", "ring-kv"}) {
+    SCOPED_TRACE(form);
+    MlaConfig c = *tiny(form, 16, 2);
+    c.num_layers = 2;
+    EXPECT_NEAR(predict(c, costly).total_s(), predict(c, plain).total_s(), 1e-15) << "nothing hidden: nothing charged";
+    EXPECT_EQ(predict(c, costly).hidden_host_s, 0);
+    c.overlap = true;
+    const FormPrediction a = predict(c, plain), b = predict(c, costly);
+    ASSERT_EQ(a.collectives.size(), b.collectives.size());
+    double fwd = 0, bwd = 0;
+    for (size_t i = 0; i < b.collectives.size(); ++i) {
+      const CollectiveTime& t = b.collectives[i];
+      EXPECT_EQ(t.seconds, a.collectives[i].seconds);
+      EXPECT_EQ(t.exposed_s, a.collectives[i].exposed_s);
+      EXPECT_EQ(a.collectives[i].host_s, 0);
+      // the bytes this rank sends (the ledger's wire bytes) at 2.5 ns each
+      EXPECT_NEAR(t.host_s, 2.5e-9 * double(t.record.wire_bytes), 1e-18) << t.record.tensor;
+      (t.backward ? bwd : fwd) += t.host_s * (t.seconds - t.exposed_s) / t.seconds;
+    }
+    EXPECT_GT(fwd + bwd, 0) << "something is hidden with overlap";
+    EXPECT_NEAR(b.fwd_compute_s - a.fwd_compute_s, fwd, 1e-15);
+    EXPECT_NEAR(b.bwd_compute_s - a.bwd_compute_s, bwd, 1e-15);
+    EXPECT_NEAR(b.hidden_host_s, fwd + bwd, 1e-15);
+    EXPECT_EQ(b.comm_s(), a.comm_s());
+  }
+  // Per op, round-tripped, and refused when negative or not a number, naming the field.
+  j["link"]["intra_node"]["host_ns_per_byte"] = {{"all_gather", 1}, {"reduce_scatter", 2}, {"all_to_all", 3}, {"all_reduce", 4}};
+  const HardwareSpec per_op = HardwareSpec::from_json(j, "toy.json");
+  EXPECT_DOUBLE_EQ(per_op.intra_node.host_cost(CollectiveOp::all_to_all), 3e-9);
+  EXPECT_EQ(HardwareSpec::from_json(per_op.to_json(), "again.json").to_json(), per_op.to_json());
+  EXPECT_EQ(plain.intra_node.host_cost(CollectiveOp::all_gather), 0);
+  j["link"]["intra_node"]["host_ns_per_byte"] = -1;
+  expect_refused(j, "link.intra_node.host_ns_per_byte");
+  j["link"]["intra_node"]["host_ns_per_byte"] = "fast";
+  expect_refused(j, "link.intra_node.host_ns_per_byte");
 }
 
 // The ring forms with --overlap on: hop h's pair (k and v together, or the latent) hides behind one
@@ -314,6 +360,30 @@ TEST(LatencyBandwidthFit, ReadsABenchCommFile) {
       if (collective_name(c) == op) o = c;
     EXPECT_NEAR(l.latency(o), lb.first, 1e-12) << op;
     EXPECT_NEAR(l.busbw_GBps.at(o), lb.second, 1e-6) << op;
+  }
+}
+
+// bench-comm --host-cost's rows set each op's host cost (a negative reading is none); a file that has
+// them for some ops only is refused.
+TEST(LatencyBandwidthFit, ReadsTheHostCostOfABenchCommFile) {
+  json rows = json::array();
+  for (const char* op : {"all_gather", "reduce_scatter", "all_to_all", "all_reduce"})
+    for (double S : {1e5, 1e6}) rows.push_back({{"op", op}, {"bytes", S}, {"time_s", 1e-5 + S / 1e9}, {"wrong", 0}});
+  json j = {{"command", "bench-comm"}, {"sp", 2}, {"rows", rows}};
+  EXPECT_TRUE(link_from_bench_comm(j, "bc.json").host_ns_per_byte.empty());
+  j["host_cost"] = json::array({{{"op", "all_gather"}, {"host_ns_per_byte", 12.5}}, {{"op", "reduce_scatter"}, {"host_ns_per_byte", -0.4}},
+                                {{"op", "all_to_all"}, {"host_ns_per_byte", 20}}, {{"op", "all_reduce"}, {"host_ns_per_byte", 8}}});
+  const LinkSpec l = link_from_bench_comm(j, "bc.json");
+  EXPECT_DOUBLE_EQ(l.host_cost(CollectiveOp::all_gather), 12.5e-9);
+  EXPECT_EQ(l.host_cost(CollectiveOp::reduce_scatter), 0);
+  EXPECT_DOUBLE_EQ(l.host_cost(CollectiveOp::all_to_all), 20e-9);
+  j["host_cost"].erase(3);
+  try {
+    link_from_bench_comm(j, "bc.json");
+    ADD_FAILURE() << "accepted a host cost without all_reduce";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_status(), 2);
+    EXPECT_NE(std::string(e.what()).find("all_reduce"), std::string::npos) << e.what();
   }
 }
 

@@ -10,6 +10,13 @@
 // after it); after it every element is checked against the expected result (bench_comm_check.cpp)
 // and #wrong is the group's count of wrong elements. Any #wrong > 0 ends with exit status 1.
 // Conventions of sizes and bandwidths: bench_comm.hpp and docs/throughput.md.
+//
+// --host-cost: per op at the largest size, what its bytes take from compute running beside it (the
+// model's host_ns_per_byte, docs/model.md §1). A fixed amount of compute (fp32 products, repeated to
+// last about 3× the collective's median time) is timed alone and with the collective issued just
+// before it (non-blocking) and waited after it, in turns, N times each; host_ns_per_byte = (median
+// with − median alone, each iteration the slowest rank's) / the bytes each rank sends. "exposed" is the
+// median wait after the compute: near 0 when the collective was hidden, as the reading assumes.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -25,6 +32,7 @@
 #include "laga/core/error.hpp"
 #include "laga/core/machine.hpp"
 #include "laga/driver/launch.hpp"
+#include "laga/ops/matmul.hpp"
 
 namespace laga::cli {
 
@@ -101,6 +109,83 @@ Row time_collective(Communicator& comm, const Shape& s, int64_t iters, int64_t w
   return row;
 }
 
+CollectiveHandle issue_start(Communicator& comm, const Shape& s, const void* in, void* out) {
+  switch (s.op) {
+    case CollectiveOp::all_gather: return comm.all_gather_start(in, out, s.n, s.dtype, "bench");
+    case CollectiveOp::reduce_scatter: return comm.reduce_scatter_start(in, out, s.n, s.dtype, "bench");
+    case CollectiveOp::all_to_all: return comm.all_to_all_start(in, out, s.n, s.dtype, "bench");
+    case CollectiveOp::all_reduce: return comm.all_reduce_start(out, s.n, s.dtype, "bench");
+    case CollectiveOp::send_recv: return comm.send_recv_start(in, out, s.n, s.dtype, "bench");
+    default: LAGA_ASSERT(false, "bench-comm cannot issue {}", collective_name(s.op));
+  }
+  return {};
+}
+
+struct HostCost {
+  Shape shape;
+  double wire_bytes = 0;                  // what each rank sends: S · bus factor
+  int64_t products = 0;                   // the compute: this many [256, 512] × [512, 512] fp32 products
+  double alone_s = 0, with_s = 0, exposed_s = 0;  // medians of the slowest rank's
+  double ns_per_byte() const { return (with_s - alone_s) / wire_bytes * 1e9; }
+};
+
+// --host-cost on this rank of the group; the group's medians on every rank.
+HostCost measure_host_cost(Communicator& comm, const Shape& s, double collective_s, int64_t iters) {
+  const int rank = comm.rank();
+  const bool in_place = s.op == CollectiveOp::all_reduce;
+  std::vector<uint64_t> in = in_place ? std::vector<uint64_t>() : buffer(s.in_elems, s.dtype);
+  std::vector<uint64_t> out = buffer(s.out_elems + kGuard, s.dtype);
+  poison_output(s, out.data());  // the guards after the output, checked at the end
+  if (!in_place) fill_input(s, rank, in.data());
+  constexpr int64_t M = 256, K = 512, N = 512;
+  std::vector<float> a(size_t(M * K), 0.5f), w(size_t(K * N), 0.25f), c(size_t(M * N));
+  auto products = [&](int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      matmul_2d({a.data(), M, K, K, DType::f32}, {w.data(), K, N, N, DType::f32}, {c.data(), M, N, N, DType::f32});
+  };
+  auto now = [] { return std::chrono::steady_clock::now(); };
+  auto since = [&](auto t0) { return std::chrono::duration<double>(now() - t0).count(); };
+  products(4);  // warm: oneDNN's primitive and the pages
+  auto t0 = now();
+  products(8);
+  const double one = since(t0) / 8;
+  int64_t n = std::max<int64_t>(8, int64_t(std::ceil(3 * collective_s / std::max(one, 1e-6))));
+  n = gather_json(comm, n)[0].get<int64_t>();  // rank 0's count on every rank: the same work everywhere
+  std::vector<double> alone, with, exposed;
+  for (int64_t it = 0; it < iters; ++it)
+    for (int k = 0; k < 2; ++k) {
+      const bool beside = (k == 0) == (it % 2 == 1);  // in turns, the order alternating
+      if (in_place) fill_input(s, rank, out.data());
+      comm.barrier();
+      t0 = now();
+      if (!beside) {
+        products(n);
+        alone.push_back(since(t0));
+        continue;
+      }
+      CollectiveHandle h = issue_start(comm, s, in.data(), out.data());
+      products(n);
+      with.push_back(since(t0));
+      const auto t1 = now();
+      comm.wait(h);
+      exposed.push_back(since(t1));
+    }
+  const int64_t wrong = count_wrong(s, rank, out.data());
+  LAGA_CHECK(in_place || wrong == 0, "bench-comm --host-cost: {} gave {} wrong elements on rank {}",
+             collective_name(s.op), wrong, rank);
+  const auto all = gather_json(comm, {{"alone", alone}, {"with", with}, {"exposed", exposed}});
+  auto slowest = [&](const char* key) {
+    std::vector<double> v(size_t(iters), 0.0);
+    for (const auto& j : all) {
+      const auto t = j.at(key).get<std::vector<double>>();
+      for (size_t i = 0; i < t.size(); ++i) v[i] = std::max(v[i], t[i]);
+    }
+    return median(v);
+  };
+  comm.ledger().clear();
+  return {s, double(s.bytes) * busbw_factor(s.op, s.P), n, slowest("alone"), slowest("with"), slowest("exposed")};
+}
+
 // The group size when --sp is not given: the job's under mpirun, else 2.
 int default_sp() {
   if (!under_mpi()) return 2;
@@ -141,6 +226,7 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
   const MachineInfo machine = machine_info();
 
   std::vector<Row> rows;  // on the root
+  std::vector<HostCost> costs;
   std::atomic<int64_t> group_wrong{0};
   std::string backend;
   const bool root = launch(kind, [&](Launcher& launcher) {
@@ -175,6 +261,29 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
             std::fflush(stdout);
             rows.push_back(row);
           }
+      if (b.host_cost) {
+        if (prints) {
+          fmt::print("# host cost: fixed compute (fp32 [256, 512] x [512, 512] products) alone and beside the collective, "
+                     "median of {} each, the slowest rank's\n", b.iters);
+          static constexpr char h[] = "# {:<15} {:<5} {:>12} {:>9} {:>10} {:>10} {:>10} {:>12}\n";
+          fmt::print(h, "op", "dtype", "size", "products", "alone", "beside", "exposed", "host cost");
+          fmt::print(h, "", "", "(B)", "", "(ms)", "(ms)", "(ms)", "(ns/B sent)");
+        }
+        for (CollectiveOp op : ops) {
+          const Shape s = shape_for(op, dtypes.front(), P, sizes.back());
+          double t = 0;  // this op's median at that size, from its row
+          for (const Row& r : rows)
+            if (r.shape.op == op && r.shape.dtype == s.dtype && r.shape.bytes == s.bytes) t = median(r.times);
+          t = gather_json(comm, t)[0].get<double>();  // the root holds the rows
+          const HostCost hc = measure_host_cost(comm, s, t, b.iters);
+          if (!prints) continue;
+          fmt::print("  {:<15} {:<5} {:>12} {:>9} {:>10.3f} {:>10.3f} {:>10.3f} {:>12.3g}\n", collective_name(op),
+                     dtype_name(s.dtype), s.bytes, hc.products, hc.alone_s * 1e3, hc.with_s * 1e3, hc.exposed_s * 1e3,
+                     hc.ns_per_byte());
+          std::fflush(stdout);
+          costs.push_back(hc);
+        }
+      }
       group_wrong.store(wrong);  // the same group-wide count on every rank
     }, f.timeout_s);
   });
@@ -198,9 +307,17 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
                        {"busbw_GBps", algbw * busbw_factor(r.shape.op, P)},
                        {"wrong", r.wrong}});
     }
-    const nlohmann::json j = {{"command", "bench-comm"}, {"machine", machine.to_json()}, {"backend", backend},
+    nlohmann::json j = {{"command", "bench-comm"}, {"machine", machine.to_json()}, {"backend", backend},
                               {"sp", P},          {"link", link},  {"iters", b.iters},
                               {"warmup", b.warmup}, {"rows", jrows}};
+    if (b.host_cost) {
+      j["host_cost"] = nlohmann::json::array();
+      for (const HostCost& h : costs)
+        j["host_cost"].push_back({{"op", collective_name(h.shape.op)}, {"dtype", dtype_name(h.shape.dtype)},
+                                  {"bytes", h.shape.bytes}, {"wire_bytes", h.wire_bytes}, {"products", h.products},
+                                  {"alone_s", h.alone_s}, {"beside_s", h.with_s}, {"exposed_s", h.exposed_s},
+                                  {"host_ns_per_byte", h.ns_per_byte()}});
+    }
     *json_out << j.dump(2) << "\n";
   }
   return wrong > 0 ? 1 : 0;

@@ -50,7 +50,11 @@ std::string rates_line(const HardwareSpec& hw, DType dt) {
   auto link = [](const LinkSpec& l) {
     std::string b;
     for (const auto& [op, v] : l.busbw_GBps) b += fmt::format("{}{} {:.4g}", b.empty() ? "" : ", ", collective_name(op), v);
-    return fmt::format("busbw GB/s {}; latency {:.3g} us", b, l.latency_s * 1e6);
+    std::string h;
+    for (const auto& [op, v] : l.host_ns_per_byte) h += fmt::format("{}{} {:.3g}", h.empty() ? "" : ", ", collective_name(op), v);
+    return fmt::format("busbw GB/s {}; latency {:.3g} us; {}", b, l.latency_s * 1e6,
+                       h.empty() ? std::string("no host cost of hidden bytes (the link gives no host_ns_per_byte)")
+                                 : "host cost of hidden bytes, ns per byte sent: " + h);
   };
   s += fmt::format("\n# intra-node ({} ranks per node): {}", hw.ranks_per_node, link(hw.intra_node));
   if (hw.inter_node) s += fmt::format("\n# inter-node: {}", link(*hw.inter_node));

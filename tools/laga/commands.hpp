@@ -41,6 +41,7 @@ struct BenchCommFlags {
   std::string min_bytes = "1K", max_bytes = "1M";
   int64_t factor = 4, sp = 0, iters = 20, warmup = 2;
   std::vector<std::string> ops{"all_gather", "reduce_scatter", "all_to_all", "all_reduce"}, dtypes{"bf16"};
+  bool host_cost = false;  // also measure each op's host cost beside compute at the largest size
 };
 int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b);
 

@@ -103,6 +103,9 @@ void build_app(CLI::App& app, Invocation& inv) {
   comm->add_option("--sp", bc.sp, "ranks P (default: the mpirun job's size, or 2 under threads)");
   comm->add_option("-n,--iters", bc.iters, "timed iterations per row")->capture_default_str();
   comm->add_option("-w,--warmup", bc.warmup, "untimed iterations before them")->capture_default_str();
+  comm->add_flag("--host-cost", bc.host_cost,
+                 "also time fixed compute alone and beside each op at the largest size (the first dtype): the "
+                 "compute its bytes take, ns per byte sent (the model's host_ns_per_byte)");
   comm->add_option("--comm", flags.comm, "auto|threads|mpi (auto: mpi under mpirun)")->capture_default_str();
   comm->add_option("--timeout", flags.timeout_s, "seconds a collective may wait before it fails (0: forever)");
   comm->add_option("--mpi-progress", flags.mpi_progress_us, kMpiProgressHelp)->capture_default_str();

@@ -37,11 +37,17 @@ double bus_factor(CollectiveOp op, int64_t P);
 
 // A link. intra_node: the bus bandwidth (nccl-tests' busbw) of each op over ranks of one node.
 // inter_node: the bandwidth of one rank's own path to other nodes (its NIC; 1e9 bytes/s), per op.
+// host_ns_per_byte (optional): the compute time a collective's bytes take
+// from the ranks' cores while it is hidden behind compute, per byte a rank sends: a transport the CPU
+// drives (TCP in the kernel, shared-memory copies) slows the compute it overlaps, a NIC's DMA does
+// not. Absent: none (what an exposed collective costs the host is inside its measured time anyway).
 struct LinkSpec {
   std::map<CollectiveOp, double> busbw_GBps;  // per op, GB/s (1e9 bytes per second)
   double latency_s = 0;                       // per collective
   std::map<CollectiveOp, double> latency_op_s;  // per op when the file (or a fit) gives one; else latency_s
+  std::map<CollectiveOp, double> host_ns_per_byte;  // per op, ns per byte sent; empty: none
   double latency(CollectiveOp op) const;
+  double host_cost(CollectiveOp op) const;  // seconds per byte sent; 0 when the file gives none
 };
 
 // A compute rate that may depend on the sequence length: one number for every T, or rates measured at
@@ -107,6 +113,7 @@ struct CollectiveTime {
   double latency_s = 0;
   double seconds = 0;    // latency + S · bus_factor / busbw
   double exposed_s = 0;  // = seconds without overlap; with it, what the query path does not hide (model.cpp)
+  double host_s = 0;     // the link's host cost of the bytes this rank sends (charged to compute for the hidden part)
 };
 
 struct FormPrediction {
@@ -114,6 +121,7 @@ struct FormPrediction {
   std::vector<PhaseTime> phases;
   std::vector<CollectiveTime> collectives;  // attention traffic only (no grad sync), issue order
   double fwd_compute_s = 0, bwd_compute_s = 0, fwd_comm_s = 0, bwd_comm_s = 0;  // comm: exposed
+  double hidden_host_s = 0;  // of the compute: the host cost of the hidden collectives' bytes (LinkSpec)
   // As laga bench reports them: fwd and bwd include their exposed communication; total = fwd + bwd.
   double fwd_s() const { return fwd_compute_s + fwd_comm_s; }
   double bwd_s() const { return bwd_compute_s + bwd_comm_s; }
