@@ -6,6 +6,7 @@
 # Usage: bench_comm.sh <laga binary> <source dir>
 set -u
 laga=$1
+src=${2:-.}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
@@ -52,6 +53,27 @@ LAGA_LINK="test link" "$laga" bench-comm --sp 2 -b 64 -e 64 --ops all_to_all -n 
 grep -q '^# link: test link' "$work/out" || fail "LAGA_LINK not in the header"
 /usr/bin/python3 -c "import json,sys; j=json.load(open(sys.argv[1])); assert j['link']=='test link' and len(j['rows'])==1" \
   "$work/link.json" || fail "LAGA_LINK not in the JSON"
+
+# --host-cost: one reading per op at the largest size, in the text and the JSON, which laga model's
+# --comm-json takes (its link line then names the host cost).
+"$laga" bench-comm --sp 2 -b 256K -e 16M -f 8 -n 3 -w 1 --host-cost --json "$work/host.json" >"$work/host.out" 2>&1 \
+  || fail "bench-comm --host-cost: $(tail -3 "$work/host.out")"
+grep -q '^# host cost: ' "$work/host.out" || fail "--host-cost: no '# host cost:' header"
+/usr/bin/python3 - "$work/host.json" <<'PY' || fail "--host-cost: JSON"
+import json, math, sys
+j = json.load(open(sys.argv[1]))
+h = j["host_cost"]
+assert sorted(r["op"] for r in h) == ["all_gather", "all_reduce", "all_to_all", "reduce_scatter"], h
+for r in h:
+    assert r["bytes"] == 16777216 and r["products"] >= 8 and r["alone_s"] > 0 and r["beside_s"] > 0, r
+    assert r["exposed_s"] >= 0 and math.isfinite(r["host_ns_per_byte"]), r
+    assert abs(r["host_ns_per_byte"] - (r["beside_s"] - r["alone_s"]) / r["wire_bytes"] * 1e9) < 1e-6 * max(1, abs(r["host_ns_per_byte"])), r
+    factor = (2 if r["op"] == "all_reduce" else 1) * 0.5
+    assert r["wire_bytes"] == r["bytes"] * factor, r
+PY
+"$laga" model --model small --seq 512 --sp 2 --hw "$src/docs/hw/h100-class.json" --comm-json "$work/host.json" \
+  >"$work/model.out" 2>&1 || fail "model --comm-json with a host cost: $(tail -3 "$work/model.out")"
+grep -q 'host cost of hidden bytes, ns per byte sent: ' "$work/model.out" || fail "model: the link line does not name the host cost"
 
 [ "$failures" -eq 0 ] && echo "bench_comm: all cases pass" || echo "bench_comm: $failures failures"
 [ "$failures" -eq 0 ]

@@ -200,7 +200,7 @@ int cmd_report(const std::string& out_dir, bool quick) {
     steps.push_back({fmt::format("bench-comm.link.{}", r.name), fmt::format("the collectives across the link at the {} rate", r.name),
                      [&, r] {
                        return link(r.factor, {laga, "bench-comm", "-b", "128K", "-e", quick ? "1M" : "4M", "-f", "2",
-                                            "-n", "5", "--json",
+                                            "-n", "5", "--host-cost", "--json",
                                             J(fmt::format("bench_comm.link.{}.json", r.name))});
                      }, true});
     steps.push_back({fmt::format("bench.link.{}", r.name), fmt::format("throughput across the link at the {} rate, fused", r.name),
