@@ -271,10 +271,11 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
         }
         for (CollectiveOp op : ops) {
           const Shape s = shape_for(op, dtypes.front(), P, sizes.back());
-          double t = 0;  // this op's median at that size, from its row
-          for (const Row& r : rows)
-            if (r.shape.op == op && r.shape.dtype == s.dtype && r.shape.bytes == s.bytes) t = median(r.times);
-          t = gather_json(comm, t)[0].get<double>();  // the root holds the rows
+          double t = 0;  // this op's median at that size, from its row: only the printing rank reads the
+          if (prints)    // rows (under threads the others would read them while it still appends)
+            for (const Row& r : rows)
+              if (r.shape.op == op && r.shape.dtype == s.dtype && r.shape.bytes == s.bytes) t = median(r.times);
+          t = gather_json(comm, t)[0].get<double>();  // rank 0's, on every rank
           const HostCost hc = measure_host_cost(comm, s, t, b.iters);
           if (!prints) continue;
           fmt::print("  {:<15} {:<5} {:>12} {:>9} {:>10.3f} {:>10.3f} {:>10.3f} {:>12.3g}\n", collective_name(op),
