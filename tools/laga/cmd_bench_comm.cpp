@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 
 #include "bench_comm.hpp"
 #include "cli.hpp"
@@ -57,15 +58,32 @@ std::vector<uint64_t> buffer(int64_t elems, DType dtype) {
   return std::vector<uint64_t>(size_t((elems * dtype_size(dtype) + 7) / 8));
 }
 
-void issue(Communicator& comm, const Shape& s, const void* in, void* out) {
+CollectiveHandle issue_start(Communicator& comm, const Shape& s, const void* in, void* out) {
   switch (s.op) {
-    case CollectiveOp::all_gather: comm.all_gather(in, out, s.n, s.dtype, "bench"); break;
-    case CollectiveOp::reduce_scatter: comm.reduce_scatter(in, out, s.n, s.dtype, "bench"); break;
-    case CollectiveOp::all_to_all: comm.all_to_all(in, out, s.n, s.dtype, "bench"); break;
-    case CollectiveOp::all_reduce: comm.all_reduce(out, s.n, s.dtype, "bench"); break;
-    case CollectiveOp::send_recv: comm.send_recv(in, out, s.n, s.dtype, "bench"); break;
+    case CollectiveOp::all_gather: return comm.all_gather_start(in, out, s.n, s.dtype, "bench");
+    case CollectiveOp::reduce_scatter: return comm.reduce_scatter_start(in, out, s.n, s.dtype, "bench");
+    case CollectiveOp::all_to_all: return comm.all_to_all_start(in, out, s.n, s.dtype, "bench");
+    case CollectiveOp::all_reduce: return comm.all_reduce_start(out, s.n, s.dtype, "bench");
+    case CollectiveOp::send_recv: return comm.send_recv_start(in, out, s.n, s.dtype, "bench");
     default: LAGA_ASSERT(false, "bench-comm cannot issue {}", collective_name(s.op));
   }
+  return {};
+}
+
+// The blocking call: start + wait, as the Communicator's own blocking calls are.
+void issue(Communicator& comm, const Shape& s, const void* in, void* out) {
+  CollectiveHandle h = issue_start(comm, s, in, out);
+  comm.wait(h);
+}
+
+// Per iteration the slowest rank's time of all[rank][key] (gather_json's per-rank lists of times).
+std::vector<double> slowest_per_iteration(const std::vector<nlohmann::json>& all, const char* key, int64_t iters) {
+  std::vector<double> v(size_t(iters), 0.0);
+  for (const auto& j : all) {
+    const auto t = j.at(key).get<std::vector<double>>();
+    for (size_t i = 0; i < t.size(); ++i) v[i] = std::max(v[i], t[i]);
+  }
+  return v;
 }
 
 // One row on this rank of the group; the times and #wrong of the whole group on every rank.
@@ -99,34 +117,18 @@ Row time_collective(Communicator& comm, const Shape& s, int64_t iters, int64_t w
   }
   const int64_t wrong = count_wrong(s, rank, out.data());
   const std::vector<nlohmann::json> all = gather_json(comm, {{"times", mine}, {"wrong", wrong}});
-  Row row{s, std::vector<double>(size_t(iters), 0.0), 0};
-  for (const auto& j : all) {
-    const auto t = j.at("times").get<std::vector<double>>();
-    for (size_t i = 0; i < t.size(); ++i) row.times[i] = std::max(row.times[i], t[i]);
-    row.wrong += j.at("wrong").get<int64_t>();
-  }
+  Row row{s, slowest_per_iteration(all, "times", iters), 0};
+  for (const auto& j : all) row.wrong += j.at("wrong").get<int64_t>();
   comm.ledger().clear();
   return row;
-}
-
-CollectiveHandle issue_start(Communicator& comm, const Shape& s, const void* in, void* out) {
-  switch (s.op) {
-    case CollectiveOp::all_gather: return comm.all_gather_start(in, out, s.n, s.dtype, "bench");
-    case CollectiveOp::reduce_scatter: return comm.reduce_scatter_start(in, out, s.n, s.dtype, "bench");
-    case CollectiveOp::all_to_all: return comm.all_to_all_start(in, out, s.n, s.dtype, "bench");
-    case CollectiveOp::all_reduce: return comm.all_reduce_start(out, s.n, s.dtype, "bench");
-    case CollectiveOp::send_recv: return comm.send_recv_start(in, out, s.n, s.dtype, "bench");
-    default: LAGA_ASSERT(false, "bench-comm cannot issue {}", collective_name(s.op));
-  }
-  return {};
 }
 
 struct HostCost {
   Shape shape;
   double wire_bytes = 0;                  // what each rank sends: S · bus factor
   int64_t products = 0;                   // the compute: this many [256, 512] × [512, 512] fp32 products
-  double alone_s = 0, with_s = 0, exposed_s = 0;  // medians of the slowest rank's
-  double ns_per_byte() const { return (with_s - alone_s) / wire_bytes * 1e9; }
+  double alone_s = 0, beside_s = 0, exposed_s = 0;  // medians of the slowest rank's
+  double ns_per_byte() const { return (beside_s - alone_s) / wire_bytes * 1e9; }
 };
 
 // --host-cost on this rank of the group; the group's medians on every rank.
@@ -174,14 +176,7 @@ HostCost measure_host_cost(Communicator& comm, const Shape& s, double collective
   LAGA_CHECK(in_place || wrong == 0, "bench-comm --host-cost: {} gave {} wrong elements on rank {}",
              collective_name(s.op), wrong, rank);
   const auto all = gather_json(comm, {{"alone", alone}, {"with", with}, {"exposed", exposed}});
-  auto slowest = [&](const char* key) {
-    std::vector<double> v(size_t(iters), 0.0);
-    for (const auto& j : all) {
-      const auto t = j.at(key).get<std::vector<double>>();
-      for (size_t i = 0; i < t.size(); ++i) v[i] = std::max(v[i], t[i]);
-    }
-    return median(v);
-  };
+  auto slowest = [&](const char* key) { return median(slowest_per_iteration(all, key, iters)); };
   comm.ledger().clear();
   return {s, double(s.bytes) * busbw_factor(s.op, s.P), n, slowest("alone"), slowest("with"), slowest("exposed")};
 }
@@ -247,11 +242,13 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
         std::fflush(stdout);
       }
       int64_t wrong = 0;
+      std::map<CollectiveOp, double> largest_s;  // per op, the median at the largest size and first dtype (--host-cost)
       for (CollectiveOp op : ops)
         for (DType dtype : dtypes)
           for (int64_t bytes : sizes) {
             const Row row = time_collective(comm, shape_for(op, dtype, P, bytes), b.iters, b.warmup);
             wrong += row.wrong;
+            if (dtype == dtypes.front() && bytes == sizes.back()) largest_s[op] = median(row.times);  // the group's, on every rank
             if (!prints) continue;
             const double t = median(row.times);
             const double algbw = double(row.shape.bytes) / t / 1e9;
@@ -271,15 +268,10 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
         }
         for (CollectiveOp op : ops) {
           const Shape s = shape_for(op, dtypes.front(), P, sizes.back());
-          double t = 0;  // this op's median at that size, from its row: only the printing rank reads the
-          if (prints)    // rows (under threads the others would read them while it still appends)
-            for (const Row& r : rows)
-              if (r.shape.op == op && r.shape.dtype == s.dtype && r.shape.bytes == s.bytes) t = median(r.times);
-          t = gather_json(comm, t)[0].get<double>();  // rank 0's, on every rank
-          const HostCost hc = measure_host_cost(comm, s, t, b.iters);
+          const HostCost hc = measure_host_cost(comm, s, largest_s.at(op), b.iters);
           if (!prints) continue;
           fmt::print("  {:<15} {:<5} {:>12} {:>9} {:>10.3f} {:>10.3f} {:>10.3f} {:>12.3g}\n", collective_name(op),
-                     dtype_name(s.dtype), s.bytes, hc.products, hc.alone_s * 1e3, hc.with_s * 1e3, hc.exposed_s * 1e3,
+                     dtype_name(s.dtype), s.bytes, hc.products, hc.alone_s * 1e3, hc.beside_s * 1e3, hc.exposed_s * 1e3,
                      hc.ns_per_byte());
           std::fflush(stdout);
           costs.push_back(hc);
@@ -316,7 +308,7 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
       for (const HostCost& h : costs)
         j["host_cost"].push_back({{"op", collective_name(h.shape.op)}, {"dtype", dtype_name(h.shape.dtype)},
                                   {"bytes", h.shape.bytes}, {"wire_bytes", h.wire_bytes}, {"products", h.products},
-                                  {"alone_s", h.alone_s}, {"beside_s", h.with_s}, {"exposed_s", h.exposed_s},
+                                  {"alone_s", h.alone_s}, {"beside_s", h.beside_s}, {"exposed_s", h.exposed_s},
                                   {"host_ns_per_byte", h.ns_per_byte()}});
     }
     *json_out << j.dump(2) << "\n";
