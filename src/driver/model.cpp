@@ -303,6 +303,10 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
                hw.path, P, hw.ranks_per_node);
     return *hw.inter_node;
   };
+  // Per byte sent; over several nodes, the costlier of the two links' for all the bytes (an upper bound).
+  auto host_cost = [&](CollectiveOp op) {
+    return g.crosses ? std::max(hw.intra_node.host_cost(op), inter().host_cost(op)) : hw.intra_node.host_cost(op);
+  };
   if (r.op == CollectiveOp::send_recv) {
     // One hop of a ring: every rank sends its tensor bytes to one neighbour at once, as one step of the
     // all-to-all's pairwise exchange, so at that link's all_to_all rate and latency: latency + bytes /
@@ -320,7 +324,7 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
     }
     t.seconds = t.latency_s + t.size_bytes / (t.busbw_GBps * 1e9);
     t.exposed_s = t.seconds;
-    t.host_s = t.size_bytes * (g.crosses ? std::max(in.host_cost(as), inter().host_cost(as)) : in.host_cost(as));
+    t.host_s = t.size_bytes * host_cost(as);
     return t;
   }
   LAGA_ASSERT(parse_op(collective_name(r.op)), "the model has no rate for {}", collective_name(r.op));
@@ -352,8 +356,7 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
     }
   }
   t.exposed_s = t.seconds;  // no overlap: the caller waits for the whole collective
-  // Over several nodes, the costlier of the two links' host costs for all the bytes (an upper bound).
-  t.host_s = bus_bytes * (g.crosses ? std::max(in.host_cost(r.op), inter().host_cost(r.op)) : in.host_cost(r.op));
+  t.host_s = bus_bytes * host_cost(r.op);
   return t;
 }
 

@@ -91,10 +91,11 @@ TEST(Memory, CachingAllocatorKeepsAStepsBlocksAndEvictsTheLeastRecentlyReleased)
     const PoolStats s = pool_stats();
     EXPECT_LE(s.reserved_bytes, pool_bound(MiB, s.peak_in_use_bytes));
   };
-  auto step = [&] {  // three blocks in use at once, released oldest first
-    std::vector<void*> p;
-    for (int64_t m : {2, 3, 5}) p.push_back(pool_allocate(size_t(m * MiB))), within_bound();
-    for (size_t i = 0; i < p.size(); ++i) pool_release(p[i], size_t(int64_t(std::vector<int>{2, 3, 5}[i]) * MiB));
+  auto step = [&] {  // three blocks in use at once, released in the order they were taken
+    const int64_t sizes[] = {2, 3, 5};
+    void* p[3];
+    for (int i = 0; i < 3; ++i) p[i] = pool_allocate(size_t(sizes[i] * MiB)), within_bound();
+    for (int i = 0; i < 3; ++i) pool_release(p[i], size_t(sizes[i] * MiB));
   };
   const PoolStats s0 = pool_stats();
   step();
