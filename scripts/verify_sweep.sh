@@ -3,7 +3,8 @@
 # reference, by the rule of verify/compare.hpp) over presets tiny, small and deepseek-v2-lite ×
 # T from 16 to 512 (powers of two and not) × both kernels × both dtypes × L 1–2 × B 1–2 × seeds
 # (bf16 with the second seed: dlatent's partial sums in fp32).
-# Every case must pass; a failing case is printed with the command that reproduces it.
+# Every case must pass; a failing case is printed with the command that reproduces it. A passing one
+# prints its worst ratio to what the rule allows and its wall seconds.
 #
 #   scripts/verify_sweep.sh                 every case (hours on two cores: deepseek-v2-lite's fp64
 #                                           reference is the cost)
@@ -87,7 +88,7 @@ fi
 if [ -n "$resume" ]; then
   # A case counts as passed only by its own "ok" line (the command after it, whole).
   declare -A passed=()
-  while IFS= read -r line; do passed["${line#*laga verify }"]=1; done < <(grep -E '^ok +\(worst [0-9.]+ of allowed\) laga verify ' "$resume")
+  while IFS= read -r line; do passed["${line#*laga verify }"]=1; done < <(grep -E '^ok +\(worst [0-9.]+ of allowed(; [0-9]+ s)?\) laga verify ' "$resume")
   todo=()
   for c in "${cases[@]}"; do [ -n "${passed[$c]:-}" ] || todo+=("$c"); done
   echo "verify_sweep: ${#passed[@]} cases passed in $resume; $((${#cases[@]} - ${#todo[@]})) of them skipped here, ${#todo[@]} to run"
@@ -96,10 +97,11 @@ fi
 
 failed=0
 for c in "${cases[@]}"; do
+  start=$SECONDS
   # shellcheck disable=SC2086
   if out=$("$laga" verify $c 2>&1); then
     worst=$(printf '%s\n' "$out" | awk '$1 ~ /^[0-9]+$/ && $7+0 > m { m = $7+0 } END { printf "%.3f", m }')
-    echo "ok   (worst $worst of allowed) laga verify $c"
+    echo "ok   (worst $worst of allowed; $((SECONDS - start)) s) laga verify $c"
   else
     failed=$((failed + 1))
     echo "FAIL laga verify $c"
