@@ -237,6 +237,26 @@ def matched_rate_drift(d):
     return lr["here_matmul_tflops"], later, sorted(v for _, v in later)[len(later) // 2]
 
 
+def explicit_laga(j):
+    """explicit's and laga's rows of one bench, per T where both ran: (T, explicit / laga, explicit's
+    communication share of its step, rows either got wrong)."""
+    by_t = {}
+    for row in bench_rows(j):
+        by_t.setdefault(row["seq"], {})[row["variant"]] = row
+    out = []
+    for T, forms in sorted(by_t.items()):
+        ex, lg = forms.get("explicit"), forms.get("laga")
+        if ex and lg:
+            out.append((T, ex["total_s"] / lg["total_s"], ex["comm_s"] / ex["total_s"],
+                        ex.get("wrong", 0) + lg.get("wrong", 0)))
+    return out
+
+
+def model_errors(found):
+    """|error of the total| in % of every row model_rows found."""
+    return [abs(x["rel_error_total"]) * 100 for _, x in found]
+
+
 def paper_two_nodes(T):
     """The paper's two-node T nearest to T (on a log scale) and its laga / explicit there."""
     fig = PAPER["two_nodes"]
@@ -255,15 +275,7 @@ def section_targets(r):
         j = load(r.d, name)
         if not j or j.get("kernel") != "fused":
             continue
-        by_t = {}
-        for row in bench_rows(j):
-            by_t.setdefault(row["seq"], {})[row["variant"]] = row
-        for T, forms in sorted(by_t.items()):
-            ex, lg = forms.get("explicit"), forms.get("laga")
-            if not ex or not lg:
-                continue
-            share, speed = ex["comm_s"] / ex["total_s"], ex["total_s"] / lg["total_s"]
-            wrong = ex.get("wrong", 0) + lg.get("wrong", 0)
+        for T, speed, share, wrong in explicit_laga(j):
             (judged if share >= 0.10 else below).append((where, T, share, speed, wrong))
     if judged:
         met = [x for x in judged if x[3] >= 1.0 and x[4] == 0]
@@ -276,17 +288,11 @@ def section_targets(r):
                         "no fused bench row with communication ≥ 10 % of explicit's step", "not shown"))
     # 2. Across the link at the matched rate, laga / explicit at or above the paper's two-node figure at the
     #    corresponding T (the paper's nearest T).
-    m = load(r.d, "bench.link.matched.json")
     cells, ok = [], True
-    for T in sorted({row["seq"] for row in bench_rows(m)}):
-        rows = {row["variant"]: row for row in bench_rows(m) if row["seq"] == T}
-        if "explicit" in rows and "laga" in rows:
-            ex, lg = rows["explicit"], rows["laga"]
-            speed = ex["total_s"] / lg["total_s"]
-            pt, want = paper_two_nodes(T)
-            wrong = ex.get("wrong", 0) + lg.get("wrong", 0)
-            ok = ok and speed >= want and wrong == 0
-            cells.append(f"T {T}: {speed:.3f} (paper {want} at {pt // 1024}K)" + (f", {wrong} wrong" if wrong else ""))
+    for T, speed, _, wrong in explicit_laga(load(r.d, "bench.link.matched.json")):
+        pt, want = paper_two_nodes(T)
+        ok = ok and speed >= want and wrong == 0
+        cells.append(f"T {T}: {speed:.3f} (paper {want} at {pt // 1024}K)" + (f", {wrong} wrong" if wrong else ""))
     drift = matched_rate_drift(r.d)
     if cells:
         note = ""
@@ -300,7 +306,7 @@ def section_targets(r):
     # 3. The model within 10 % of every measured row, mean within 5 %.
     errs = model_rows(r.d)
     if errs:
-        a = [abs(x["rel_error_total"]) * 100 for _, x in errs]
+        a = model_errors(errs)
         worst = max(errs, key=lambda e: abs(e[1]["rel_error_total"]))
         within = sum(v <= 10 for v in a)
         summary.append(("the model within 10 % of every measured row, mean ≤ 5 %",
@@ -470,7 +476,7 @@ def section_model(r):
                          f"{x['rel_error_total'] * 100:+.1f} %"))
             pts.append((x["measured"]["total_s"], x["predicted"]["total_s"], title))
         r.p(table(["where", "T", "form", "measured s", "predicted s", "error"], rows))
-        errs = [abs(float(row[5].split()[0])) for row in rows]
+        errs = model_errors(found)
         r.p(f"\nError of the total over {len(errs)} rows: max {max(errs):.1f} %, mean {sum(errs) / len(errs):.1f} % "
             "(target: every row within 10 %, mean ≤ 5 %).")
         fig, ax = plt.subplots(figsize=(5, 5))
