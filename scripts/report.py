@@ -257,6 +257,12 @@ def model_errors(found):
     return [abs(x["rel_error_total"]) * 100 for _, x in found]
 
 
+def skew_errors(found):
+    """|error against the total less the ranks' skew| in % of the rows that have it (bench's comm_skew_s: the
+    time ranks waited for each other, which the model does not predict); not the judged figure."""
+    return [abs(x["rel_error_without_skew"]) * 100 for _, x in found if "rel_error_without_skew" in x]
+
+
 def paper_two_nodes(T):
     """The paper's two-node T nearest to T (on a log scale) and its laga / explicit there."""
     fig = PAPER["two_nodes"]
@@ -309,10 +315,15 @@ def section_targets(r):
         a = model_errors(errs)
         worst = max(errs, key=lambda e: abs(e[1]["rel_error_total"]))
         within = sum(v <= 10 for v in a)
-        summary.append(("the model within 10 % of every measured row, mean ≤ 5 %",
-                        f"{within} of {len(a)} rows within 10 %; max {max(a):.1f} % ({worst[0]}, T {worst[1]['seq']}, "
-                        f"{worst[1]['form']}), mean {sum(a) / len(a):.1f} %",
-                        "met" if within == len(a) and sum(a) / len(a) <= 5 else "**missed**"))
+        met = within == len(a) and sum(a) / len(a) <= 5
+        line = (f"{within} of {len(a)} rows within 10 %; max {max(a):.1f} % ({worst[0]}, T {worst[1]['seq']}, "
+                f"{worst[1]['form']}), mean {sum(a) / len(a):.1f} %")
+        ns = skew_errors(errs)
+        if ns and not met:
+            line += (f". Against each total less the time its ranks waited for each other (skew: the same work on "
+                     f"every rank, so time the host took from one; not judged): {sum(v <= 10 for v in ns)} of {len(ns)} "
+                     f"within 10 %, max {max(ns):.1f} %, mean {sum(ns) / len(ns):.1f} % (section 7)")
+        summary.append(("the model within 10 % of every measured row, mean ≤ 5 %", line, "met" if met else "**missed**"))
     else:
         summary.append(("the model within 10 % of every measured row", "no comparison ran (section 7)", "not shown"))
     r.p(table(["target", "in this run", "verdict"], summary))
@@ -472,13 +483,22 @@ def section_model(r):
     else:
         rows, pts = [], []
         for title, x in found:
-            rows.append((title, x["seq"], x["form"], f"{x['measured']['total_s']:.3f}", f"{x['predicted']['total_s']:.3f}",
-                         f"{x['rel_error_total'] * 100:+.1f} %"))
-            pts.append((x["measured"]["total_s"], x["predicted"]["total_s"], title))
-        r.p(table(["where", "T", "form", "measured s", "predicted s", "error"], rows))
+            m = x["measured"]
+            skew = (f"{m['comm_skew_s']:.3f}", f"{x['rel_error_without_skew'] * 100:+.1f} %") \
+                if "rel_error_without_skew" in x else ("-", "-")
+            rows.append((title, x["seq"], x["form"], f"{m['total_s']:.3f}", f"{x['predicted']['total_s']:.3f}",
+                         f"{x['rel_error_total'] * 100:+.1f} %") + skew)
+            pts.append((m["total_s"], x["predicted"]["total_s"], title))
+        r.p(table(["where", "T", "form", "measured s", "predicted s", "error", "skew s", "error w/o skew"], rows))
         errs = model_errors(found)
         r.p(f"\nError of the total over {len(errs)} rows: max {max(errs):.1f} %, mean {sum(errs) / len(errs):.1f} % "
             "(target: every row within 10 %, mean ≤ 5 %).")
+        ns = skew_errors(found)
+        if ns:
+            r.p(f"\nskew: of a row's exposed communication, the time its ranks waited for each other (per collective the "
+                "longest wait of any rank less the shortest, summed). Every form gives each rank the same work, so this "
+                "is time the host took from one rank, which the model does not predict. Against each total less its skew "
+                f"(not the judged figure): max {max(ns):.1f} %, mean {sum(ns) / len(ns):.1f} % over {len(ns)} rows.")
         fig, ax = plt.subplots(figsize=(5, 5))
         for title in dict.fromkeys(p[2] for p in pts):
             sel = [p for p in pts if p[2] == title]

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 #include <cstring>
+#include <iterator>
 
 #include "laga/core/error.hpp"
 
@@ -13,9 +14,9 @@ namespace laga {
 namespace {
 std::atomic<int> g_rank{-1};
 std::atomic<int> g_place{0};  // 0 none, else 1 + index in kPlaces
-constexpr const char* kPlaces[] = {"forward", "backward", "nan-x", "nan-dy", "inf-wkv_b", "stall", "kill"};
+constexpr const char* kPlaces[] = {"forward", "backward", "nan-x", "nan-dy", "inf-wkv_b", "stall", "kill", "slow"};
 int place_id(const char* p) {
-  for (int i = 0; i < 7; ++i)
+  for (int i = 0; i < int(std::size(kPlaces)); ++i)
     if (std::strcmp(p, kPlaces[i]) == 0) return i + 1;
   return 0;
 }
@@ -31,7 +32,7 @@ void set_injected_fault(const std::string& spec) {
     rank = -1;
   }
   LAGA_CHECK(rank >= 0 && place_id(place.c_str()) != 0,
-             "--inject-fault '{}' is not RANK:PLACE; PLACE is forward, backward, stall, kill, nan-x, nan-dy or inf-wkv_b (e.g. 2:forward)", spec);
+             "--inject-fault '{}' is not RANK:PLACE; PLACE is forward, backward, stall, slow, kill, nan-x, nan-dy or inf-wkv_b (e.g. 2:forward)", spec);
   g_rank = rank;
   g_place = place_id(place.c_str());
 }
@@ -44,6 +45,12 @@ void fault_point(const char* place, int rank) {
   if (std::strcmp(place, "forward") == 0 && poison_point("stall", rank)) {
     // A rank that stops answering for a while: the others' collectives must time out (--timeout).
     std::this_thread::sleep_for(std::chrono::seconds(10));
+    return;
+  }
+  if (std::strcmp(place, "forward") == 0 && poison_point("slow", rank)) {
+    // A rank the host slows: 50 ms more in each layer's forward, which the others wait for in their next
+    // collective (bench's skew column).
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
     return;
   }
   if (std::strcmp(place, "forward") == 0 && poison_point("kill", rank)) std::raise(SIGKILL);  // as if the OOM killer came

@@ -606,6 +606,12 @@ std::vector<BenchRowComparison> compare_with_bench(const json& bench, const std:
     c.seq = row["seq"].get<int64_t>(), c.sp = row["sp"].get<int64_t>();
     c.measured_fwd = row["fwd_s"].get<double>(), c.measured_bwd = row["bwd_s"].get<double>();
     c.measured_comm = row["comm_s"].get<double>(), c.measured_total = row["total_s"].get<double>();
+    if (row.contains("comm_skew_s")) {
+      if (!row["comm_skew_s"].is_number() || row["comm_skew_s"].get<double>() < 0 ||
+          row["comm_skew_s"].get<double>() >= c.measured_total)
+        bad(fmt::format("field 'rows[{}].comm_skew_s' must be a number in [0, total_s)", i));
+      c.measured_skew = row["comm_skew_s"].get<double>();
+    }
     // The row's form as bench ran it: its variant, and laga's --ulysses (the row's "ulysses"; absent in
     // files written before bench took --ulysses: 0, the whole group).
     MlaConfig m = as_form(base, row["variant"].get<std::string>());

@@ -32,7 +32,7 @@ json_has "$f" "len(j['rows'])==6 and j['wrong']==0 and j['pass'] and j['link']==
   and j['validation']['reduced_pass'] \
   and all(k in r for r in j['rows'] for k in ('form','variant','seq','sp','tokens_per_s','fwd_s','bwd_s','comm_s', \
     'tflops','total_s','total_s_min','total_s_max','speedup_vs_explicit','fwd_s_min','fwd_s_max','bwd_s_min', \
-    'bwd_s_max','comm_s_min','comm_s_max','comm_all_s','comm_hidden_s','wrong','validation','collectives', \
+    'bwd_s_max','comm_s_min','comm_s_max','comm_all_s','comm_hidden_s','comm_skew_s','wrong','validation','collectives', \
     'flops_fwd','flops_bwd','kernel','dtype','batch','layers','iters')) \
   and all(r['fwd_s_min']<=r['fwd_s']<=r['fwd_s_max'] and r['total_s_min']<=r['total_s']<=r['total_s_max'] \
     and r['wrong']==0 and r['validation']['validated'] for r in j['rows']) \
@@ -62,6 +62,22 @@ json_has "$f" "all(p['matmul']['flops'] == 3*2*(c['hidden_size']*c['q_lora_rank'
 unset LAGA_LINK
 LAGA_LINK= "$laga" bench --model tiny --seq 16 --forms explicit --iters 1 >"$work/out" 2>&1 || fail "bench explicit alone"
 grep -q "link: in-process threads" "$work/out" || fail "bench without LAGA_LINK does not say in-process threads"
+
+# 1b. The skew column: of the exposed comm, the time ranks waited for each other. A rank slowed by 50 ms
+# per layer (--inject-fault 1:slow, L 2) makes the other wait about 100 ms per step; at P 1 no rank
+# waits for another, so the skew is exactly 0.
+if "$laga" bench --model tiny --seq 32 --sp 2 --layers 2 --forms explicit,laga,ring-kv --iters 2 --warmup 1 \
+    --no-validate --inject-fault 1:slow --json "$work/slow.json" >"$work/out" 2>&1; then
+  json_has "$work/slow.json" "all(0.09 <= r['comm_skew_s'] <= 0.2 and r['comm_skew_s'] <= r['comm_s'] + 0.01 \
+      and r['total_s'] >= 0.1 for r in j['rows'])" \
+    && ok "bench skew with rank 1 slowed 2 × 50 ms: $(/usr/bin/python3 -c "import json; print([round(r['comm_skew_s'],3) for r in json.load(open('$work/slow.json'))['rows']])") s" \
+    || fail "bench skew with a slowed rank: $(grep -A5 '# *seq' "$work/out")"
+else
+  fail "bench --inject-fault 1:slow: $(tail -3 "$work/out")"
+fi
+"$laga" bench --model tiny --seq 32 --sp 1 --forms explicit,laga --iters 2 --no-validate --json "$work/one.json" >/dev/null 2>&1 \
+  && json_has "$work/one.json" "all(r['comm_skew_s'] == 0 for r in j['rows'])" \
+  && ok "bench skew 0 at P 1" || fail "bench at P 1: skew not 0"
 
 # 2. Validation catches a wrong result, reports it in its row, prints why, and exits 1 after every row.
 expect_wrong() {  # name, pattern of the FAIL line, python expression over j, bench arguments...

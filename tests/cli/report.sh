@@ -90,7 +90,9 @@ done
 
 # The targets that open report.md, on rows made up to fall on either side of each line: "missed" has
 # laga slower than explicit where communication is 20 % of explicit's step, laga / explicit 1.026 at the
-# matched rate and T 4096 (the paper: 1.07 at 4K) and the model 12 % off one row; "met" mends all three.
+# matched rate and T 4096 (the paper: 1.07 at 4K) and the model 12 % off one row, 2.2 % off once its
+# 0.1 s of skew (ranks waiting for each other) is taken out, which the missed line then says; "met"
+# mends all three.
 # A row whose communication is 5 % of explicit's step is not judged, whichever form is faster.
 for mode in missed met; do
   d3=$d/targets.$mode
@@ -104,20 +106,22 @@ def row(T, form, total, comm):
 def bench(name, rows):
     json.dump({"kernel": "fused", "link": "made up", "rows": rows}, open(f"{d}/{name}", "w"))
 def model(name, rows):
-    json.dump({"comparison": {"rows": [{"seq": T, "form": f, "measured": {"total_s": m}, "predicted": {"total_s": p},
-                                        "rel_error_total": p / m - 1} for T, f, m, p in rows]}}, open(f"{d}/{name}", "w"))
+    json.dump({"comparison": {"rows": [{"seq": T, "form": f, "measured": {"total_s": m, "comm_skew_s": k},
+                                        "predicted": {"total_s": p}, "rel_error_total": p / m - 1,
+                                        "rel_error_without_skew": p / (m - k) - 1} for T, f, m, p, k in rows]}},
+              open(f"{d}/{name}", "w"))
 bench("bench.threads.fused.json", [row(2048, "explicit", 1.0, 0.05), row(2048, "laga", 1.02, 0.04)])
 bench("bench.link.matched.json", [row(2048, "explicit", 2.0, 1.0), row(2048, "laga", 1.6, 0.6),
                                   row(4096, "explicit", 4.0, 2.0), row(4096, "laga", 3.7 if met else 3.9, 1.9)])
 bench("bench.link.fast.overlap.json", [row(2048, "explicit", 1.0, 0.2), row(2048, "laga", 0.95 if met else 1.1, 0.1)])
-model("model.vs_bench.link.matched.json", [(2048, "laga", 1.6, 1.648)])
-model("model.vs_bench.link.fast.overlap.json", [(2048, "laga", 1.0, 0.96 if met else 0.88)])
+model("model.vs_bench.link.matched.json", [(2048, "laga", 1.6, 1.648, 0.0)])
+model("model.vs_bench.link.fast.overlap.json", [(2048, "laga", 1.0, 0.96 if met else 0.88, 0.1)])
 PY
   /usr/bin/python3 "$src/scripts/report.py" "$d3" >"$d3/report.py.log" 2>&1 || fail "report.py (targets, $mode): $(tail -3 "$d3/report.py.log")"
   if [ "$mode" = missed ]; then
     lines=("^\| laga at least as fast as explicit, fused, .* \| 2 of 3 rows; slowest explicit / laga 0\.909 \(link, 4× faster, overlap, T 2048\) \| \*\*missed\*\* \|$"
            "^\| laga / explicit across the link at the matched rate .* \| T 2048: 1\.250 \(paper 1\.07 at 4K\); T 4096: 1\.026 \(paper 1\.07 at 4K\) \| \*\*missed\*\* \|$"
-           "^\| the model within 10 % .* \| 1 of 2 rows within 10 %; max 12\.0 % \(link, 4× faster, overlap, T 2048, laga\), mean 7\.5 % \| \*\*missed\*\* \|$")
+           "^\| the model within 10 % .* \| 1 of 2 rows within 10 %; max 12\.0 % \(link, 4× faster, overlap, T 2048, laga\), mean 7\.5 %\. Against each total less .* \(skew: .*\): 2 of 2 within 10 %, max 3\.0 %, mean 2\.6 % \(section 7\) \| \*\*missed\*\* \|$")
   else
     lines=("^\| laga at least as fast as explicit, fused, .* \| 3 of 3 rows; slowest explicit / laga 1\.053 \(link, 4× faster, overlap, T 2048\) \| met \|$"
            "^\| laga / explicit across the link at the matched rate .* \| T 2048: 1\.250 \(paper 1\.07 at 4K\); T 4096: 1\.081 \(paper 1\.07 at 4K\) \| met \|$"

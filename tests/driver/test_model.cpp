@@ -600,6 +600,25 @@ TEST(Model, ComparesWithABenchFileRowByRow) {
   c.seq_len = 32, c.form = "laga";
   EXPECT_DOUBLE_EQ(cmp[1].predicted.total_s(), predict(Config(c), hw).total_s());
   EXPECT_DOUBLE_EQ(cmp[1].rel_error_total(), (cmp[1].predicted.total_s() - 3.0) / 3.0);
+  EXPECT_FALSE(cmp[1].measured_skew.has_value());  // a file written before bench measured the skew
+  EXPECT_FALSE(cmp[1].rel_error_without_skew().has_value());
+  // The ranks' skew: the second error is against the total less it; the judged error is unchanged.
+  rows[1]["comm_skew_s"] = 0.4;
+  const auto skewed = compare_with_bench({{"command", "bench"}, {"config", c.to_json()}, {"rows", rows}}, "b.json", hw);
+  ASSERT_TRUE(skewed[1].measured_skew.has_value());
+  EXPECT_DOUBLE_EQ(*skewed[1].measured_skew, 0.4);
+  EXPECT_DOUBLE_EQ(skewed[1].rel_error_total(), cmp[1].rel_error_total());
+  EXPECT_DOUBLE_EQ(*skewed[1].rel_error_without_skew(), (skewed[1].predicted.total_s() - 2.6) / 2.6);
+  for (const json bad : {json(-0.1), json(3.0), json("0.4")}) {
+    rows[1]["comm_skew_s"] = bad;
+    try {
+      compare_with_bench({{"config", c.to_json()}, {"rows", rows}}, "b.json", hw);
+      ADD_FAILURE() << "comm_skew_s " << bad.dump() << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("rows[1].comm_skew_s"), std::string::npos) << e.what();
+    }
+  }
+  rows[1].erase("comm_skew_s");
   rows[0].erase("total_s");
   EXPECT_THROW(compare_with_bench({{"config", c.to_json()}, {"rows", rows}}, "b.json", hw), Error);
 }

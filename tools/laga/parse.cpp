@@ -43,7 +43,7 @@ void build_app(CLI::App& app, Invocation& inv) {
       ->capture_default_str();
   run->add_option("--dump", inv.dump_dir, "write config.json and tensors.safetensors (whole tensors, gathered to rank 0)");
   run->add_option("--weights", inv.weights, "load weights from a laga dump or a Hugging Face DeepSeek shard (.safetensors)");
-  run->add_option("--inject-fault", inv.fault, "testing: RANK:PLACE makes that rank fail in forward or backward");
+  run->add_option("--inject-fault", inv.fault, "testing: RANK:PLACE; PLACE forward or backward (that rank fails there), stall (10 s), slow (50 ms per layer), kill, nan-x, nan-dy, inf-wkv_b");
   run->add_option("--stand-in", inv.stand_in,
                   "run only rank R of the --sp group, the other ranks' traffic stood in for (memory and traffic "
                   "measurements at scale; numbers are not meaningful)");

@@ -161,6 +161,9 @@ struct BenchRowComparison {
   int64_t seq = 0, sp = 0;
   int64_t ulysses = 0;  // the row's --ulysses (laga's; 0: Pu = P)
   double measured_fwd = 0, measured_bwd = 0, measured_comm = 0, measured_total = 0;
+  // Of measured_comm, the time the ranks waited for each other (bench's comm_skew_s: the same work on
+  // every rank, so time the host took from one of them); empty for files written before bench had it.
+  std::optional<double> measured_skew;
   // The row's time by op class where its file has one (laga bench's "profile"): "matmul",
   // "attention_fwd", "attention_bwd", and "other" (the rest beside exposed comm), measured against the
   // model's phases of the same class (other: its elementwise phases). Empty for older files.
@@ -168,6 +171,13 @@ struct BenchRowComparison {
   std::map<std::string, double> predicted_by_class() const;
   FormPrediction predicted;
   double rel_error_total() const { return (predicted.total_s() - measured_total) / measured_total; }
+  // Against the measured total less its skew: the model on a host that took nothing from any rank. Not
+  // the target's figure (that is rel_error_total); it says how much of a miss is the host's.
+  std::optional<double> rel_error_without_skew() const {
+    if (!measured_skew) return std::nullopt;
+    const double t = measured_total - *measured_skew;
+    return (predicted.total_s() - t) / t;
+  }
 };
 std::vector<BenchRowComparison> compare_with_bench(const nlohmann::json& bench, const std::string& path,
                                                    const HardwareSpec& hw);
