@@ -177,9 +177,15 @@ void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
     throw Error(ErrorKind::usage, __FILE__, __LINE__,
                 fmt::format("out of memory allocating {} bytes for '{}' ({} bytes already live)", bytes, tag,
                             live_bytes()));
+  count(bytes, tag);
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++allocations_;
+  return ptr;
+}
+
+void MemoryTracker::count(int64_t bytes, const std::string& tag) {
   std::lock_guard<std::mutex> lock(mutex_);
   live_ += bytes;
-  ++allocations_;
   // A zero-byte tensor holds nothing, so it leaves no entry: two of them under one tag would otherwise
   // share an entry of 0 that the first release erases and the second cannot find.
   if (bytes > 0) live_by_tag_[tag] += bytes;
@@ -187,17 +193,27 @@ void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
     peak_ = live_;
     peak_by_tag_ = live_by_tag_;
   }
-  return ptr;
 }
 
-void MemoryTracker::release(void* ptr, int64_t bytes, const std::string& tag) {
-  if (!meta_ && ptr) Pool::get().release(ptr, size_t((bytes + kAlignment - 1) / kAlignment * kAlignment));
+void MemoryTracker::uncount(int64_t bytes, const std::string& tag) {
   if (bytes == 0) return;
   std::lock_guard<std::mutex> lock(mutex_);
   live_ -= bytes;
   auto it = live_by_tag_.find(tag);
   LAGA_ASSERT(it != live_by_tag_.end() && it->second >= bytes, "release of untracked tag '{}'", tag);
   if ((it->second -= bytes) == 0) live_by_tag_.erase(it);
+}
+
+void MemoryTracker::hand_over(int64_t bytes, const std::string& tag, MemoryTracker& to) {
+  LAGA_ASSERT(meta_ == to.meta_, "tensor '{}' handed between a meta and a real tracker", tag);
+  if (&to == this) return;
+  uncount(bytes, tag);
+  to.count(bytes, tag);
+}
+
+void MemoryTracker::release(void* ptr, int64_t bytes, const std::string& tag) {
+  if (!meta_ && ptr) Pool::get().release(ptr, size_t((bytes + kAlignment - 1) / kAlignment * kAlignment));
+  uncount(bytes, tag);
 }
 
 int64_t MemoryTracker::live_bytes() const { std::lock_guard<std::mutex> l(mutex_); return live_; }

@@ -22,6 +22,16 @@ Storage::Storage(int64_t bytes, std::string tag, MemoryTracker& tracker)
 
 Storage::~Storage() { tracker_->release(data_, bytes_, tag_); }
 
+void Storage::hand_over(MemoryTracker& to) {
+  tracker_->hand_over(bytes_, tag_, to);
+  tracker_ = &to;
+}
+
+void Tensor::hand_over(MemoryTracker& to) {
+  LAGA_CHECK(defined(), "hand_over of an undefined tensor");
+  storage_->hand_over(to);
+}
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, const std::string& tag) {
   for (int64_t d : shape) LAGA_CHECK(d >= 0, "tensor '{}' has a negative dimension in {}", tag, shape_str(shape));
   Tensor t;

@@ -136,11 +136,12 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
     r.dy = gather_rows(c, comm, dy_shard, "dy");
     r.y = gather_rows(c, comm, y_shard, "y");
     r.dx = gather_rows(c, comm, dx_shard, "dx");
-    auto copy = [](const std::string&, Tensor& t) { t = t.clone(t.tag()); };
+    // The weights and the synced gradients as they are, handed to the default tracker (not copied).
+    auto hand_over = [](const std::string&, Tensor& t) { t.hand_over(default_tracker()); };
     r.weights = std::move(w);
     r.grads = std::move(g);
-    r.weights.for_each(copy);
-    r.grads.for_each(copy);
+    r.weights.for_each(hand_over);
+    r.grads.for_each(hand_over);
   }
   return r;
 }

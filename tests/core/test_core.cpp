@@ -40,6 +40,41 @@ TEST(Memory, TracksLivePeakAndTags) {
   EXPECT_EQ(at_peak.count("c"), 0u);
 }
 
+// A tensor handed to another tracker moves its bytes there (live and peak, by tag), keeps its values
+// and its views, and is released by the new tracker when the last view goes; a meta tensor cannot be
+// handed to a real tracker.
+TEST(Memory, HandOverMovesTheCountNotTheBytes) {
+  MemoryTracker rank, outer;
+  Tensor a, view;
+  {
+    TrackerScope scope(rank);
+    a = Tensor::empty({10, 4}, DType::f32, "w");
+    a.fill(3.0f);
+    Tensor b = Tensor::empty({2}, DType::f32, "w");
+    view = a.rows(1, 2);
+    const void* data = a.raw();
+    a.hand_over(outer);
+    EXPECT_EQ(a.raw(), data);  // not copied
+    EXPECT_EQ(rank.live_bytes(), 8);
+    EXPECT_EQ(rank.live_by_tag().at("w"), 8);
+    EXPECT_EQ(rank.peak_bytes(), 168);
+    EXPECT_EQ(outer.live_bytes(), 160);
+    EXPECT_EQ(outer.peak_by_tag().at("w"), 160);
+    EXPECT_EQ(outer.allocations(), 0);  // handed over, not allocated
+  }
+  EXPECT_EQ(rank.live_bytes(), 0);
+  EXPECT_EQ(view.get(0), 3.0f);
+  a = Tensor();
+  EXPECT_EQ(outer.live_bytes(), 160);  // the view still holds the storage
+  view = Tensor();
+  EXPECT_EQ(outer.live_bytes(), 0);
+  EXPECT_TRUE(outer.live_by_tag().empty());
+  MemoryTracker meta(true);
+  TrackerScope scope(meta);
+  Tensor m = Tensor::empty({4}, DType::f32, "m");
+  EXPECT_THROW(m.hand_over(outer), Error);
+}
+
 // The caching allocator keeps a released large block and hands it to the next allocation of about its
 // size (across trackers), while every tracker still counts the bytes requested; a small block and one
 // much smaller than any cached block come from the OS.

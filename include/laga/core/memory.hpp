@@ -35,6 +35,9 @@ class MemoryTracker {
   bool meta() const { return meta_; }
   void* allocate(int64_t bytes, const std::string& tag);
   void release(void* ptr, int64_t bytes, const std::string& tag);
+  // Hands an allocation of this tracker to `to` without copying it: it leaves this tracker's live bytes
+  // and enters `to`'s (its peak too), as if `to` had allocated it; `to` releases it. Both real or both meta.
+  void hand_over(int64_t bytes, const std::string& tag, MemoryTracker& to);
 
   int64_t live_bytes() const;
   int64_t peak_bytes() const;
@@ -44,6 +47,8 @@ class MemoryTracker {
   void reset_peak();                         // peak := live now
 
  private:
+  void count(int64_t bytes, const std::string& tag);    // live += bytes (under the lock)
+  void uncount(int64_t bytes, const std::string& tag);  // live −= bytes (under the lock)
   const bool meta_;
   int64_t next_meta_address_ = int64_t(1) << 48;  // the meta range: above any heap, far below 2^63
   mutable std::mutex mutex_;

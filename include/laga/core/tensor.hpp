@@ -34,6 +34,8 @@ class Storage {
   int64_t bytes() const { return bytes_; }
   const std::string& tag() const { return tag_; }
   bool meta() const { return tracker_->meta(); }
+  // This storage counted by `to` from now on, and released there (MemoryTracker::hand_over).
+  void hand_over(MemoryTracker& to);
 
  private:
   void* data_;
@@ -79,6 +81,9 @@ class Tensor {
   void fill(float value);
   void copy_from(const Tensor& src);               // same shape; converts dtype
   Tensor clone(const std::string& tag) const;
+  // The storage (with every view of it) counted by `to` from now on, not copied: a rank's result that
+  // outlives the rank's tracker.
+  void hand_over(MemoryTracker& to);
   Tensor to(DType dtype, const std::string& tag) const;
 
  private:
