@@ -239,7 +239,8 @@ def matched_rate_drift(d):
 
 def explicit_laga(j):
     """explicit's and laga's rows of one bench, per T where both ran: (T, explicit / laga, explicit's
-    communication share of its step, rows either got wrong)."""
+    communication share of its step, rows either got wrong, the share of explicit's step that is its ranks
+    waiting for each other, None in files without it)."""
     by_t = {}
     for row in bench_rows(j):
         by_t.setdefault(row["seq"], {})[row["variant"]] = row
@@ -247,8 +248,9 @@ def explicit_laga(j):
     for T, forms in sorted(by_t.items()):
         ex, lg = forms.get("explicit"), forms.get("laga")
         if ex and lg:
+            skew = ex["comm_skew_s"] / ex["total_s"] if "comm_skew_s" in ex else None
             out.append((T, ex["total_s"] / lg["total_s"], ex["comm_s"] / ex["total_s"],
-                        ex.get("wrong", 0) + lg.get("wrong", 0)))
+                        ex.get("wrong", 0) + lg.get("wrong", 0), skew))
     return out
 
 
@@ -281,8 +283,8 @@ def section_targets(r):
         j = load(r.d, name)
         if not j or j.get("kernel") != "fused":
             continue
-        for T, speed, share, wrong in explicit_laga(j):
-            (judged if share >= 0.10 else below).append((where, T, share, speed, wrong))
+        for T, speed, share, wrong, skew in explicit_laga(j):
+            (judged if share >= 0.10 else below).append((where, T, share, speed, wrong, skew))
     if judged:
         met = [x for x in judged if x[3] >= 1.0 and x[4] == 0]
         worst = min(judged, key=lambda x: x[3])
@@ -295,7 +297,7 @@ def section_targets(r):
     # 2. Across the link at the matched rate, laga / explicit at or above the paper's two-node figure at the
     #    corresponding T (the paper's nearest T).
     cells, ok = [], True
-    for T, speed, _, wrong in explicit_laga(load(r.d, "bench.link.matched.json")):
+    for T, speed, _, wrong, _ in explicit_laga(load(r.d, "bench.link.matched.json")):
         pt, want = paper_two_nodes(T)
         ok = ok and speed >= want and wrong == 0
         cells.append(f"T {T}: {speed:.3f} (paper {want} at {pt // 1024}K)" + (f", {wrong} wrong" if wrong else ""))
@@ -329,8 +331,9 @@ def section_targets(r):
     r.p(table(["target", "in this run", "verdict"], summary))
     if judged:
         r.p("\nlaga against explicit in every fused bench where explicit's exposed communication is ≥ 10 % of its step:")
-        r.p(table(["where", "T", "explicit's comm share", "explicit / laga", "#wrong"],
-                  [(w, T, f"{s * 100:.0f} %", f"{v:.3f}", n) for w, T, s, v, n in judged]))
+        r.p(table(["where", "T", "explicit's comm share", "of it skew", "explicit / laga", "#wrong"],
+                  [(w, T, f"{s * 100:.0f} %", "-" if k is None else f"{k * 100:.0f} %", f"{v:.3f}", n)
+                   for w, T, s, v, n, k in judged]))
     if below:
         lo, hi = min(x[3] for x in below), max(x[3] for x in below)
         r.p(f"\nBelow 10 % (not judged): {len(below)} row{'' if len(below) == 1 else 's'}, explicit / laga {lo:.3f} to {hi:.3f}.")
