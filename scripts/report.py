@@ -9,6 +9,7 @@ Runs under /usr/bin/python3 with Debian's python3-matplotlib.
 import json
 import math
 import os
+import statistics
 import sys
 
 import matplotlib
@@ -259,6 +260,18 @@ def model_errors(found):
     return [abs(x["rel_error_total"]) * 100 for _, x in found]
 
 
+def class_errors(found):
+    """Per comparison (where), the median over its rows of the model's error by op class, in %: (where, rows,
+    {class: error}); comparisons whose rows have no by_class are left out."""
+    out = {}
+    for where, x in found:
+        for c, v in x.get("by_class", {}).items():
+            if v["measured_s"] > 0:
+                out.setdefault(where, {}).setdefault(c, []).append((v["predicted_s"] / v["measured_s"] - 1) * 100)
+    return [(where, max(len(v) for v in cls.values()), {c: statistics.median(v) for c, v in cls.items()})
+            for where, cls in out.items()]
+
+
 def skew_errors(found):
     """|error against the total less the ranks' skew| in % of the rows that have it (bench's comm_skew_s: the
     time ranks waited for each other, which the model does not predict); not the judged figure."""
@@ -499,6 +512,16 @@ def section_model(r):
         errs = model_errors(found)
         r.p(f"\nError of the total over {len(errs)} rows: max {max(errs):.1f} %, mean {sum(errs) / len(errs):.1f} % "
             "(target: every row within 10 %, mean ≤ 5 %).")
+        by_class = class_errors(found)
+        if by_class:
+            classes = ("matmul", "attention_fwd", "attention_bwd", "other")
+            r.p("\nBy op class (the bench's slowest rank's seconds per class against the model's phases of that class; "
+                "other: the rest beside exposed communication, against the elementwise phases), the model's median error "
+                "over each comparison's rows. A class well above 0 is one the calibration, taken minutes before the bench, "
+                "read slower than the bench ran it; well below 0, faster:")
+            r.p(table(["where", "rows"] + list(classes),
+                      [(where, n) + tuple("-" if c not in e else f"{e[c]:+.0f} %" for c in classes)
+                       for where, n, e in by_class]))
         ns = skew_errors(found)
         if ns:
             r.p(f"\nskew: of a row's exposed communication, the time its ranks waited for each other (per collective the "

@@ -111,7 +111,9 @@ def bench(name, rows):
 def model(name, rows):
     json.dump({"comparison": {"rows": [{"seq": T, "form": f, "measured": {"total_s": m, "comm_skew_s": k},
                                         "predicted": {"total_s": p}, "rel_error_total": p / m - 1,
-                                        "rel_error_without_skew": p / (m - k) - 1} for T, f, m, p, k in rows]}},
+                                        "rel_error_without_skew": p / (m - k) - 1,
+                                        "by_class": {"matmul": {"measured_s": m / 2, "predicted_s": p / 2}}}
+                                       for T, f, m, p, k in rows]}},
               open(f"{d}/{name}", "w"))
 bench("bench.threads.fused.json", [row(2048, "explicit", 1.0, 0.05), row(2048, "laga", 1.02, 0.04)])
 bench("bench.link.matched.json", [row(2048, "explicit", 2.0, 1.0), row(2048, "laga", 1.6, 0.6),
@@ -138,6 +140,11 @@ PY
   grep -qE "^\| link, 4× faster, overlap \| 2048 \| 20 % \| 10 % \| $([ "$mode" = met ] && echo 1\\.053 || echo 0\\.909) \| 0 \|$" "$d3/report.md" \
     && grep -qE "^\| link, matched \| 2048 \| 50 % \| - \| 1\.250 \| 0 \|$" "$d3/report.md" \
     && ok "target 1's rows with their skew ($mode)" || fail "targets ($mode): target 1's rows lack their skew share"
+  # Section 7's model errors by op class: the median over a comparison's rows (here one row each, its
+  # matmul half at the total's error), "-" for a class its rows lack.
+  grep -qE "^\| link, 4× faster, overlap \| 1 \| $([ "$mode" = met ] && echo -4 || echo -12) % \| - \| - \| - \|$" "$d3/report.md" \
+    && grep -qE "^\| link, matched \| 1 \| \+3 % \| - \| - \| - \|$" "$d3/report.md" \
+    && ok "model errors by class ($mode)" || fail "targets ($mode): section 7 lacks the model's errors by class"
   grep -qE "^Below 10 % \(not judged\): 1 row, explicit / laga 0\.980 to 0\.980\.$" "$d3/report.md" \
     && ok "a row below 10 % not judged ($mode)" || fail "targets ($mode): the row below 10 % not reported as not judged"
 done
