@@ -49,6 +49,23 @@ Tensor gather_rows(const MlaConfig& c, Communicator& comm, const Tensor& shard, 
 
 bool is_grad_sync(const CollectiveRecord& r) { return r.tensor == "grad_sync"; }
 
+double peer_wait_skew(const std::vector<std::vector<double>>& waits) {
+  if (waits.empty()) return 0;
+  const size_t n = waits.front().size();
+  std::vector<double> lo(n, INFINITY);
+  for (const auto& w : waits) {
+    LAGA_ASSERT(w.size() == n, "ranks recorded {} and {} attention collectives", n, w.size());
+    for (size_t i = 0; i < n; ++i) lo[i] = std::min(lo[i], w[i]);
+  }
+  double most = 0;
+  for (const auto& w : waits) {
+    double mine = 0;
+    for (size_t i = 0; i < n; ++i) mine += w[i] - lo[i];
+    most = std::max(most, mine);
+  }
+  return most;
+}
+
 Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const std::string& name, const std::string& tag) {
   // Each local row holds the values of its global position, so every layout sees the same sequence.
   const int64_t N = c.tokens_per_rank(), row = c.batch * c.hidden_size;

@@ -12,6 +12,7 @@
 #include "laga/core/error.hpp"
 #include "laga/driver/calibrate.hpp"
 #include "laga/driver/model.hpp"
+#include "laga/driver/run.hpp"
 #include "laga/mla/form.hpp"
 
 namespace laga {
@@ -315,6 +316,21 @@ TEST(Model, LagaWithUlyssesGathersInsideANodeAndRingsAcrossNodes) {
   }
   EXPECT_GT(hops, 0);
   EXPECT_GT(gathers, 0);
+}
+
+// The skew is what one rank waited for its peers, never more than a rank's whole wait: two ranks that
+// take turns arriving late (as oversubscribed threads do) each wait 10 ms once, a skew of 10 ms, not
+// the 20 ms a per-collective (longest − shortest) sum gives, which can exceed every rank's exposed
+// communication and the step itself.
+TEST(Skew, IsTheMostOneRankWaitedForItsPeers) {
+  EXPECT_DOUBLE_EQ(peer_wait_skew({{0.010, 0.000}, {0.000, 0.010}}), 0.010);
+  // The transfer (what the last arriver waits) is not skew: 2 ms on every collective, 5 ms late once.
+  EXPECT_DOUBLE_EQ(peer_wait_skew({{0.002, 0.007, 0.002}, {0.002, 0.002, 0.002}, {0.002, 0.002, 0.002}}), 0.005);
+  // One rank: nothing to wait for.
+  EXPECT_DOUBLE_EQ(peer_wait_skew({{0.003, 0.004}}), 0.0);
+  EXPECT_DOUBLE_EQ(peer_wait_skew({}), 0.0);
+  // A rank that recorded another count of collectives is a bug, not a figure.
+  EXPECT_THROW(peer_wait_skew({{0.001, 0.002}, {0.001}}), Error);
 }
 
 TEST(LatencyBandwidthFit, RecoversKnownParameters) {

@@ -73,8 +73,8 @@ struct Sample {
   // those and its exposed communication ("other": elementwise work, copies, allocation, skew).
   std::map<std::string, double> op_s;
   double other_s = 0;
-  // The time ranks waited for each other: per attention collective, the longest wait of any rank less
-  // the shortest (the last rank to arrive waits only for the transfer), summed. Every form gives each
+  // The time ranks waited for each other (peer_wait_skew): the most any rank waited beyond the last
+  // arriver's wait, summed over the attention collectives. Every form gives each
   // rank the same work, so this is time the host took from one rank (a busy neighbour on its core, an
   // interrupt) that its peers then waited for; it is part of `exposed`, and the model has no term for
   // it (docs/model.md §4).
@@ -116,16 +116,9 @@ Sample timed_run(Launcher& launcher, const Config& c, const RunOptions& opt, dou
                                  {"other", r.forward_s + r.backward_s - wait_s - r.profile.seconds()}, {"waits", waits}};
     const std::vector<nlohmann::json> all = gather_json(comm, mine);
     if (comm.rank() != 0) return;
-    const size_t n = all.front()["waits"].size();
-    for (size_t i = 0; i < n; ++i) {
-      double lo = INFINITY, hi = 0;
-      for (const auto& j : all) {
-        LAGA_ASSERT(j["waits"].size() == n, "ranks recorded {} and {} attention collectives", n, j["waits"].size());
-        const double w = j["waits"][i].get<double>();
-        lo = std::min(lo, w), hi = std::max(hi, w);
-      }
-      s.skew += hi - lo;
-    }
+    std::vector<std::vector<double>> waits_by_rank;
+    for (const auto& j : all) waits_by_rank.push_back(j["waits"].get<std::vector<double>>());
+    s.skew = peer_wait_skew(waits_by_rank);
     for (const auto& j : all) {
       s.fwd = std::max(s.fwd, j["fwd"].get<double>()), s.bwd = std::max(s.bwd, j["bwd"].get<double>());
       s.exposed = std::max(s.exposed, j["wait"].get<double>());
@@ -507,8 +500,8 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
     fmt::print("# caching allocator: off (LAGA_ALLOC_CACHE=off)\n");
   fmt::print("# comm: exposed (time a rank waited in attention collectives); TFLOP/s: the group's, of the FLOPs each "
              "form executes (FlashAttention-3 convention)\n");
-  fmt::print("# skew: of comm, the time ranks waited for each other (per collective the longest wait of any rank less "
-             "the shortest, summed): every rank has the same work, so it is time the host took from one rank\n");
+  fmt::print("# skew: of comm, the time ranks waited for each other (the most any rank waited beyond the last "
+             "arriver, summed over the collectives): every rank has the same work, so it is time the host took from one rank\n");
   const char* hfmt = "# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>9} {:>6}\n";
   fmt::print(fmt::runtime(hfmt), "seq", "form", "fwd", "bwd", "comm", "skew", "total", "min", "max", "tokens/s",
              "TFLOP/s", "vs expl.", "#wrong");

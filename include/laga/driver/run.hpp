@@ -61,4 +61,11 @@ std::vector<RankResult> run_group(const Config& c, const RunOptions& opt, double
 // Attention traffic (everything but the grad sync) and the grad sync, from a ledger.
 bool is_grad_sync(const CollectiveRecord& r);
 
+// The ranks' skew from each rank's waits, per attention collective in issue order (the same count on
+// every rank): the most any one rank waited for its peers, Σ_i (w[r][i] − min_r' w[r'][i]) maximised
+// over r. The rank that arrives last at collective i waits only for the transfer, so what another
+// rank waits beyond that is waiting for a peer. Never more than the largest rank's total wait (the
+// exposed communication), and exactly 0 with one rank. Throws when the ranks' counts differ.
+double peer_wait_skew(const std::vector<std::vector<double>>& waits);
+
 }  // namespace laga
