@@ -17,6 +17,8 @@
 #   scripts/verify_sweep.sh --from K        begin at the K-th case of the whole sweep's order (1-based; the
 #                                           cases before it are not run, and the output says so): a sweep
 #                                           continued when the earlier log is gone but its end is known
+#   scripts/verify_sweep.sh --to K          end at the K-th case (with --from: one range of cases, e.g. the
+#                                           gap an earlier log left)
 #   LAGA=path/to/laga                       the binary (default build/laga)
 # Exit status: 0 every case passed, 1 some failed, 2 bad usage.
 set -u
@@ -26,6 +28,7 @@ laga=${LAGA:-build/laga}
 sample=0
 resume=
 from=1
+to=0
 models="tiny small deepseek-v2-lite"
 while [ $# -gt 0 ]; do
   case $1 in
@@ -42,7 +45,10 @@ while [ $# -gt 0 ]; do
     --from)
       [ $# -ge 2 ] && [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 --from K: K must be a case number ≥ 1, e.g. --from 529" >&2; exit 2; }
       from=$2; shift 2 ;;
-    *) echo "usage: $0 [--quick] [--models LIST] [--sample N] [--resume LOG] [--from K] (unknown argument '$1')" >&2; exit 2 ;;
+    --to)
+      [ $# -ge 2 ] && [[ $2 =~ ^[1-9][0-9]*$ ]] || { echo "usage: $0 --to K: K must be a case number ≥ 1, e.g. --to 960" >&2; exit 2; }
+      to=$2; shift 2 ;;
+    *) echo "usage: $0 [--quick] [--models LIST] [--sample N] [--resume LOG] [--from K] [--to K] (unknown argument '$1')" >&2; exit 2 ;;
   esac
 done
 
@@ -67,10 +73,13 @@ for model in $models; do
   done
 done
 
-if [ "$from" -gt 1 ]; then
-  [ "$from" -le "${#cases[@]}" ] || { echo "verify_sweep: --from $from is past the last case (${#cases[@]}); valid: 1..${#cases[@]}" >&2; exit 2; }
-  echo "verify_sweep: from case $from of ${#cases[@]}: cases 1..$((from - 1)) are not run here"
-  cases=("${cases[@]:$((from - 1))}")
+if [ "$from" -gt 1 ] || [ "$to" -gt 0 ]; then
+  n=${#cases[@]}
+  [ "$to" -gt 0 ] || to=$n
+  [ "$from" -le "$n" ] || { echo "verify_sweep: --from $from is past the last case ($n); valid: 1..$n" >&2; exit 2; }
+  [ "$to" -le "$n" ] && [ "$to" -ge "$from" ] || { echo "verify_sweep: --to $to is not in $from..$n" >&2; exit 2; }
+  echo "verify_sweep: cases $from..$to of $n: the others are not run here"
+  cases=("${cases[@]:$((from - 1)):$((to - from + 1))}")
 fi
 
 if [ "$sample" -gt 0 ]; then
@@ -82,7 +91,7 @@ lines = sys.stdin.read().splitlines()
 random.seed($seed)
 print('\n'.join(random.sample(lines, min($sample, len(lines)))))")
 else
-  [ "$from" -gt 1 ] && echo "verify_sweep: ${#cases[@]} cases" || echo "verify_sweep: all ${#cases[@]} cases"
+  [ "${n:-0}" -gt 0 ] && echo "verify_sweep: ${#cases[@]} cases" || echo "verify_sweep: all ${#cases[@]} cases"
 fi
 
 if [ -n "$resume" ]; then
