@@ -101,6 +101,10 @@ struct FusedKernel {
   // Whether token t's softmax is one key: its dS is exactly 0, while p·(dp − delta) would keep the
   // residue of delta = dO·O summed in another order than dp (docs/attention.md §2).
   bool alone(int64_t t) const { return t == 0 && p.causal && p.first_row_alone; }
+  // Whether token t's every key is in the first key tile, of nk keys: its delta is then rowsum(P∘dP)
+  // of that tile, the sum the plain implementations take, so dS = P∘(dP − delta) cancels dP's rounding
+  // as theirs does; dO·O's rounding is its own (rows of few keys; docs/attention.md §2).
+  bool in_first_tile(int64_t t, int64_t nk) const { return p.causal && p.first_row_alone && t < nk; }
   // dst [rows, D] = x rows of the tile's heads, packed head-major.
   void pack(T* dst, const void* x, const AttentionStrides& s, int64_t D, const QTile& q) const {
     for (int64_t u = 0; u < tl.heads; ++u)
@@ -279,6 +283,9 @@ struct FusedKernel {
         matmul(product(bl.m, bl.nc, p.Dv, p.dtype, kv.v + bl.k0 * p.Dv, p.Dv, 1, w.dot + bl.c0 * p.Dv, 1, p.Dv,
                        w.dp + bl.k0 * R + bl.c0, R, false));
       });
+      for (int64_t r = 0; r < R && k0 == 0; ++r)
+        if (in_first_tile(token(q, r), nk))
+          w.stat1[r] = tile_delta(w.s + r, w.dp + r, token(q, r) + 1, R, c, w.stat0[r]);
       for (int64_t kk = 0; kk < nk; ++kk) {
         const int64_t key = k0 + kk, o = kk * R;
         if (!p.causal || key <= q.t0) {
@@ -384,6 +391,9 @@ struct FusedKernel {
         matmul(product(bl.m, bl.nk, p.Dv, p.dtype, w.dot + bl.r0 * p.Dv, p.Dv, 1, kv.v, 1, p.Dv, w.dp + bl.r0 * nk,
                        nk, false));
       });
+      for (int64_t r = 0; r < q.rows && k0 == 0; ++r)
+        if (in_first_tile(token(q, r), nk))
+          w.stat1[r] = tile_delta(w.s + r * nk, w.dp + r * nk, token(q, r) + 1, 1, c, w.stat0[r]);
       for (int64_t r = 0; r < q.rows; ++r)
         row_grad(w.s + r * nk, w.dp + r * nk, w.ds + r * nk, alone(token(q, r)) ? 0 : visible(p.causal, token(q, r), k0, nk),
                  nk, c, w.stat0[r], w.stat1[r]);
@@ -489,8 +499,8 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t t = r % p.T, h = (r / p.T) % p.Hq, b = r / (p.T * p.Hq);
-    d[r] = p.o_f32 ? dot_row(at<T>(p.dout, p.dout_stride, t, b, h), at<float>(p.o, p.o_stride, t, b, h), p.Dv)
-                   : dot_row(at<T>(p.dout, p.dout_stride, t, b, h), at<T>(p.o, p.o_stride, t, b, h), p.Dv);
+    d[r] = p.o_f32 ? dot_row_f64(at<T>(p.dout, p.dout_stride, t, b, h), at<float>(p.o, p.o_stride, t, b, h), p.Dv)
+                   : dot_row_f64(at<T>(p.dout, p.dout_stride, t, b, h), at<T>(p.o, p.o_stride, t, b, h), p.Dv);
   }
   Workspace<T> ws(plan, p, tl, true);
   const int64_t groups = p.B * p.Hkv;

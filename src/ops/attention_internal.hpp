@@ -206,6 +206,16 @@ inline float row_exp2(const float* s, P* p, int64_t n, int64_t nk, float c, floa
 #endif
 }
 
+// rowsum(P ∘ dP) of one query row whose every key is in the tile: Σ_k 2^(c·s[k·stride] − lse2) ·
+// dp[k·stride], k < n, summed in fp64 and rounded once. stride 1 reads a row of S, dP; the row count
+// of a transposed tile (Sᵀ, dPᵀ) reads a column. The fused kernels take it as delta for such rows
+// instead of dO·O (docs/attention.md §2).
+inline float tile_delta(const float* s, const float* dp, int64_t n, int64_t stride, float c, float lse2) {
+  double sum = 0;
+  for (int64_t k = 0; k < n; ++k) sum += double(std::exp2(std::fma(s[k * stride], c, -lse2))) * dp[k * stride];
+  return float(sum);
+}
+
 // One row of the backward against one query's statistics (lse2 = log2-sum-exp2 of c·s, delta =
 // rowsum(dO∘O)): for k < n, p = 2^(c·s − lse2), ds = p·(dp − delta); 0 for n ≤ k < nk.
 // ds may alias dp when D is float.
@@ -271,6 +281,15 @@ inline float dot_row(const A* a, const B* b, int64_t n) {
   for (int64_t k = 0; k < n; ++k) acc += to_float(a[k]) * to_float(b[k]);
   return acc;
 #endif
+}
+
+// Σ a[k]·b[k], k < n, summed in fp64 and rounded once: the fused backward's delta = rowsum(dO∘O), whose
+// rounding dS = P∘(dP − delta) does not cancel (docs/attention.md §2). Dv per row, beside T·Dv of products.
+template <class A, class B>
+inline float dot_row_f64(const A* a, const B* b, int64_t n) {
+  double acc = 0;
+  for (int64_t k = 0; k < n; ++k) acc += double(to_float(a[k])) * to_float(b[k]);
+  return float(acc);
 }
 
 // y[k] = mul·x[k] rounded to T, k < n.

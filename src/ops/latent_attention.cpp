@@ -251,6 +251,10 @@ struct LatentKernel {
       // st [nk, R] = K_j · qtᵀ;  dpt [nk, R] = V_j · dotᵀ
       matmul(product(nk, R, Dqk, p.dtype, kt, Dqk, 1, w.qt, 1, Dqk, w.s, R, DType::f32, false));
       matmul(product(nk, R, p.Dv, p.dtype, vt, p.Dv, 1, w.dot, 1, p.Dv, w.dp, R, DType::f32, false));
+      // A token whose every key is in the first key tile takes delta = rowsum(P∘dP) of the tile, as
+      // the fused kernel does (docs/attention.md §2).
+      for (int64_t r = 0; r < R && k0 == 0 && t0 + r < nk; ++r)
+        w.delta[r] = attn::tile_delta(w.s + r, w.dp + r, t0 + r + 1, R, c, w.lse2[r]);
       for (int64_t kk = 0; kk < nk; ++kk) {
         const int64_t key = k0 + kk, o = kk * R;
         const int64_t first = std::clamp<int64_t>(key - t0, 0, R);  // token t0 + r sees the key iff r ≥ key − t0
@@ -324,7 +328,7 @@ struct LatentKernel {
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t t = r % p.T, h = (r / p.T) % p.H, b = r / (p.T * p.H), off = ((t * p.B + b) * p.H + h) * p.Dv;
-      delta[r] = attn::dot_row(static_cast<const T*>(bp.dout) + off, static_cast<const T*>(p.o) + off, p.Dv);
+      delta[r] = attn::dot_row_f64(static_cast<const T*>(bp.dout) + off, static_cast<const T*>(p.o) + off, p.Dv);
       std::fill(dq_sum + r * Dqk, dq_sum + (r + 1) * Dqk, 0.0f);
     }
     std::fill(dw_sum, dw_sum + dw_t.numel(), 0.0f);
