@@ -101,9 +101,9 @@ struct FusedKernel {
   // Whether token t's softmax is one key: its dS is exactly 0, while p·(dp − delta) would keep the
   // residue of delta = dO·O summed in another order than dp (docs/attention.md §2).
   bool alone(int64_t t) const { return t == 0 && p.causal && p.first_row_alone; }
-  // Whether token t's every key is in the first key tile, of nk keys: its delta is then rowsum(P∘dP)
-  // of that tile, the sum the plain implementations take, so dS = P∘(dP − delta) cancels dP's rounding
-  // as theirs does; dO·O's rounding is its own (rows of few keys; docs/attention.md §2).
+  // Whether token t's every key is in the first key tile, of nk keys: its delta is then ΣP∘dP / ΣP of
+  // that tile (tile_delta_*), as the plain implementations take it, so dS = P∘(dP − delta) cancels dP's
+  // rounding as theirs does; dO·O's rounding is its own (rows of few keys; docs/attention.md §2).
   bool in_first_tile(int64_t t, int64_t nk) const { return p.causal && p.first_row_alone && t < nk; }
   // dst [rows, D] = x rows of the tile's heads, packed head-major.
   void pack(T* dst, const void* x, const AttentionStrides& s, int64_t D, const QTile& q) const {
@@ -283,9 +283,9 @@ struct FusedKernel {
         matmul(product(bl.m, bl.nc, p.Dv, p.dtype, kv.v + bl.k0 * p.Dv, p.Dv, 1, w.dot + bl.c0 * p.Dv, 1, p.Dv,
                        w.dp + bl.k0 * R + bl.c0, R, false));
       });
-      for (int64_t r = 0; r < R && k0 == 0; ++r)
-        if (in_first_tile(token(q, r), nk))
-          w.stat1[r] = tile_delta(w.s + r, w.dp + r, token(q, r) + 1, R, c, w.stat0[r]);
+      if (k0 == 0 && in_first_tile(q.t0, nk))  // per head, its tokens t0 .. nk − 1
+        for (int64_t u = 0, seg = 0; u < tl.heads; ++u, seg += q.nq)
+          tile_delta_cols(w.s + seg, w.dp + seg, R, std::min(q.nq, nk - q.t0), q.t0, c, w.stat0 + seg, w.stat1 + seg);
       for (int64_t kk = 0; kk < nk; ++kk) {
         const int64_t key = k0 + kk, o = kk * R;
         if (!p.causal || key <= q.t0) {
@@ -393,7 +393,7 @@ struct FusedKernel {
       });
       for (int64_t r = 0; r < q.rows && k0 == 0; ++r)
         if (in_first_tile(token(q, r), nk))
-          w.stat1[r] = tile_delta(w.s + r * nk, w.dp + r * nk, token(q, r) + 1, 1, c, w.stat0[r]);
+          w.stat1[r] = tile_delta_row(w.s + r * nk, w.dp + r * nk, token(q, r) + 1, c, w.stat0[r]);
       for (int64_t r = 0; r < q.rows; ++r)
         row_grad(w.s + r * nk, w.dp + r * nk, w.ds + r * nk, alone(token(q, r)) ? 0 : visible(p.causal, token(q, r), k0, nk),
                  nk, c, w.stat0[r], w.stat1[r]);
@@ -493,7 +493,7 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
   MemoryPlanWalker plan(attention_memory_events(laga::Kernel::fused, p, true));
   const FusedKernel<T> k{p, fused_tiles(p, true), p.scale * kLog2e};
   const FusedTiles& tl = k.tl;
-  Tensor delta = plan.allocate("attn.delta");  // [B, Hq, T] fp32, rowsum(dO∘O)
+  Tensor delta = plan.allocate("attn.delta");  // [B, Hq, T] fp32, rowsum(dO∘O) (the first key tile's rows: its own)
   float* d = delta.data<float>();
   const int64_t rows = p.B * p.Hq * p.T;
 #pragma omp parallel for schedule(static)

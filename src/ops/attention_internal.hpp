@@ -206,18 +206,78 @@ inline float row_exp2(const float* s, P* p, int64_t n, int64_t nk, float c, floa
 #endif
 }
 
-// rowsum(P ∘ dP) of one query row whose every key is in the tile: Σ_k 2^(c·s[k·stride] − lse2) ·
-// dp[k·stride], k < n, summed in fp64 and rounded once. stride 1 reads a row of S, dP; the row count
-// of a transposed tile (Sᵀ, dPᵀ) reads a column. The fused kernels take it as delta for such rows
-// instead of dO·O (docs/attention.md §2).
-inline float tile_delta(const float* s, const float* dp, int64_t n, int64_t stride, float c, float lse2) {
-  double sum = 0;
-  for (int64_t k = 0; k < n; ++k) sum += double(std::exp2(std::fma(s[k * stride], c, -lse2))) * dp[k * stride];
-  return float(sum);
+// The delta of a query row whose every key is in the tile: Σ_k P_k·dP_k / Σ_k P_k, with P_k = 2^(c·s_k
+// − lse2) rebuilt as span_grad and row_grad rebuild it, summed in fp64 and rounded once. The rebuilt P
+// misses a sum of 1 by the rounding of lse (several ulps); dividing by its sum makes Σ_k P_k·(dP_k −
+// delta) = 0, as the plain implementations' normalised softmax does, so a row of few keys cancels dP's
+// rounding as theirs does (docs/attention.md §2). The fused kernels take it instead of dO·O for such
+// rows: tile_delta_row for a row of S, dP (keys 0 .. n−1 contiguous), tile_delta_cols for the columns
+// of transposed tiles Sᵀ, dPᵀ [keys, ld], column r (r < n) being token t0 + r, which sees keys 0 .. t0 + r.
+#if defined(__AVX512F__)
+// acc_lo, acc_hi += the 16 lanes of x·y (masked: lanes off add 0), in fp64.
+inline void fma16_f64(__m512 x, __m512 y, __m512d& lo, __m512d& hi) {
+  lo = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(x)), _mm512_cvtps_pd(_mm512_castps512_ps256(y)), lo);
+  hi = _mm512_fmadd_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1))),
+                       _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1))), hi);
+}
+#endif
+
+inline float tile_delta_row(const float* s, const float* dp, int64_t n, float c, float lse2) {
+#if defined(__AVX512F__)
+  const __m512 vc = _mm512_set1_ps(c), vl = _mm512_set1_ps(lse2), one = _mm512_set1_ps(1.0f);
+  __m512d sum_lo = _mm512_setzero_pd(), sum_hi = sum_lo, mass_lo = sum_lo, mass_hi = sum_lo;
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 mk = tail_mask(n - k);
+    const __m512 pr = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(mk, s + k), vc, vl)));
+    fma16_f64(pr, _mm512_maskz_loadu_ps(mk, dp + k), sum_lo, sum_hi);
+    fma16_f64(pr, one, mass_lo, mass_hi);
+  }
+  return float(_mm512_reduce_add_pd(_mm512_add_pd(sum_lo, sum_hi)) / _mm512_reduce_add_pd(_mm512_add_pd(mass_lo, mass_hi)));
+#else
+  double sum = 0, mass = 0;
+  for (int64_t k = 0; k < n; ++k) {
+    const double pk = std::exp2(s[k] * c - lse2);
+    sum += pk * dp[k], mass += pk;
+  }
+  return float(sum / mass);
+#endif
+}
+
+inline void tile_delta_cols(const float* st, const float* dpt, int64_t ld, int64_t n, int64_t t0, float c,
+                            const float* lse2, float* delta) {
+#if defined(__AVX512F__)
+  const __m512 vc = _mm512_set1_ps(c), one = _mm512_set1_ps(1.0f);
+  const __m512i lane = _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  for (int64_t r = 0; r < n; r += 16) {
+    const __mmask16 cols = tail_mask(n - r);
+    const __m512 vl = _mm512_maskz_loadu_ps(cols, lse2 + r);
+    const __m512i token = _mm512_add_epi32(lane, _mm512_set1_epi32(int(t0 + r)));
+    __m512d sum_lo = _mm512_setzero_pd(), sum_hi = sum_lo, mass_lo = sum_lo, mass_hi = sum_lo;
+    for (int64_t k = 0; k <= t0 + std::min<int64_t>(r + 15, n - 1); ++k) {  // lane sees key k iff k ≤ its token
+      const __mmask16 mk = cols & _mm512_cmpge_epi32_mask(token, _mm512_set1_epi32(int(k)));
+      const __m512 pr = _mm512_maskz_mov_ps(mk, exp2_ps(_mm512_fmsub_ps(_mm512_maskz_loadu_ps(mk, st + k * ld + r), vc, vl)));
+      fma16_f64(pr, _mm512_maskz_loadu_ps(mk, dpt + k * ld + r), sum_lo, sum_hi);
+      fma16_f64(pr, one, mass_lo, mass_hi);
+    }
+    const __m256 d_lo = _mm512_cvtpd_ps(_mm512_div_pd(sum_lo, mass_lo)), d_hi = _mm512_cvtpd_ps(_mm512_div_pd(sum_hi, mass_hi));
+    const __m512 d = _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(d_lo)), _mm256_castps_pd(d_hi), 1));
+    _mm512_mask_storeu_ps(delta + r, cols, d);
+  }
+#else
+  for (int64_t r = 0; r < n; ++r) {
+    double sum = 0, mass = 0;
+    for (int64_t k = 0; k <= t0 + r; ++k) {
+      const double pk = std::exp2(st[k * ld + r] * c - lse2[r]);
+      sum += pk * dpt[k * ld + r], mass += pk;
+    }
+    delta[r] = float(sum / mass);
+  }
+#endif
 }
 
 // One row of the backward against one query's statistics (lse2 = log2-sum-exp2 of c·s, delta =
-// rowsum(dO∘O)): for k < n, p = 2^(c·s − lse2), ds = p·(dp − delta); 0 for n ≤ k < nk.
+// rowsum(P∘dP), as §2 of docs/attention.md takes it): for k < n, p = 2^(c·s − lse2), ds = p·(dp − delta); 0 for n ≤ k < nk.
 // ds may alias dp when D is float.
 template <class D>
 inline void row_grad(const float* s, const float* dp, D* ds, int64_t n, int64_t nk, float c, float lse2, float delta) {
@@ -287,9 +347,18 @@ inline float dot_row(const A* a, const B* b, int64_t n) {
 // rounding dS = P∘(dP − delta) does not cancel (docs/attention.md §2). Dv per row, beside T·Dv of products.
 template <class A, class B>
 inline float dot_row_f64(const A* a, const B* b, int64_t n) {
+#if defined(__AVX512F__)
+  __m512d lo = _mm512_setzero_pd(), hi = lo;
+  for (int64_t k = 0; k < n; k += 16) {
+    const __mmask16 mk = tail_mask(n - k);
+    fma16_f64(load16(a + k, mk), load16(b + k, mk), lo, hi);
+  }
+  return float(_mm512_reduce_add_pd(_mm512_add_pd(lo, hi)));
+#else
   double acc = 0;
   for (int64_t k = 0; k < n; ++k) acc += double(to_float(a[k])) * to_float(b[k]);
   return float(acc);
+#endif
 }
 
 // y[k] = mul·x[k] rounded to T, k < n.

@@ -6,7 +6,8 @@
 //   fold  task (b, h, i ≥ j):    the online-softmax update of query tile i's rows with K_j, V_j:
 //                                running max m, sum l and o_sum (fp32, whole sequence) of those rows
 // then  task (b, h, i):          o = o_sum / l, lse = (m + log2 l)·ln 2.
-// Backward (FlashAttention-2's dK/dV loop, delta = rowsum(dO∘O)), for each key tile j in order:
+// Backward (FlashAttention-2's dK/dV loop, delta = rowsum(dO∘O) in fp64, or the first key tile's
+// ΣP∘dP / ΣP for the tokens it holds whole; docs/attention.md §2), for each key tile j in order:
 //   up    task (b, h):           K_j, V_j again (the recomputed up-projection)
 //   grad  task (b, h):           over the query tiles that see tile j: dV_j += Pᵀ dO, dK_j += dSᵀ Q
 //                                and dq_sum rows += dS K_j (fp32); dK_j, dV_j rounded to the
@@ -251,10 +252,9 @@ struct LatentKernel {
       // st [nk, R] = K_j · qtᵀ;  dpt [nk, R] = V_j · dotᵀ
       matmul(product(nk, R, Dqk, p.dtype, kt, Dqk, 1, w.qt, 1, Dqk, w.s, R, DType::f32, false));
       matmul(product(nk, R, p.Dv, p.dtype, vt, p.Dv, 1, w.dot, 1, p.Dv, w.dp, R, DType::f32, false));
-      // A token whose every key is in the first key tile takes delta = rowsum(P∘dP) of the tile, as
-      // the fused kernel does (docs/attention.md §2).
-      for (int64_t r = 0; r < R && k0 == 0 && t0 + r < nk; ++r)
-        w.delta[r] = attn::tile_delta(w.s + r, w.dp + r, t0 + r + 1, R, c, w.lse2[r]);
+      // A token whose every key is in the first key tile takes delta = ΣP∘dP / ΣP of the tile, as the
+      // fused kernel does (docs/attention.md §2).
+      if (k0 == 0 && t0 < nk) attn::tile_delta_cols(w.s, w.dp, R, std::min(R, nk - t0), t0, c, w.lse2, w.delta);
       for (int64_t kk = 0; kk < nk; ++kk) {
         const int64_t key = k0 + kk, o = kk * R;
         const int64_t first = std::clamp<int64_t>(key - t0, 0, R);  // token t0 + r sees the key iff r ≥ key − t0

@@ -57,8 +57,9 @@ struct AttentionFwdParams {
   // flight, and a split group's fp32 dk, dv partials). Read by backward and by the memory plan; the
   // eager kernel refuses true.
   bool one_pass_backward = false;
-  // Causal only: the first query row's softmax is its first key alone, so its dS is exactly 0, which
-  // the fused backward then gives it (its delta = dO·O would leave a residue; docs/attention.md §2).
+  // Causal only: the call's key 0 is the sequence's, so the first query row's softmax is its first key
+  // alone (the fused backward gives it dS = 0 exactly) and a row whose keys all lie in the first key
+  // tile takes delta from that tile, not from dO·O (docs/attention.md §2).
   // False where a causal call is one chunk pair of a longer sequence and its first row sees earlier
   // keys in other calls (the ring forms' diagonal pairs past the sequence's first chunk).
   bool first_row_alone = true;
