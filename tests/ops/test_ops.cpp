@@ -2,6 +2,9 @@
 // a plain float implementation of the same op measured in the same test.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <random>
+
 #include "laga/mla/config.hpp"
 #include "laga/ops/linear.hpp"
 #include "laga/ops/rmsnorm.hpp"
@@ -91,6 +94,36 @@ TEST_P(OpsTest, RmsNormForwardAndBackwardMatchReference) {
   check(y, y_ref, "y");
   check(dx, g.dx, "dx");
   check(dw, g.dw, "dw");
+}
+
+// The weight gradient is a sum over every row (every token of a rank: T·B/P of them) and is summed in
+// fp64, rounded once into dw. With positive terms the exact sum is about M times a term, and the only
+// other errors are the per-row rstd's fp32 rounding (random in sign, about eps/√M of the sum here), so
+// the result is the exact gradient to about one rounding. Summed in fp32, 8192 such terms keep a
+// relative error of tens of ulps (the old fp32 sum: 14 of these 16 elements off by more than one
+// ulp, the worst by 23); the same kind of sum was the largest
+// error of the norm gradients in every form (src/ops/rmsnorm.cpp).
+TEST(Ops, RmsNormWeightGradientIsRoundedOnceOverManyRows) {
+  const int64_t M = 8192, C = 16;
+  const double eps = 1e-6;
+  std::mt19937_64 rng(77);
+  std::uniform_real_distribution<float> pos(0.5f, 1.5f);
+  std::vector<float> xv(static_cast<size_t>(M * C)), dyv(xv.size()), wv(static_cast<size_t>(C)), dw0(wv.size());
+  for (float& v : xv) v = pos(rng);
+  for (float& v : dyv) v = pos(rng);
+  for (float& v : wv) v = pos(rng);
+  for (float& v : dw0) v = 100.0f * pos(rng);  // dw accumulates (+=): a nonzero start is part of the one sum
+  Tensor x = Tensor::from_floats({M, C}, DType::f32, xv, "x"), dy = Tensor::from_floats({M, C}, DType::f32, dyv, "dy");
+  Tensor w = Tensor::from_floats({C}, DType::f32, wv, "w"), dw = Tensor::from_floats({C}, DType::f32, dw0, "dw");
+  Tensor dx = Tensor::empty({M, C}, DType::f32, "dx");
+  rmsnorm_backward(x, w, dy, eps, dx, dw);
+  const auto g = ref::rmsnorm_backward(ref::from_tensor(x), ref::from_tensor(w), ref::from_tensor(dy), eps);
+  const ref::Array got = ref::from_tensor(dw);
+  for (int64_t c = 0; c < C; ++c) {
+    const double want = double(dw0[size_t(c)]) + g.dw[c];
+    const double ulps = std::abs(got[c] - want) / (std::abs(want) * 0x1p-23);
+    EXPECT_LE(ulps, 1.0) << "dw[" << c << "] = " << got[c] << ", exact " << want;
+  }
 }
 
 TEST_P(OpsTest, RopeForwardAndBackwardMatchReferenceBothLayouts) {
