@@ -88,10 +88,12 @@ Array attention_forward_t(const Array& q, const Array& k, const Array& v, double
 
 template <class Sum>
 AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
-                                    bool causal, std::optional<DType> storage) {
+                                    bool causal, std::optional<DType> storage, const Array* o) {
   const Dims d = dims_of(q, k, v);
   LAGA_CHECK(dout.shape == Shape({d.T, d.B, d.Hq, d.Dv}), "dout has shape {}; expected [{}, {}, {}, {}]",
              shape_str(dout.shape), d.T, d.B, d.Hq, d.Dv);
+  LAGA_CHECK(!o || o->shape == dout.shape, "o has shape {}; expected that of dout, {}", o ? shape_str(o->shape) : "",
+             shape_str(dout.shape));
   AttentionGrads g{Array(q.shape), Array(k.shape), Array(v.shape)};
   // K/V heads in parallel, each with its group's query heads in order: dk and dv of a K/V head sum
   // over h, then t, as one thread would, so the bits do not depend on the thread count.
@@ -115,9 +117,12 @@ AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array&
             }
             dp[size_t(j)] = s;
           }
-          // P = softmax(S):  dS_j = p_j · (dp_j − Σ_i p_i dp_i)
+          // P = softmax(S):  dS_j = p_j · (dp_j − delta),  delta = Σ_i p_i dp_i = dO_t · O_t
           double delta = 0;
-          for (int64_t j = 0; j < n; ++j) delta = Sum::add(delta, p[size_t(j)] * dp[size_t(j)]);
+          if (o)
+            for (int64_t c = 0; c < d.Dv; ++c) delta = Sum::add(delta, dout[oo + c] * (*o)[oo + c]);
+          else
+            for (int64_t j = 0; j < n; ++j) delta = Sum::add(delta, p[size_t(j)] * dp[size_t(j)]);
           // S = scale · q kᵀ:  dq_t += scale · dS_j k_j,  dk_j += scale · dS_j q_t
           for (int64_t j = 0; j < n; ++j) {
             double ds = p[size_t(j)] * (dp[size_t(j)] - delta);
@@ -143,9 +148,9 @@ Array attention_forward(const Array& q, const Array& k, const Array& v, double s
 }
 
 AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
-                                  bool causal, std::optional<DType> storage) {
-  return storage ? attention_backward_t<F32Sum>(q, k, v, dout, scale, causal, storage)
-                 : attention_backward_t<ExactSum>(q, k, v, dout, scale, causal, storage);
+                                  bool causal, std::optional<DType> storage, const Array* o) {
+  return storage ? attention_backward_t<F32Sum>(q, k, v, dout, scale, causal, storage, o)
+                 : attention_backward_t<ExactSum>(q, k, v, dout, scale, causal, storage, o);
 }
 
 }  // namespace laga::ref

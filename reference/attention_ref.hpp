@@ -21,7 +21,10 @@ Array attention_forward(const Array& q, const Array& k, const Array& v, double s
 struct AttentionGrads {
   Array dq, dk, dv;  // shapes of q, k, v
 };
+// o (optional, [T, B, Hq, Dv]): the forward's stored output. Given, each row's delta = Σ_i p_i dp_i is
+// taken as FlashAttention's backward takes it, rowsum(dO ∘ O) over the output (equal in exact
+// arithmetic, rounded otherwise: docs/attention.md §2); absent, from p and dp of the row itself.
 AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
-                                  bool causal, std::optional<DType> storage = std::nullopt);
+                                  bool causal, std::optional<DType> storage = std::nullopt, const Array* o = nullptr);
 
 }  // namespace laga::ref

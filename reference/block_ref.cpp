@@ -295,8 +295,10 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
     set_grad("wkv_b", std::move(dwkv_b));
   } else {
     // E3  o = attention(q, k, v): dq, dk, dv by docs/attention.md    [T, B, H, Dqk|Dqk|Dv]
+    const bool output_delta = core == Core::per_head_output_delta;
+    const Array o_heads = output_delta ? reshaped(f.o, {T, B, H, Dv}) : Array();
     AttentionGrads ga = attention_backward(f.q, f.k, f.v, reshaped(std::move(go.dx), {T, B, H, Dv}), softmax_scale(c),
-                                           /*causal=*/true, st);
+                                           /*causal=*/true, st, output_delta ? &o_heads : nullptr);
     store(ga.dq), store(ga.dk), store(ga.dv);
 
     // E1  k = [k_nope | kpe broadcast]: dk_nope = dk[..., :Dn];  dkpe = Σ_h dk[..., h, Dn:]  [T, B, Dr]

@@ -32,7 +32,11 @@ using RefWeights = std::map<std::string, Array>;
 // same-precision implementation of the absorbed forms, rounding q_abs, o_lat, do_lat, dq_abs, dK, dV
 // and dlatent (in the dlatent-sum dtype, then storage) where they store them, so the absorbed forms
 // are judged against a plain implementation of their own computation (verify/compare.hpp).
-enum class Core { per_head, absorbed };
+// per_head_output_delta: per_head whose attention backward takes each row's delta as FlashAttention's
+// does, rowsum(dO ∘ O) over the stored output, instead of Σ P∘dP over the row's own P and dP: the
+// plain implementation of the order every fused kernel and ring hop follows (a hop sees only some
+// keys of a row, so only the output gives it the row's delta).
+enum class Core { per_head, absorbed, per_head_output_delta };
 RefWeights from_weights(const Weights& w);
 
 // x [T, B, D] -> y [T, B, D], over c.num_layers layers.

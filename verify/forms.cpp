@@ -138,8 +138,8 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   FormsReport report;
   report.backend = launcher.backend();
   report.rule = fmt::format("per tensor, max|form − fp64| ≤ {:g} × max(explicit's, plain's) + {:g} ulp × "
-                            "max|fp64|; explicit's ≤ {:g} × plain's, plain = the larger of two plain {} "
-                            "implementations (per-head and absorbed order){}",
+                            "max|fp64|; explicit's ≤ {:g} × plain's, plain = the largest of three plain {} "
+                            "implementations (per-head order, its delta from dO·O, absorbed order){}",
                             kFormFactor, kFloorUlps, kExplicitFactor, dtype_name(base->dtype),
                             base->kernel == Kernel::eager ? "; a form with a kernel of its own against explicit with the "
                                                             "fused kernel" : "");
@@ -147,7 +147,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   Run one = run(at(kBaselineForm, 1), /*keep_inputs=*/true);
   const bool root = launcher.is_root();
   Tensors exact;
-  // The plain same-precision implementation's error: both association orders (plain_errors).
+  // The plain same-precision implementation's error: the largest of its three association orders (plain_errors).
   std::map<std::string, TensorError> plain_err;
   if (root) {
     exact = reference_tensors(*base, one.weights, one.x, one.dy, std::nullopt);
@@ -189,7 +189,7 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
   // explicit's own case at P: its error against the plain implementation's (the rule's baseline).
   auto explicit_case = [&](int64_t P, const std::map<std::string, TensorError>& e_err) {
     return judged(P, kBaselineForm, explicit_vs_plain(e_err, plain_err, base->dtype),
-                  fmt::format("≤ {:g} × the plain {} implementations' error (per-head and absorbed order) + floor", kExplicitFactor,
+                  fmt::format("≤ {:g} × the plain {} implementations' error (three association orders) + floor", kExplicitFactor,
                               dtype_name(base->dtype)),
                   e_err);
   };

@@ -150,7 +150,8 @@ verify::FormsReport check_custom(const nlohmann::json& dims, int64_t layers, int
 
 }  // namespace
 
-// The plain baseline is, per tensor, the larger of two plain implementations of the block: explicit's
+// The plain baseline is, per tensor, the largest of three plain implementations of the block (one is
+// explicit's per-head order with FlashAttention's delta, verify/compare.hpp); two of them are explicit's
 // per-head order and the absorbed order (reference Core::absorbed), in which the absorbed forms
 // compute. On this custom configuration (seed 1234) both absorbed forms failed against the per-head
 // plain baseline alone: dkv_norm.1 at 1.042 of the allowance (absorbed's error 1.96e-5, explicit's

@@ -305,10 +305,11 @@ TEST(BlockRef, MatchesTheEquationsWrittenOutByHand) {
 }
 
 // The absorbed association order (W_UK folded into the query, one attention over the latent, W_UV
-// after) is the same function: in exact arithmetic y, dx and every weight gradient agree with the
-// per-head order to fp64 rounding, over both q paths, both RoPE layouts and B 1–2. Its plain fp32
-// version (sums in fp32) differs from the exact values by fp32 rounding, not more, and not by zero.
-TEST(BlockRef, AbsorbedOrderIsTheSameFunction) {
+// after) and the per-head order with FlashAttention's delta (rowsum(dO∘O) over the stored output) are
+// the same function: in exact arithmetic y, dx and every weight gradient agree with the per-head
+// order to fp64 rounding, over both q paths, both RoPE layouts and B 1–2. Their plain fp32 versions
+// (sums in fp32) differ from the exact values by fp32 rounding, not more, and not by zero.
+TEST(BlockRef, OtherAssociationOrdersAreTheSameFunction) {
   for (const Case& k : {Case{"qlora_interleaved_b2", true, true, 2}, Case{"wq_halves_b1", false, false, 1}}) {
     SCOPED_TRACE(k.name);
     const MlaConfig c = config_for(k);
@@ -326,14 +327,16 @@ TEST(BlockRef, AbsorbedOrderIsTheSameFunction) {
     };
     const Array y = ref::block_forward(c, w, x);
     const ref::BlockGrads d = ref::block_backward(c, w, x, g);
-    for (const auto& [st, lo, hi] : {std::tuple<std::optional<DType>, double, double>{std::nullopt, 0.0, 1e-12},
-                                     {DType::f32, 1e-9, 1e-4}}) {
-      check(ref::block_forward(c, w, x, st, ref::Core::absorbed), y, "y", lo, hi);
-      const ref::BlockGrads a = ref::block_backward(c, w, x, g, st, ref::Core::absorbed);
-      check(a.dx, d.dx, "dx", lo, hi);
-      ASSERT_EQ(a.dw.size(), d.dw.size());
-      for (const auto& [name, t] : d.dw) check(a.dw.at(name), t, name, lo, hi);
-    }
+    for (ref::Core core : {ref::Core::absorbed, ref::Core::per_head_output_delta})
+      for (const auto& [st, lo, hi] : {std::tuple<std::optional<DType>, double, double>{std::nullopt, 0.0, 1e-12},
+                                       {DType::f32, 1e-9, 1e-4}}) {
+        SCOPED_TRACE(core == ref::Core::absorbed ? "absorbed" : "per-head, delta from the output");
+        check(ref::block_forward(c, w, x, st, core), y, "y", lo, hi);
+        const ref::BlockGrads a = ref::block_backward(c, w, x, g, st, core);
+        check(a.dx, d.dx, "dx", lo, hi);
+        ASSERT_EQ(a.dw.size(), d.dw.size());
+        for (const auto& [name, t] : d.dw) check(a.dw.at(name), t, name, lo, hi);
+      }
   }
 }
 
