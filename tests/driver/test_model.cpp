@@ -625,7 +625,7 @@ TEST(Model, ComparesWithABenchFileRowByRow) {
   EXPECT_DOUBLE_EQ(*skewed[1].measured_skew, 0.4);
   EXPECT_DOUBLE_EQ(skewed[1].rel_error_total(), cmp[1].rel_error_total());
   EXPECT_DOUBLE_EQ(*skewed[1].rel_error_without_skew(), (skewed[1].predicted.total_s() - 2.6) / 2.6);
-  for (const json bad : {json(-0.1), json(3.0), json("0.4")}) {
+  for (const json& bad : {json(-0.1), json(3.0), json("0.4")}) {
     rows[1]["comm_skew_s"] = bad;
     try {
       compare_with_bench({{"config", c.to_json()}, {"rows", rows}}, "b.json", hw);
