@@ -101,8 +101,8 @@ TEST_P(OpsTest, RmsNormForwardAndBackwardMatchReference) {
 // other errors are the per-row rstd's fp32 rounding (random in sign, about eps/√M of the sum here), so
 // the result is the exact gradient to about one rounding. Summed in fp32, 8192 such terms keep a
 // relative error of tens of ulps (the old fp32 sum: 14 of these 16 elements off by more than one
-// ulp, the worst by 23); the same kind of sum was the largest
-// error of the norm gradients in every form (src/ops/rmsnorm.cpp).
+// ulp, the worst by 23); the same kind of sum was the largest error of the norm gradients in every
+// form (src/ops/rmsnorm.cpp).
 TEST(Ops, RmsNormWeightGradientIsRoundedOnceOverManyRows) {
   const int64_t M = 8192, C = 16;
   const double eps = 1e-6;
