@@ -1,13 +1,9 @@
 // RMSNorm forward and backward on the CPU: rows in parallel, fp32 arithmetic whatever the storage,
 // except the weight gradient's sum over rows, which is in fp64 (each product dy·x·r too) and rounded
-// once into dw. That sum runs over every token of the rank (T·B/P rows), and summed in fp32 its
-// rounding was the largest error of the norm gradients: every form shares this code, so every form
-// carried the same few-ulp error on an element, and a form whose rows are split otherwise (the ring
-// forms' zigzag chunks) carried its own on top (tiny T 64 B 2 seed 7, dkv_norm.0: one element −5.8
-// ulps of the tensor's scale in explicit, −12.9 in ring-kv, 2.2× explicit's; with fp64 sums, and
-// verify's third plain order beside them, the case's worst ratio to verify's allowance fell from
-// 0.95 to 0.57). The cost is C·M products in fp64, nothing beside the attention. Summed over rows in a fixed order (column blocks in
-// parallel), so results do not depend on the thread count.
+// once into dw: summed in fp32 over a rank's T·B/P rows it was the largest error of the norm
+// gradients (docs/block.md §4.2, docs/design.md §5). The cost is C·M products in fp64, nothing beside
+// the attention. Summed over rows in a fixed order (column blocks in parallel), so results do not
+// depend on the thread count.
 #include "laga/ops/rmsnorm.hpp"
 
 #include <cmath>

@@ -4,7 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "laga/mla/config.hpp"
@@ -162,6 +166,44 @@ TEST(Memory, CachingAllocatorKeepsAStepsBlocksAndEvictsTheLeastRecentlyReleased)
   pool_empty_cache();
   pool_set_cap(cap);
   EXPECT_EQ(pool_stats().reserved_bytes, 0);
+}
+
+// The VmFlags of the mapping of this process that holds address p (/proc/self/smaps), or "" when no
+// mapping does or the file cannot be read.
+std::string vm_flags_at(const void* p) {
+  std::ifstream f("/proc/self/smaps");
+  const auto a = uintptr_t(p);
+  bool inside = false;
+  for (std::string line; std::getline(f, line);) {
+    uintptr_t lo = 0, hi = 0;
+    char dash = 0;
+    std::istringstream head(line);
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) inside = lo <= a && a < hi;
+    if (inside && line.rfind("VmFlags:", 0) == 0) return line;
+  }
+  return "";
+}
+
+// A block of 2 MiB or more starts on a huge-page boundary and its mapping is advised MADV_HUGEPAGE
+// (VmFlags "hg"), whether it comes from the OS through the cache or straight (a smaller block: neither
+// is asked of it). Whether the kernel then backs it with huge pages is its THP mode's business.
+TEST(Memory, LargeBlocksStartOnAHugePageAndAreAdvisedForHugePages) {
+  if (!huge_pages_enabled()) GTEST_SKIP() << "LAGA_HUGE_PAGES=off";
+  pool_empty_cache();
+  const size_t sizes[] = {size_t(kHugePageBytes), size_t(3 * kHugePageBytes + 4096 + 64)};
+  for (size_t bytes : sizes) {
+    void* p = pool_allocate(bytes);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(uintptr_t(p) % uintptr_t(kHugePageBytes), 0u) << bytes << " bytes at " << p;
+    static_cast<char*>(p)[bytes - 1] = 1;  // touched, as a tensor's storage is
+    if (transparent_huge_pages_mode() != "unknown") {
+      const std::string flags = vm_flags_at(p);
+      ASSERT_FALSE(flags.empty()) << "no mapping in /proc/self/smaps holds " << p;
+      EXPECT_NE((flags + " ").find(" hg "), std::string::npos) << bytes << " bytes: " << flags;
+    }
+    pool_release(p, bytes);
+  }
+  pool_empty_cache();
 }
 
 TEST(Tensor, RowsViewSharesStorage) {

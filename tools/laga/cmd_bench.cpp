@@ -498,6 +498,10 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
                pool.hits + pool.misses);
   else
     fmt::print("# caching allocator: off (LAGA_ALLOC_CACHE=off)\n");
+  const int64_t huge = anon_huge_page_bytes();
+  fmt::print("# huge pages: {} (transparent huge pages: {}); in huge pages now: {}\n",
+             huge_pages_enabled() ? "blocks of 2 MiB or more advised" : "off (LAGA_HUGE_PAGES=off)",
+             transparent_huge_pages_mode(), huge < 0 ? "unknown" : human_bytes(huge));
   fmt::print("# comm: exposed (time a rank waited in attention collectives); TFLOP/s: the group's, of the FLOPs each "
              "form executes (FlashAttention-3 convention)\n");
   fmt::print("# skew: of comm, the time ranks waited for each other (the most any rank waited beyond the last "
@@ -648,7 +652,8 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
         {"memory", {{"estimated_peak_bytes", need}, {"peak_rss_bytes", rss}}},
         {"allocator", {{"cache", pool.enabled}, {"peak_in_use_bytes", pool.peak_in_use_bytes},
                        {"peak_reserved_bytes", pool.peak_reserved_bytes}, {"hits", pool.hits},
-                       {"misses", pool.misses}}},
+                       {"misses", pool.misses}, {"huge_pages", huge_pages_enabled()},
+                       {"transparent_huge_pages", transparent_huge_pages_mode()}, {"anon_huge_page_bytes", huge}}},
         {"validation",
          {{"enabled", b.validate},
           {"summary", validation},
