@@ -36,28 +36,36 @@ int64_t parse_bytes(const std::string& text) {
   return int64_t(std::llround(v * scale));
 }
 
+namespace {
+// The field `key` ("VmHWM:") of a /proc file of "Key: N kB" lines, in bytes; −1 when it is absent or the
+// file cannot be read.
+int64_t proc_kib_field(const char* path, const std::string& key) {
+  std::ifstream in(path);
+  std::string word;
+  while (in >> word) {
+    if (word == key) {
+      int64_t kib = -1;
+      in >> kib;
+      return kib < 0 ? -1 : kib * 1024;
+    }
+    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
+  }
+  return -1;
+}
+}  // namespace
+
 int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key, unit;
-  int64_t kib = 0;
-  while (in >> key >> kib >> unit)
-    if (key == "MemAvailable:") return kib * 1024;
+  const int64_t bytes = proc_kib_field("/proc/meminfo", "MemAvailable:");
+  if (bytes >= 0) return bytes;
   LAGA_FAIL_USAGE("cannot read MemAvailable from /proc/meminfo; give --mem-limit explicitly, e.g. --mem-limit 16GiB");
 }
 
 int64_t peak_rss_bytes() {
-  std::ifstream in("/proc/self/status");
-  std::string key;
-  while (in >> key) {
-    if (key == "VmHWM:") {
-      int64_t kib = 0;
-      in >> kib;
-      return kib * 1024;
-    }
-    in.ignore(std::numeric_limits<std::streamsize>::max(), '\n');
-  }
-  LAGA_ASSERT(false, "cannot read VmHWM from /proc/self/status");
-  return 0;
+  const int64_t bytes = proc_kib_field("/proc/self/status", "VmHWM:");
+  LAGA_ASSERT(bytes >= 0, "cannot read VmHWM from /proc/self/status");
+  return bytes;
 }
+
+int64_t anon_huge_page_bytes() { return proc_kib_field("/proc/self/smaps_rollup", "AnonHugePages:"); }
 
 }  // namespace laga

@@ -16,6 +16,14 @@
 
 namespace laga {
 
+bool huge_pages_enabled() {
+  static const bool on = [] {
+    const char* env = std::getenv("LAGA_HUGE_PAGES");
+    return !(env && std::string(env) == "off");
+  }();
+  return on;
+}
+
 namespace {
 constexpr int64_t kAlignment = 64;
 thread_local MemoryTracker* tls_tracker = nullptr;
@@ -36,15 +44,8 @@ constexpr int64_t kPoolGranule = int64_t(1) << 16;
 // head's width, over thousands of 4 KiB pages at T in the thousands (docs/model.md §4); the block's
 // size is what was asked (its last partial 2 MiB stays in small pages), so nothing changes in what
 // the allocator counts. LAGA_HUGE_PAGES=off leaves every block in small pages. Freed with std::free.
-bool huge_pages_wanted() {
-  static const bool on = [] {
-    const char* env = std::getenv("LAGA_HUGE_PAGES");
-    return !(env && std::string(env) == "off");
-  }();
-  return on;
-}
 void* os_allocate(size_t bytes) {
-  if (!huge_pages_wanted() || int64_t(bytes) < kHugePageBytes) return std::aligned_alloc(kAlignment, bytes);
+  if (!huge_pages_enabled() || int64_t(bytes) < kHugePageBytes) return std::aligned_alloc(kAlignment, bytes);
   void* p = nullptr;
   if (posix_memalign(&p, size_t(kHugePageBytes), bytes) != 0) return nullptr;
   madvise(p, bytes, MADV_HUGEPAGE);  // a hint: where THP is off or unsupported the block keeps small pages
@@ -174,7 +175,6 @@ void release_free_memory() {
 
 PoolStats pool_stats() { return Pool::get().stats(); }
 
-bool huge_pages_enabled() { return huge_pages_wanted(); }
 
 std::string transparent_huge_pages_mode() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");  // "always [madvise] never"
@@ -184,19 +184,6 @@ std::string transparent_huge_pages_mode() {
   return a != std::string::npos && b != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : "unknown";
 }
 
-int64_t anon_huge_page_bytes() {
-  std::ifstream f("/proc/self/smaps_rollup");
-  std::string key;
-  int64_t kib = 0;
-  while (f >> key) {
-    if (key == "AnonHugePages:") {
-      f >> kib;
-      return kib * 1024;
-    }
-    f.ignore(int64_t(1) << 20, '\n');
-  }
-  return -1;
-}
 void* pool_allocate(size_t bytes) {
   return Pool::get().allocate(size_t((bytes + kAlignment - 1) / kAlignment * kAlignment));
 }

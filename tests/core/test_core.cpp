@@ -170,7 +170,7 @@ TEST(Memory, CachingAllocatorKeepsAStepsBlocksAndEvictsTheLeastRecentlyReleased)
 
 // The VmFlags of the mapping of this process that holds address p (/proc/self/smaps), or "" when no
 // mapping does or the file cannot be read.
-std::string vm_flags_at(const void* p) {
+static std::string vm_flags_at(const void* p) {
   std::ifstream f("/proc/self/smaps");
   const auto a = uintptr_t(p);
   bool inside = false;
@@ -184,9 +184,9 @@ std::string vm_flags_at(const void* p) {
   return "";
 }
 
-// A block of 2 MiB or more starts on a huge-page boundary and its mapping is advised MADV_HUGEPAGE
-// (VmFlags "hg"), whether it comes from the OS through the cache or straight (a smaller block: neither
-// is asked of it). Whether the kernel then backs it with huge pages is its THP mode's business.
+// A block of 2 MiB or more, taken from the OS by the cache, starts on a huge-page boundary and its
+// mapping is advised MADV_HUGEPAGE (VmFlags "hg"); the path with the cache off (LAGA_ALLOC_CACHE=off)
+// calls the same os_allocate. Whether the kernel then backs it with huge pages is its THP mode's business.
 TEST(Memory, LargeBlocksStartOnAHugePageAndAreAdvisedForHugePages) {
   if (!huge_pages_enabled()) GTEST_SKIP() << "LAGA_HUGE_PAGES=off";
   pool_empty_cache();

@@ -13,5 +13,8 @@ int64_t available_memory_bytes();
 // This process's peak resident set so far (VmHWM of /proc/self/status), in bytes: what the estimates
 // of verify and bench are checked against.
 int64_t peak_rss_bytes();
+// This process's anonymous memory in transparent huge pages now (AnonHugePages of
+// /proc/self/smaps_rollup), in bytes; −1 where it cannot be read.
+int64_t anon_huge_page_bytes();
 
 }  // namespace laga

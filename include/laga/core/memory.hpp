@@ -85,12 +85,11 @@ inline int64_t pool_bound(int64_t cap, int64_t peak_in_use) {
 PoolStats pool_stats();
 // Blocks of kHugePageBytes or more start on a huge-page boundary and are advised MADV_HUGEPAGE
 // (memory.cpp's os_allocate) unless LAGA_HUGE_PAGES=off; the kernel's transparent-huge-page mode
-// ("always", "madvise", "never"; "unknown" where unreadable) decides whether they get huge pages, and
-// anon_huge_page_bytes() is how much of this process they got now (/proc/self/smaps_rollup; −1 where unreadable).
+// ("always", "madvise", "never"; "unknown" where unreadable) decides whether they get huge pages
+// (bytes.hpp's anon_huge_page_bytes(): how much of this process did).
 inline constexpr int64_t kHugePageBytes = int64_t(2) << 20;
 bool huge_pages_enabled();
 std::string transparent_huge_pages_mode();
-int64_t anon_huge_page_bytes();
 // Returns every cached block to the OS (torch.cuda.empty_cache); blocks in use are unaffected.
 void pool_empty_cache();
 // The bound's floor (by default an eighth of physical memory), for a process that shares its machine
