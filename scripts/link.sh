@@ -26,7 +26,8 @@
 # namespaces this run creates (laga-<pid>-0 .. laga-<pid>-<N-1>, laga-<pid>-head), and the subnet is
 # one that no route of the host covers. On exit, on error and on SIGINT/SIGTERM, the processes left
 # in them are killed and the namespaces deleted, which removes their veths, bridge and qdiscs with
-# them; the temporary hostfile, agent and each machine's temporary directory go too. Exit status: the
+# them; the temporary hostfile, agent and each machine's temporary directory go too. What a run killed
+# by SIGKILL leaves (no trap runs) is removed by the next run, when it starts. Exit status: the
 # program's (mpirun's), 2 for bad usage, not root, or namespaces/tc unavailable, 3 when the ranks did
 # not all start within the startup timeout, 130/143 when interrupted.
 set -u
@@ -53,6 +54,24 @@ done
   || die "--startup-timeout '$startup_timeout' must be a whole number of seconds >= 1, e.g. --startup-timeout 120"
 [ "$(id -u)" -eq 0 ] || die "must run as root (it creates network namespaces and qdiscs); try: sudo $0 ..."
 for tool in ip tc mpirun python3; do command -v $tool >/dev/null || die "$tool not found (Debian: iproute2, openmpi-bin, python3)"; done
+
+# What an earlier run could not remove: a run killed by SIGKILL (which no trap catches) leaves its
+# namespaces (with their veths and qdiscs, and any process still in them) and its temporary directory.
+# Those of a run whose script no longer runs (laga-<pid>-*, /tmp/laga-link.<pid>.*, <pid> not a live
+# link.sh) are removed here; a live run's are left alone.
+run_alive() { [ "$1" = $$ ] || tr '\0' '\n' 2>/dev/null <"/proc/$1/cmdline" | grep -qE '(^|/)link\.sh$'; }
+for ns in $(ip netns list 2>/dev/null | cut -d' ' -f1 | grep -E '^laga-[0-9]+-(head|[0-9]+)$'); do
+  run=${ns#laga-}; run=${run%%-*}
+  run_alive "$run" && continue
+  pids=$(ip netns pids "$ns" 2>/dev/null)
+  [ -n "$pids" ] && kill -KILL $pids 2>/dev/null
+  ip netns del "$ns" 2>/dev/null && echo "link.sh: removed $ns, left by run $run, which no longer runs" >&2
+done
+for dir in /tmp/laga-link.*.*; do
+  [ -d "$dir" ] || continue
+  run=${dir#/tmp/laga-link.}; run=${run%%.*}
+  [[ $run =~ ^[0-9]+$ ]] && ! run_alive "$run" && rm -rf "$dir"
+done
 
 # The program: "laga" is this checkout's build; otherwise a path or a command on PATH. Absolute,
 # since the ranks start in their namespaces' view of the same filesystem but not in this directory.

@@ -3,7 +3,8 @@
 # bucket validates every row (#wrong 0), names the link, and its busbw at the largest size stays under
 # the configured rate (a check of the mechanism, loose: ≤ 1.2× the rate; never a timing claim); a
 # SIGINT while mpirun runs leaves no namespace, interface, qdisc, process (mpirun, orted, the ranks) or
-# temporary file behind; MPI daemons that exit without calling mpirun back (orte_launch_agent `true`)
+# temporary file behind; what a SIGKILLed run leaves, the next run removes (and a live run's it leaves
+# alone); MPI daemons that exit without calling mpirun back (orte_launch_agent `true`)
 # end the run after --startup-timeout with exit 3 and a message, leaving nothing, where mpirun alone
 # would wait forever;
 # not root, a failing `ip netns add` and a bad option each exit 2 with a message, leaving nothing.
@@ -87,15 +88,21 @@ fi
 # 2. SIGINT while mpirun runs (a sweep that would take minutes at 200mbit): exit 130, nothing left.
 # (Job control on: a background job of a script otherwise starts with SIGINT ignored, untrappable.)
 set -m
-"$link" --ranks 2 --rate ${rate_mbit}mbit -- "$laga" bench-comm -b 64M -e 64M -n 100 >"$work/int.out" 2>&1 &
+long_run() {  # output file -> a link.sh run of minutes at 200mbit, in the background
+  "$link" --ranks 2 --rate ${rate_mbit}mbit -- "$laga" bench-comm -b 64M -e 64M -n 100 >"$1" 2>&1 &
+}
+wait_started() {  # pid, output file: until its rank 1 runs in its namespace and the table has begun
+  # Up to 120 s: a loaded machine (the sanitizer stage runs two tests at once) can start slowly, and
+  # past mpirun's own 60 s startup timeout its message lands in the output.
+  for _ in $(seq 1200); do
+    [ -n "$(ip netns pids laga-$1-1 2>/dev/null)" ] && grep -q "^# op" "$2" && break
+    kill -0 $1 2>/dev/null || break
+    sleep 0.1
+  done
+}
+long_run "$work/int.out"
 pid=$!
-# Up to 120 s: a loaded machine (the sanitizer stage runs two tests at once) can start slowly, and
-# past mpirun's own 60 s startup timeout its message lands in int.out.
-for _ in $(seq 1200); do  # until a rank runs in its namespace
-  [ -n "$(ip netns pids laga-$pid-1 2>/dev/null)" ] && grep -q "^# op" "$work/int.out" && break
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.1
-done
+wait_started $pid "$work/int.out"
 in_namespaces() {  # what runs in run $1's namespaces, for a failure's message
   local ns p
   for ns in laga-$1-head laga-$1-0 laga-$1-1; do
@@ -121,7 +128,39 @@ alive() {  # a process that still runs (an exited one waiting for init to reap i
 }
 for p in $inside; do alive "$p" && fail "process $p ($(cat /proc/$p/comm 2>/dev/null)) outlived SIGINT"; done
 
-# 2b. Daemons that exit at once without calling back: mpirun alone waits forever; link.sh ends the run.
+# 2b. SIGKILL, which no trap catches, leaves the run's namespaces, its processes (mpirun, orted, the
+# ranks) and its temporary directory. The next run removes them when it starts, and a run that starts
+# while another runs leaves the live run's alone.
+set -m
+long_run "$work/kill.out"
+killed=$!
+wait_started $killed "$work/kill.out"
+grep -q "^# op" "$work/kill.out" || fail "the run to be killed never started: $(tail -5 "$work/kill.out")"
+stale=$(for ns in laga-$killed-head laga-$killed-0 laga-$killed-1; do ip netns pids $ns 2>/dev/null; done)
+kill -KILL $killed
+wait $killed
+if [ -z "$stale" ] || ! ip netns list | grep -q "^laga-$killed-"; then
+  fail "SIGKILL left no namespace or process behind: nothing for the next run to remove"
+fi
+long_run "$work/next.out"
+pid=$!
+wait_started $pid "$work/next.out"
+grep -q "^link.sh: removed laga-$killed-0, left by run $killed, which no longer runs" "$work/next.out" \
+  && echo "ok: the next run removes what a SIGKILLed run left" \
+  || fail "the next run did not say it removed laga-$killed-0: $(head -5 "$work/next.out")"
+[ -z "$(ip netns list | grep "^laga-$killed-")$(ls -d /tmp/laga-link.$killed.* 2>/dev/null)" ] \
+  || fail "after the next run started, run $killed's namespaces or files are left: $(ip netns list | grep "^laga-$killed-")"
+for p in $stale; do alive "$p" && fail "process $p ($(cat /proc/$p/comm 2>/dev/null)) of the SIGKILLed run outlived the next run's start"; done
+out=$("$link" --rate bogus -- "$laga" bench-comm 2>&1)  # a third run, while the second runs (exits 2 at tc)
+[ -n "$(ip netns pids laga-$pid-1 2>/dev/null)" ] && echo "ok: a run starting beside a live one leaves its namespaces" \
+  || fail "a run starting beside run $pid removed its namespaces or ended its rank: $out"
+kill -INT $pid
+wait $pid
+status=$?
+set +m
+[ "$status" -eq 130 ] && [ -z "$(left_behind $pid)" ] || fail "the run after the SIGKILLed one: status $status (want 130), left: $(left_behind $pid)"
+
+# 2c. Daemons that exit at once without calling back: mpirun alone waits forever; link.sh ends the run.
 start=$SECONDS
 out=$(LAGA_LINK_MCA="--mca orte_launch_agent true" timeout -s TERM 120 "$link" --startup-timeout 3 -- "$laga" bench-comm 2>&1)
 status=$?
