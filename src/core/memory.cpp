@@ -16,12 +16,21 @@
 
 namespace laga {
 
+bool env_switch(const char* name) {
+  const char* env = std::getenv(name);
+  if (!env || std::string(env) == "on") return true;
+  if (std::string(env) == "off") return false;
+  LAGA_FAIL_USAGE("{}='{}' is not a valid value; valid: on or off (unset means on)", name, env);
+}
+
 bool huge_pages_enabled() {
-  static const bool on = [] {
-    const char* env = std::getenv("LAGA_HUGE_PAGES");
-    return !(env && std::string(env) == "off");
-  }();
+  static const bool on = env_switch("LAGA_HUGE_PAGES");
   return on;
+}
+
+void check_allocator_environment() {
+  env_switch("LAGA_ALLOC_CACHE");
+  env_switch("LAGA_HUGE_PAGES");
 }
 
 namespace {
@@ -133,8 +142,7 @@ class Pool {
     void* p;
   };
   Pool() {
-    const char* env = std::getenv("LAGA_ALLOC_CACHE");
-    enabled_ = !(env && std::string(env) == "off");
+    enabled_ = env_switch("LAGA_ALLOC_CACHE");
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     cap_ = pages > 0 && page > 0 ? int64_t(pages) * page / 8 : int64_t(2) << 30;
   }

@@ -27,6 +27,9 @@ expect() {
 }
 
 expect 2 "unknown model preset 'gpt-2'; valid: deepseek-v3" -- "$laga" run --model gpt-2 --seq 16
+# the allocator's switches take on or off: a misspelt value was once taken for "on"
+expect 2 "LAGA_HUGE_PAGES='of' is not a valid value; valid: on or off (unset means on)" -- env LAGA_HUGE_PAGES=of "$laga" run --model tiny --seq 16
+expect 2 "LAGA_ALLOC_CACHE='0' is not a valid value; valid: on or off" -- env LAGA_ALLOC_CACHE=0 "$laga" plan --model tiny --seq 16
 # a seed is a whole number in [0, 2^64): CLI11 alone read -1 as 2^64 − 1 and clamped 2^64 to it
 expect 2 "\-\-seed: '-1' is not a seed; give a whole number from 0 to 18446744073709551615" -- "$laga" plan --model tiny --seq 16 --seed -1
 expect 2 "'18446744073709551616' is not a seed" -- "$laga" verify --model tiny --seq 16 --seed 18446744073709551616

@@ -499,7 +499,7 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   else
     fmt::print("# caching allocator: off (LAGA_ALLOC_CACHE=off)\n");
   const int64_t huge = anon_huge_page_bytes();
-  fmt::print("# huge pages: {} (transparent huge pages: {}); in huge pages now: {}\n",
+  fmt::print("# huge pages: {} (transparent huge pages: {}); this process in huge pages now: {}\n",
              huge_pages_enabled() ? "blocks of 2 MiB or more advised" : "off (LAGA_HUGE_PAGES=off)",
              transparent_huge_pages_mode(), huge < 0 ? "unknown" : human_bytes(huge));
   fmt::print("# comm: exposed (time a rank waited in attention collectives); TFLOP/s: the group's, of the FLOPs each "

@@ -11,6 +11,7 @@
 #include "laga/comm/communicator.hpp"
 #include "laga/core/error.hpp"
 #include "laga/core/finite.hpp"
+#include "laga/core/memory.hpp"
 #include "parse.hpp"
 
 using namespace laga;
@@ -20,6 +21,7 @@ int main(int argc, char** argv) {
   Invocation inv;
   if (auto status = parse_args(argc, argv, inv, std::cout, std::cerr)) return *status;
   try {
+    check_allocator_environment();
     check_invocation(inv);
     const CommonFlags& flags = inv.flags;
     set_check_finite(flags.check_finite);

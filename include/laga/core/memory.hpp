@@ -89,6 +89,12 @@ PoolStats pool_stats();
 // (bytes.hpp's anon_huge_page_bytes(): how much of this process did).
 inline constexpr int64_t kHugePageBytes = int64_t(2) << 20;
 bool huge_pages_enabled();
+// An on/off switch of the environment (LAGA_ALLOC_CACHE, LAGA_HUGE_PAGES): unset or "on" is on, "off"
+// is off, anything else a usage error naming the variable, its value and the valid ones. The allocator
+// reads its two switches at its first use; check_allocator_environment() reads them up front, so a
+// misspelt value ends the CLI with exit 2 before any work instead of being taken for "on".
+bool env_switch(const char* name);
+void check_allocator_environment();
 std::string transparent_huge_pages_mode();
 // Returns every cached block to the OS (torch.cuda.empty_cache); blocks in use are unaffected.
 void pool_empty_cache();
