@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "laga/core/error.hpp"
+#include "laga/core/isa.hpp"
 
 namespace laga::bench {
 
@@ -68,6 +69,7 @@ struct Machine {
   int threads = 0;      // OpenMP threads a parallel region gets
   std::string commit;   // git describe --always --dirty of the source tree, or "unknown"
   std::string host;
+  std::string isa;      // the kernels' ISA in use (core/isa.hpp)
 };
 
 inline std::string first_line_of(const std::string& command) {
@@ -96,6 +98,7 @@ inline Machine machine() {
   m.commit = first_line_of("git -C '" + source + "' describe --always --dirty 2>/dev/null");
   if (m.commit.empty()) m.commit = "unknown";
   m.host = first_line_of("hostname 2>/dev/null");
+  m.isa = laga::isa_info().line();
   return m;
 }
 
@@ -156,6 +159,7 @@ class Table {
   void print_header(const Machine& m) const {
     std::printf("# %s\n# machine: %s, host %s, %d OpenMP threads, commit %s\n", benchmark_.c_str(), m.cpu.c_str(),
                 m.host.c_str(), m.threads, m.commit.c_str());
+    std::printf("# isa: %s\n", m.isa.c_str());
     for (const auto& h : header_) std::printf("# %s\n", h.c_str());
     std::string names = "#", units = "#";
     for (const auto& c : columns_) {
@@ -200,7 +204,7 @@ class Table {
     std::printf("# %s: %lld wrong values\n", wrong_ ? "FAILED" : "all results validated", (long long)wrong_);
     if (!path.empty()) {
       nlohmann::json j = {{"benchmark", benchmark_},
-                          {"machine", {{"cpu", m.cpu}, {"host", m.host}, {"threads", m.threads}, {"commit", m.commit}}},
+                          {"machine", {{"cpu", m.cpu}, {"host", m.host}, {"threads", m.threads}, {"commit", m.commit}, {"isa", m.isa}}},
                           {"header", header_},
                           {"rows", rows_},
                           {"pass", wrong_ == 0}};

@@ -78,8 +78,11 @@ def machine_line(d):
         j = load(d, name)
         if j and "machine" in j:
             m = j["machine"]
-            return (f"{m.get('cpu_model', '?')}, {m.get('cores', '?')} cores ({m.get('features', '')}), host "
-                    f"{m.get('host', '?')}, commit {m.get('commit', '?')}")
+            isa = m.get("isa") or {}
+            isa_text = (f"rows {isa.get('rows', '?')}, matmul {isa.get('matmul', '?')} (bf16 {isa.get('bf16_matmul', '?')}), "
+                        f"LAGA_MAX_ISA {isa.get('max_isa') or 'unset'}") if isa else "not recorded"
+            return (f"{m.get('cpu_model', '?')}, {m.get('cores', '?')} cores ({m.get('features', '')}), ISA: {isa_text}, "
+                    f"host {m.get('host', '?')}, commit {m.get('commit', '?')}")
     return "unknown (no bench ran)"
 
 

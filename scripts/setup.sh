@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 
 packages=(
   build-essential cmake ninja-build pkg-config
-  libdnnl-dev ocl-icd-opencl-dev opencl-headers
+  libdnnl-dev ocl-icd-opencl-dev opencl-headers libhwy-dev
   libcli11-dev nlohmann-json3-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin

@@ -104,16 +104,31 @@ if [ -n "$resume" ]; then
   cases=("${todo[@]}")
 fi
 
+# A sample draws each case's ISA cap too (LAGA_MAX_ISA unset, avx2 or avx512; core/isa.hpp), from the
+# same seed, unless LAGA_MAX_ISA is set for the whole run.
+caps=()
+if [ "$sample" -gt 0 ] && [ -z "${LAGA_MAX_ISA:-}" ]; then
+  RANDOM=$seed
+  for _ in "${cases[@]}"; do caps+=("$(printf '%s' "unset avx2 avx512" | cut -d' ' -f$((RANDOM % 3 + 1)))"); done
+fi
+
 failed=0
-for c in "${cases[@]}"; do
+for i in "${!cases[@]}"; do
+  c=${cases[$i]}
+  cap=${caps[$i]:-}
+  env_cap=(); shown=""
+  if [ -n "$cap" ]; then
+    shown="LAGA_MAX_ISA=$cap "
+    [ "$cap" != unset ] && env_cap=("LAGA_MAX_ISA=$cap") || env_cap=(-u LAGA_MAX_ISA)
+  fi
   start=$SECONDS
   # shellcheck disable=SC2086
-  if out=$("$laga" verify $c 2>&1); then
+  if out=$(env "${env_cap[@]}" "$laga" verify $c 2>&1); then
     worst=$(printf '%s\n' "$out" | awk '$1 ~ /^[0-9]+$/ && $7+0 > m { m = $7+0 } END { printf "%.3f", m }')
-    echo "ok   (worst $worst of allowed; $((SECONDS - start)) s) laga verify $c"
+    echo "ok   (worst $worst of allowed; $((SECONDS - start)) s) ${shown}laga verify $c"
   else
     failed=$((failed + 1))
-    echo "FAIL laga verify $c"
+    echo "FAIL ${shown}laga verify $c"
     printf '%s\n' "$out" | grep -E "FAIL|laga:" | head -8
   fi
 done

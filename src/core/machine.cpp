@@ -44,6 +44,7 @@ MachineInfo machine_info() {
   m.online = int(sysconf(_SC_NPROCESSORS_ONLN));
   m.cores = usable_cores();
   m.commit = build_commit();
+  m.isa = isa_info();
   return m;
 }
 
@@ -56,13 +57,14 @@ int usable_cores() {
 
 std::string MachineInfo::line() const {
   const std::string n = cores < online ? fmt::format("{} of {}", cores, online) : std::to_string(cores);
-  return fmt::format("{}, {} ({} cores; {}), commit {}", host, cpu_model, n, features.empty() ? "no avx512" : features,
-                     commit);
+  return fmt::format("{}, {} ({} cores; {}), ISA: {}, commit {}", host, cpu_model, n,
+                     features.empty() ? "no avx512" : features, isa.line(), commit);
 }
 
 nlohmann::json MachineInfo::to_json() const {
   return {{"host", host},         {"cpu_model", cpu_model}, {"cores", cores},
-          {"online_cores", online}, {"features", features},   {"commit", commit}};
+          {"online_cores", online}, {"features", features},   {"commit", commit},
+          {"isa", isa.to_json()}};
 }
 
 }  // namespace laga

@@ -74,6 +74,30 @@ TEST(Recompute, LagaRecomputeIsBitIdenticalToLagaAtDeepSeekHeadDims) {
       }
 }
 
+// The exact forms at P 1 on the shapes where oneDNN's AVX2 kernels once split the head-by-head
+// up-projection's sums otherwise than the whole shard's (tiny, T 128 L 2 fused and T 256 L 1 eager, fp32:
+// laga-recompute's dattn_norm missed explicit's by an ulp); scripts/test.sh runs it under
+// LAGA_MAX_ISA=avx2 as well as on the CPU's best ISA.
+TEST(Recompute, ExactFormsAreBitIdenticalToExplicitAtOneRankOnThisIsa) {
+  struct Shape {
+    int64_t T, layers;
+    Kernel kernel;
+  };
+  for (const Shape& s : {Shape{128, 2, Kernel::fused}, Shape{256, 1, Kernel::eager}})
+    for (DType dt : {DType::f32, DType::bf16}) {
+      MlaConfig c = MlaConfig::preset("tiny");
+      c.dtype = dt, c.kernel = s.kernel, c.seq_len = s.T, c.sp = 1, c.num_layers = s.layers, c.batch = 1;
+      c.form = "explicit";
+      const verify::Tensors want = run_tensors(c);
+      for (const char* form : {"laga", "laga-recompute", "explicit-recompute"}) {
+        c.form = form;
+        std::string where;
+        EXPECT_TRUE(verify::bitwise_equal(run_tensors(c), want, &where))
+            << form << " " << kernel_name(s.kernel) << " " << dtype_name(dt) << " T " << s.T << ": " << where;
+      }
+    }
+}
+
 TEST(Recompute, LagaRecomputeSavesLessThanExplicitAtDeepSeekV3) {
   const Plan e1 = plan("explicit", 1), r1 = plan("laga-recompute", 1);
   const Plan e4 = plan("explicit", 4), er4 = plan("explicit-recompute", 4), r4 = plan("laga-recompute", 4);

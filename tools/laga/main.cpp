@@ -11,6 +11,7 @@
 #include "laga/comm/communicator.hpp"
 #include "laga/core/error.hpp"
 #include "laga/core/finite.hpp"
+#include "laga/core/isa.hpp"
 #include "laga/core/memory.hpp"
 #include "parse.hpp"
 
@@ -22,6 +23,7 @@ int main(int argc, char** argv) {
   if (auto status = parse_args(argc, argv, inv, std::cout, std::cerr)) return *status;
   try {
     check_allocator_environment();
+    check_isa_environment();
     check_invocation(inv);
     const CommonFlags& flags = inv.flags;
     set_check_finite(flags.check_finite);

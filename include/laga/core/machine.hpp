@@ -1,11 +1,14 @@
 // What a measurement ran on and was built from, for the headers of benchmarks and reports: the host,
 // the CPU model as the kernel names it, the cores this process may use, the instruction-set features
-// that decide the matmul rate (avx512_bf16, amx_bf16), and the commit of the build.
+// that decide the matmul rate (avx512_bf16, amx_bf16), the ISA laga's kernels use (core/isa.hpp), and the
+// commit of the build.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
 
 #include <string>
+
+#include "laga/core/isa.hpp"
 
 namespace laga {
 
@@ -16,8 +19,9 @@ struct MachineInfo {
   int online = 0;         // CPUs the machine has online (sysconf)
   std::string features;   // the ones present of: avx512f avx512_bf16 amx_bf16 amx_tile ("" when none)
   std::string commit;     // build_commit()
-  // "HOST, CPU (N cores; features), commit C"; "(1 of 2 cores; ...)" when this process may use fewer
-  // than the machine has.
+  IsaInfo isa;            // the kernels' ISA in use, under LAGA_MAX_ISA
+  // "HOST, CPU (N cores; features), ISA: rows T, matmul I (bf16 ...), LAGA_MAX_ISA c, commit C";
+  // "(1 of 2 cores; ...)" when this process may use fewer than the machine has.
   std::string line() const;
   nlohmann::json to_json() const;
 };

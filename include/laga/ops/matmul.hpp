@@ -4,9 +4,14 @@
 //
 // Operands are given by pointer, dtype and element strides, so a transpose is a swap of strides and
 // a head slice of a sequence-first tensor is a row stride: nothing is copied. Accumulation in fp32;
-// A and B share one dtype (fp32 or bf16), C may be fp32 or bf16. Primitives are cached per thread
-// and shape. Called inside an OpenMP parallel region the product runs on the calling thread alone;
-// outside one it uses the thread's OpenMP team.
+// A and B share one dtype (fp32 or bf16), C may be fp32 or bf16. Where oneDNN has no bf16 matmul
+// (core/isa.hpp: below AVX-512, or LAGA_MAX_ISA=avx2), bf16 operands are widened to dense fp32 copies,
+// multiplied in fp32 and a bf16 C rounded once: oneDNN's bf16 semantics; the copies are scratch, as
+// oneDNN's scratchpad is (reserved bytes, never tracked ones). C is computed in tiles of a fixed
+// size, each a single-threaded oneDNN product over the whole K, so the result's bits depend on the
+// shape, strides and dtypes alone, never on the thread count. Primitives are cached per thread and
+// shape. Called inside an OpenMP parallel region the product runs on the calling thread alone;
+// outside one its tiles are shared among the thread's OpenMP team.
 #pragma once
 
 #include <cstdint>

@@ -16,9 +16,15 @@ MatView head(const RankCtx& ctx, const Tensor& t, int64_t h, int64_t width, int6
 void up_project_forward(const RankCtx& ctx, const Tensor& latent, const Tensor& wkv_b, int64_t h0, int64_t Hs, Tensor& k,
                         Tensor& v) {
   const int64_t M = latent.dim(0) * ctx.B, W = ctx.Dn + ctx.Dv;
-  const MatView rows{at(wkv_b, h0 * W * ctx.Lkv), Hs * W, ctx.Lkv, ctx.Lkv, wkv_b.dtype()};  // heads [h0, h0+Hs)
   Tensor kvb = Tensor::empty({latent.dim(0), ctx.B, Hs, W}, ctx.dt, "act.kvb");          // [k_nope | v] per head
-  matmul_2d(mat(latent).col_slice(0, ctx.Lkv), rows.t(), MatView{kvb.raw(), M, Hs * W, Hs * W, ctx.dt});
+  // One product per head, whatever Hs: a form that rebuilds a head alone (laga-recompute) then runs the
+  // very products of one that builds all heads at once, and the library's choice of kernel (and so the
+  // summation order), which follows the product's shape, cannot differ between them.
+  const MatView ckv = mat(latent).col_slice(0, ctx.Lkv), all = MatView{kvb.raw(), M, Hs * W, Hs * W, ctx.dt};
+  for (int64_t h = 0; h < Hs; ++h) {
+    const MatView head_rows{at(wkv_b, (h0 + h) * W * ctx.Lkv), W, ctx.Lkv, ctx.Lkv, wkv_b.dtype()};
+    matmul_2d(ckv, head_rows.t(), all.col_slice(h * W, (h + 1) * W));
+  }
   copy_rows(ctx.dt, M * Hs, ctx.Dn, kvb.raw(), W, k.raw(), ctx.Dqk);                       // k_nope
   for (int64_t h = 0; h < Hs; ++h)                                                   // kpe broadcast
     copy_rows(ctx.dt, M, ctx.Dr, at(latent, ctx.Lkv), ctx.Dl, at(k, h * ctx.Dqk + ctx.Dn), Hs * ctx.Dqk);
