@@ -115,6 +115,11 @@ IsaInfo isa_info() {
   IsaInfo info;
   const int64_t usable = hwy::SupportedTargets() & HWY_TARGETS;
   info.rows = usable ? hwy::TargetName(usable & -usable) : "none";
+#if HWY_ARCH_X86
+  // the row operations' AVX3 kernels store bf16 by the CPU's conversion where it has AVX-512 BF16
+  __builtin_cpu_init();
+  if ((usable & -usable) == HWY_AVX3 && __builtin_cpu_supports("avx512bf16")) info.rows += "+BF16";
+#endif
   info.matmul = dnnl_isa_name(dnnl::get_effective_cpu_isa());
   info.bf16_native = bf16_matmul_native();
   info.cap = isa_cap();

@@ -44,6 +44,25 @@ HWY_INLINE void store(DF d, VF v, bf16* p) {
   const auto bits = hn::IfThenElse(hn::RebindMask(du32, hn::IsNaN(v)), quiet, rounded);
   hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di32, bits)), du16, reinterpret_cast<uint16_t*>(p));
 }
+// bf16 stored by the CPU's own conversion (vcvtneps2bf16, AVX-512 BF16; the same bits as to_bf16(),
+// which a vector holding a subnormal takes instead, since the instruction flushes them): the AVX3
+// table's bf16 entries on CPUs that have it (table(true)).
+struct NativeBf16 {
+  uint16_t bits;
+};
+HWY_INLINE VF load(DF d, const NativeBf16* p) { return load(d, reinterpret_cast<const bf16*>(p)); }
+HWY_INLINE void store(DF d, VF v, NativeBf16* p) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  const VF a = hn::Abs(v);
+  if (HWY_UNLIKELY(!hn::AllFalse(d, hn::And(a < hn::Set(d, 0x1p-126f), a > hn::Zero(d)))))
+    return store(d, v, reinterpret_cast<bf16*>(p));
+  __m256i out;
+  asm("vcvtneps2bf16 %1, %0" : "=v"(out) : "v"(v.raw));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), out);
+#else
+  store(d, v, reinterpret_cast<bf16*>(p));
+#endif
+}
 // The first n < Lanes elements of p, 0 in the other lanes.
 template <class T>
 HWY_INLINE VF load_n(DF d, const T* p, int64_t n) {
@@ -83,8 +102,13 @@ HWY_INLINE VF exp2(DF d, VF x) {
   y = hn::MulAdd(y, f, hn::Set(d, 2.4022650695910071e-1f));
   y = hn::MulAdd(y, f, hn::Set(d, 6.9314718055994531e-1f));
   y = hn::MulAdd(y, f, hn::Set(d, 1.0f));
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  (void)di;
+  return VF{_mm512_scalef_ps(y.raw, n.raw)};  // y · 2^n, one rounding: the same bits
+#else
   const VF scale = hn::BitCast(d, hn::ShiftLeft<23>(hn::ConvertTo(di, n) + hn::Set(di, 127 + 64)));
   return y * scale * hn::Set(d, 0x1p-64f);
+#endif
 }
 
 // lo, hi += the lanes of x·y in fp64 (lower and upper half of the float vector).
@@ -271,31 +295,58 @@ void widen(const bf16* x, float* y, int64_t n) {
   if (k < n) store_n(d, load_n(d, x + k, n - k), y + k, n - k);
 }
 
-void narrow(const float* x, bf16* y, int64_t n) { scale_row(x, y, n, 1.0f); }
+template <class B>
+void narrow(const float* x, bf16* y, int64_t n) {
+  scale_row(x, reinterpret_cast<B*>(y), n, 1.0f);
+}
 
-Kernels table() {
+// The entries that store bf16, through B's store (bf16: to_bf16's rounding; NativeBf16: the CPU's).
+template <class B>
+void bf16_entries(Kernels& k) {
+  k.row_exp2_bf16 = [](const float* s, bf16* p, int64_t n, int64_t nk, float c, float m) {
+    return row_exp2(s, reinterpret_cast<B*>(p), n, nk, c, m);
+  };
+  k.row_grad_bf16 = [](const float* s, const float* dp, bf16* ds, int64_t n, int64_t nk, float c, float lse2,
+                       float delta) { row_grad(s, dp, reinterpret_cast<B*>(ds), n, nk, c, lse2, delta); };
+  k.span_grad_bf16 = [](const float* s, const float* dp, bf16* p, bf16* ds, int64_t n, float c, const float* lse2,
+                        const float* delta) {
+    span_grad(s, dp, reinterpret_cast<B*>(p), reinterpret_cast<B*>(ds), n, c, lse2, delta);
+  };
+  k.scale_bf16 = [](const float* x, bf16* y, int64_t n, float mul) { scale_row(x, reinterpret_cast<B*>(y), n, mul); };
+  k.softmax_grad_bf16 = [](const bf16* p, const float* dp, bf16* ds, int64_t n, float delta) {
+    softmax_grad_row(reinterpret_cast<const B*>(p), dp, reinterpret_cast<B*>(ds), n, delta);
+  };
+  k.narrow = &narrow<B>;
+}
+
+// This target's kernels; native_bf16: its bf16 stores by the CPU's conversion (AVX3, where the CPU
+// has AVX-512 BF16).
+Kernels table(bool native_bf16) {
   Kernels k;
   k.target = hwy::TargetName(HWY_TARGET);
   k.row_max = &row_max;
   k.row_exp2_f32 = &row_exp2<float>;
-  k.row_exp2_bf16 = &row_exp2<bf16>;
   k.tile_delta_row = &tile_delta_row;
   k.tile_delta_cols = &tile_delta_cols;
   k.row_grad_f32 = &row_grad<float>;
-  k.row_grad_bf16 = &row_grad<bf16>;
   k.span_grad_f32 = &span_grad<float>;
-  k.span_grad_bf16 = &span_grad<bf16>;
   k.dot_f32_f32 = &dot_row<float, float>;
   k.dot_bf16_f32 = &dot_row<bf16, float>;
   k.dot_f64_f32_f32 = &dot_row_f64<float, float>;
   k.dot_f64_bf16_f32 = &dot_row_f64<bf16, float>;
   k.dot_f64_bf16_bf16 = &dot_row_f64<bf16, bf16>;
   k.scale_f32 = &scale_row<float>;
-  k.scale_bf16 = &scale_row<bf16>;
   k.softmax_grad_f32 = &softmax_grad_row<float>;
-  k.softmax_grad_bf16 = &softmax_grad_row<bf16>;
   k.widen = &widen;
-  k.narrow = &narrow;
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  if (native_bf16) {
+    bf16_entries<NativeBf16>(k);
+    k.target = "AVX3+BF16";
+    return k;
+  }
+#endif
+  (void)native_bf16;
+  bf16_entries<bf16>(k);
   return k;
 }
 
@@ -309,19 +360,37 @@ namespace laga::rows {
 
 HWY_EXPORT(table);
 
+namespace {
+// AVX-512 BF16 (vcvtneps2bf16), which no Highway target of this build implies; LAGA_MAX_ISA=avx2
+// excludes it with the AVX-512 targets.
+bool cpu_has_avx512_bf16() {
+#if HWY_ARCH_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+}  // namespace
+
 const Kernels& kernels() {
   static const Kernels k = [] {
     apply_isa_cap();
-    return HWY_DYNAMIC_DISPATCH(table)();
+    return HWY_DYNAMIC_DISPATCH(table)(cpu_has_avx512_bf16());
   }();
   return k;
 }
 
 std::vector<Kernels> every_target() {
+  apply_isa_cap();
   std::vector<Kernels> out;
   const int64_t cpu = hwy::SupportedTargets();
-#define LAGA_ROWS_TARGET(TARGET, NS) \
-  if (cpu & (TARGET)) out.push_back(NS::table());
+  const bool bf16 = cpu_has_avx512_bf16();
+#define LAGA_ROWS_TARGET(TARGET, NS)                                  \
+  if (cpu & (TARGET)) {                                               \
+    if (bf16 && (TARGET) != HWY_AVX2) out.push_back(NS::table(true)); \
+    out.push_back(NS::table(false));                                  \
+  }
 #if HWY_TARGETS & HWY_AVX3_DL
   LAGA_ROWS_TARGET(HWY_AVX3_DL, N_AVX3_DL)
 #endif

@@ -17,7 +17,8 @@
 namespace laga::rows {
 
 struct Kernels {
-  const char* target;  // Highway's name of the chosen target, e.g. "AVX2", "AVX3"
+  const char* target;  // Highway's name of the target, e.g. "AVX2", "AVX3"; "AVX3+BF16" where bf16 is
+                       // stored by the CPU's own conversion (AVX-512 BF16), to the same bits
   float (*row_max)(const float* x, int64_t n);
   float (*row_exp2_f32)(const float* s, float* p, int64_t n, int64_t nk, float c, float m);
   float (*row_exp2_bf16)(const float* s, bf16* p, int64_t n, int64_t nk, float c, float m);
@@ -47,8 +48,8 @@ struct Kernels {
 
 // The kernels of the best target the CPU has under LAGA_MAX_ISA, chosen on first use.
 const Kernels& kernels();
-// The kernels of every x86 target compiled in and supported by this CPU, ignoring LAGA_MAX_ISA (for
-// tests: an AVX-512 machine checks the AVX2 kernels too), best first; elsewhere the dispatched one.
+// The kernels of every x86 target compiled in that this CPU runs under LAGA_MAX_ISA, best first (for
+// tests: an AVX-512 machine checks its AVX2 kernels too); elsewhere the dispatched one.
 std::vector<Kernels> every_target();
 
 }  // namespace laga::rows
