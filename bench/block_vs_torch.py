@@ -23,7 +23,7 @@ over the reference's 10); set the system back with
   update-alternatives --set libblas.so.3-x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/blas/libblas.so.3
   update-alternatives --set liblapack.so.3-x86_64-linux-gnu /usr/lib/x86_64-linux-gnu/lapack/liblapack.so.3
 so that only the preload decides. Without --torch-blas openblas the header then says "mapped reference".
-Targets (issue 12): laga / torch >= 3x in bf16, >= 2.5x in fp32 against torch on OpenBLAS.
+Targets: laga / torch >= 3x in bf16, >= 2.5x in fp32 against torch on OpenBLAS.
 Exit: 0 measured (whether or not a target is met), 1 a run failed or the check disagreed, 2 usage.
 """
 

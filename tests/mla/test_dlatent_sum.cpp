@@ -88,7 +88,7 @@ TEST(DlatentSum, ExactFormsStayBitIdenticalToExplicitAtOneRankUnderBothSettings)
 // In bf16, laga with fp32 partials differs from explicit only by the order of fp32 sums before one
 // rounding: an element of dlatent differs by one ulp only where that order moves the fp32 sum across
 // a rounding boundary, so in one layer every tensor's relative L2 difference from explicit stays
-// within the brief's 1e-3, while bf16 partials (one more rounding of every element on every rank)
+// within 1e-3 of explicit, while bf16 partials (one more rounding of every element on every rank)
 // miss it. Over two layers those few flips reach the first layer's backward through its dy and spread
 // (small, L 2, P 8: 2.4e-3 against 6.1e-3 for bf16 partials), so there only "closer than bf16
 // partials" is claimed. The max-abs difference is printed too but cannot be held to 1e-3 in bf16: one
