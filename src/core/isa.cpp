@@ -74,6 +74,15 @@ void apply_isa_cap() {
   });
 }
 
+bool cpu_has_avx512_bf16() {
+#if HWY_ARCH_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
 bool bf16_matmul_native() {
   static const bool native = [] {
     apply_isa_cap();
@@ -115,11 +124,7 @@ IsaInfo isa_info() {
   IsaInfo info;
   const int64_t usable = hwy::SupportedTargets() & HWY_TARGETS;
   info.rows = usable ? hwy::TargetName(usable & -usable) : "none";
-#if HWY_ARCH_X86
-  // the row operations' AVX3 kernels store bf16 by the CPU's conversion where it has AVX-512 BF16
-  __builtin_cpu_init();
-  if ((usable & -usable) == HWY_AVX3 && __builtin_cpu_supports("avx512bf16")) info.rows += "+BF16";
-#endif
+  if ((usable & -usable) == HWY_AVX3 && cpu_has_avx512_bf16()) info.rows += "+BF16";
   info.matmul = dnnl_isa_name(dnnl::get_effective_cpu_isa());
   info.bf16_native = bf16_matmul_native();
   info.cap = isa_cap();

@@ -113,12 +113,10 @@ HWY_INLINE VF exp2(DF d, VF x) {
 
 // lo, hi += the lanes of x·y in fp64 (lower and upper half of the float vector).
 HWY_INLINE void fma_f64(VF x, VF y, VD& lo, VD& hi) {
-  const DF d;
   const DH dh;
   const DD dd;
   lo = hn::MulAdd(hn::PromoteTo(dd, hn::LowerHalf(dh, x)), hn::PromoteTo(dd, hn::LowerHalf(dh, y)), lo);
   hi = hn::MulAdd(hn::PromoteTo(dd, hn::UpperHalf(dh, x)), hn::PromoteTo(dd, hn::UpperHalf(dh, y)), hi);
-  (void)d;
 }
 HWY_INLINE void add_f64(VF x, VD& lo, VD& hi) {
   const DH dh;
@@ -180,7 +178,6 @@ void tile_delta_cols(const float* st, const float* dpt, int64_t ld, int64_t n, i
                      float* delta) {
   const DF d;
   const DD dd;
-  const DH dh;
   const hn::RebindToSigned<DF> di;
   const int64_t N = hn::Lanes(d);
   const VF vc = hn::Set(d, c);
@@ -202,7 +199,6 @@ void tile_delta_cols(const float* st, const float* dpt, int64_t ld, int64_t n, i
     const hn::Rebind<float, DD> dfh;
     const VF dl = hn::Combine(d, hn::DemoteTo(dfh, sum_hi / mass_hi), hn::DemoteTo(dfh, sum_lo / mass_lo));
     store_n(d, dl, delta + r, cols);
-    (void)dh;
   }
 }
 
@@ -359,19 +355,6 @@ HWY_AFTER_NAMESPACE();
 namespace laga::rows {
 
 HWY_EXPORT(table);
-
-namespace {
-// AVX-512 BF16 (vcvtneps2bf16), which no Highway target of this build implies; LAGA_MAX_ISA=avx2
-// excludes it with the AVX-512 targets.
-bool cpu_has_avx512_bf16() {
-#if HWY_ARCH_X86
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
-}
-}  // namespace
 
 const Kernels& kernels() {
   static const Kernels k = [] {

@@ -23,7 +23,7 @@ int main(int argc, char** argv) {
   if (auto status = parse_args(argc, argv, inv, std::cout, std::cerr)) return *status;
   try {
     check_allocator_environment();
-    check_isa_environment();
+    apply_isa_cap();  // LAGA_MAX_ISA checked and applied before any work
     check_invocation(inv);
     const CommonFlags& flags = inv.flags;
     set_check_finite(flags.check_finite);

@@ -18,13 +18,14 @@ namespace laga {
 // value that names no ISA, or on a cap this build cannot honour (a baseline above it, -march=native).
 // Also refuses, with a message, an x86 CPU without the build's baseline (AVX2 and FMA by default).
 void apply_isa_cap();
-// Checks LAGA_MAX_ISA before any work (the CLI's start): apply_isa_cap().
-inline void check_isa_environment() { apply_isa_cap(); }
 
 // The cap as given ("avx2", "avx512"), "" when unset.
 std::string isa_cap();
 // Whether oneDNN creates a bf16 matmul on this CPU under the cap (false: bf16 products are widened).
 bool bf16_matmul_native();
+// Whether the CPU has AVX-512 BF16 (vcvtneps2bf16), which no Highway target implies: the row
+// operations' AVX-512 kernels then store bf16 with it (LAGA_MAX_ISA=avx2 excludes them).
+bool cpu_has_avx512_bf16();
 
 // The ISA in use: Highway's target of the row operations (e.g. "AVX2", "AVX3"), oneDNN's effective
 // ISA (e.g. "avx512_core_bf16"), how bf16 products run, and the cap.
