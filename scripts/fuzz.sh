@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Builds the libFuzzer targets of fuzz/ (clang, ASan + UBSan) into build-fuzz/ and runs each for a
-# bounded time — LAGA_FUZZ_SECONDS (default 60) per target, at most 2 GB of memory and 10 s per input —
-# from its committed seeds (fuzz/corpus/<target>/) and past crashes (fuzz/regressions/<target>/). New
-# inputs the fuzzer finds go to build-fuzz/corpus/<target>/, never into the source tree; a crash, a
-# leak, a hang or a failed oracle stops the script with the input saved in build-fuzz/artifacts/.
+# Builds the libFuzzer targets of fuzz/ in the sanitizer build (CMake preset `asan`: clang, ASan +
+# UBSan, build-asan/, the same build the sanitized tests run from) and runs each for a bounded time —
+# LAGA_FUZZ_SECONDS (default 45) per target, at most 2 GB of memory and 10 s per input — from its
+# committed seeds (fuzz/corpus/<target>/) and past crashes (fuzz/regressions/<target>/). New inputs the
+# fuzzer finds go to build-asan/corpus/<target>/, never into the source tree; a crash, a leak, a hang
+# or a failed oracle stops the script with the input saved in build-asan/artifacts/.
 # Prints the executions and the findings of each target.
 # Usage: scripts/fuzz.sh [--seconds N] [target...]   (--seconds overrides LAGA_FUZZ_SECONDS, for a long
 # campaign, e.g. --seconds 3600; CI keeps the short default)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
-seconds=${LAGA_FUZZ_SECONDS:-60}
+seconds=${LAGA_FUZZ_SECONDS:-45}
 all_targets=(safetensors config cli train_manifest)
 targets=()
 while [ $# -gt 0 ]; do
@@ -24,10 +25,10 @@ done
 [ ${#targets[@]} -gt 0 ] || targets=("${all_targets[@]}")
 
 command -v clang++ >/dev/null || { echo "fuzz: clang++ not found (Debian: clang libclang-rt-14-dev)" >&2; exit 1; }
-cmake --preset fuzz >/dev/null
-cmake --build --preset fuzz -j "$(nproc)"
+cmake --preset asan >/dev/null
+cmake --build --preset asan -j "$(nproc)" --target laga_fuzzers
 
-build=$root/build-fuzz
+build=$root/build-asan
 # fuzz_safetensors writes each input to a scratch file: in memory when possible (3-4x the executions).
 if [ -d /dev/shm ] && [ -w /dev/shm ]; then export TMPDIR=/dev/shm; fi
 summary=()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs laga's Debian packages (Debian 12) and builds it into ./build. Safe to run again.
-# clang, its runtimes (libFuzzer, sanitizers) and its OpenMP are for the fuzz targets (scripts/fuzz.sh);
-# the sanitized build (build-asan/) uses GCC's, which come with build-essential.
+# clang, its runtimes (libFuzzer, sanitizers) and its OpenMP are for the sanitizer build (CMake preset
+# `asan`, build-asan/: the tests under ASan + UBSan and the fuzz targets of scripts/fuzz.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

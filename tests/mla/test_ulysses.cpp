@@ -100,7 +100,8 @@ TEST(Ulysses, Bf16WithinTheProjectsRule) {
   const auto x = ref::from_tensor(one.x), dy = ref::from_tensor(one.dy);
   const verify::Tensors exact = verify::reference_tensors(*e1, w, x, dy, std::nullopt);
   const auto plain_err = verify::plain_errors(*e1, w, x, dy, exact);
-  for (auto [P, Pu] : std::vector<std::array<int64_t, 2>>{{4, 2}, {16, 8}, {16, 4}}) {
+  for (const auto& sizes : std::vector<std::array<int64_t, 2>>{{4, 2}, {16, 8}, {16, 4}}) {
+    const int64_t P = sizes[0], Pu = sizes[1];  // captured below: not a structured binding
     // explicit at the same P where it runs (P | H), else at P = 1
     const Config e = e1.with([&](MlaConfig& m) { m.sp = P <= 8 ? P : 1; });
     const auto e_err = verify::errors(verify::run_tensors(e), exact);

@@ -98,7 +98,9 @@ TEST_P(BlockRefGradients, MatchFiniteDifferences) {
 
   const uint64_t dir_stream = stream_id("directions");
   uint64_t draw = 0;
-  for (auto& [name, p] : params) {
+  for (const auto& param : params) {
+    const std::string& name = param.first;
+    Array* const p = param.second;  // a lambda below captures it (not a structured binding)
     double worst = 0;
     SCOPED_TRACE(name);
     const Array& grad = name == "x" ? grads.dx : grads.dw.at(name);
