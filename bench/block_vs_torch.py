@@ -7,8 +7,8 @@ so that machine noise falls on both, and prints a table per dtype: the median fo
 seconds of each over every timed iteration of every round, their spread, and the ratio torch/laga.
 With --check DIR it first verifies, on a laga dump, that the torch block is the same function.
 
-Not here: the block itself (bench_block.cpp, torch_block.py); the meaning of the numbers and the
-ones measured: docs/benchmarks.md.
+Not here: the block itself (bench_block.cpp, torch_block.py); the meaning of the numbers:
+docs/benchmarks.md.
 
 Usage (Debian's torch imports only under /usr/bin/python3):
   /usr/bin/python3 bench/block_vs_torch.py build-bench/bench/bench_block [--threads 2] [--rounds 3]

@@ -1,5 +1,5 @@
 // fp64 reference ops: linear, RMSNorm and RoPE with YaRN, forward and backward, by their
-// definitions (docs/design.md §1.1, §2.1; the backwards are derived in docs/block.md §3). Plain loops
+// definitions (docs/design.md §1.1, §2.1; the backwards are derived in docs/block.md §4). Plain loops
 // (the linears' rows on OpenMP threads, each sum in its one order).
 //
 // The RoPE frequencies and the attention factor are recomputed here from the config's raw fields

@@ -84,7 +84,7 @@ int64_t planned_run_bytes(const Config& c, bool ranks_are_threads, bool gathered
 //     them);
 //   kVerifyProcessBytes for the process itself.
 // Measured peak RSS (laga verify prints it beside the estimate; tests/cli/memory_estimate.sh holds it
-// under) stays under this estimate: docs/design.md, "Verification's memory".
+// under) stays under this estimate: docs/architecture.md §2, "Verification".
 inline constexpr int64_t kVerifyFp64Copies = 7;
 inline constexpr int64_t kVerifyProcessBytes = int64_t(64) << 20;
 int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads,

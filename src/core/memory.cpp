@@ -50,7 +50,7 @@ constexpr int64_t kPoolGranule = int64_t(1) << 16;
 // MADV_HUGEPAGE, so that every whole 2 MiB of it can be one transparent huge page (the kernel's THP mode
 // "madvise", Debian's default, gives huge pages to advised ranges only): one TLB entry and one page
 // fault where 4 KiB pages take 512. The attention kernels read a head's K/V rows strided by every
-// head's width, over thousands of 4 KiB pages at T in the thousands (docs/model.md §4); the block's
+// head's width, over thousands of 4 KiB pages at T in the thousands (docs/architecture.md §2); the block's
 // size is what was asked (its last partial 2 MiB stays in small pages), so nothing changes in what
 // the allocator counts. LAGA_HUGE_PAGES=off leaves every block in small pages. Freed with std::free.
 void* os_allocate(size_t bytes) {

@@ -1,7 +1,7 @@
 // RMSNorm forward and backward on the CPU: rows in parallel, fp32 arithmetic whatever the storage,
 // except the weight gradient's sum over rows, which is in fp64 (each product dy·x·r too) and rounded
 // once into dw: summed in fp32 over a rank's T·B/P rows it was the largest error of the norm
-// gradients (docs/block.md §4.2, docs/design.md §5). The cost is C·M products in fp64, nothing beside
+// gradients (docs/block.md §4.2, docs/numerics.md §3). The cost is C·M products in fp64, nothing beside
 // the attention. Summed over rows in a fixed order (column blocks in parallel), so results do not
 // depend on the thread count.
 #include "laga/ops/rmsnorm.hpp"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lossless training restarts (docs/design.md §7, io/train_checkpoint.hpp): `laga train --checkpoint DIR` killed
+# Lossless training restarts (docs/cli.md §5, io/train_checkpoint.hpp): `laga train --checkpoint DIR` killed
 # with SIGKILL at 20 random moments (10 under threads, 10 under `mpirun -np 2`, where one rank is
 # killed and mpirun ends the rest) and resumed with --resume DIR each time gives bitwise the losses
 # (JSON), the final weights (--dump-weights) and the final checkpoint state (masters and Adam moments)

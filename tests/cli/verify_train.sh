@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `laga verify` and `laga train` end to end on the tiny preset: verify passes for both dtypes and
-# kernels with P = 1, 2, 4, 8 and writes the JSON keys of docs/design.md §7; train's losses decrease and the
+# kernels with P = 1, 2, 4, 8 and writes the JSON keys of docs/cli.md §7; train's losses decrease and the
 # three forms' curves agree, and so do the ring forms' with explicit's; run --json carries the per-rank
 # keys; bench prints validated rows.
 # Usage: verify_train.sh <laga binary> <source dir>

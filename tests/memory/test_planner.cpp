@@ -215,7 +215,7 @@ TEST(Planner, MatchesTheClosedFormsOfTheAccounting) {
 }
 
 TEST(Planner, LagaMovesHalfOfExplicitsTrafficAtDeepSeekV3Heads) {
-  // docs/design.md §5: per token, explicit moves q, k, v, o = (192 + 192 + 128 + 128)·H elements, laga
+  // docs/design.md §4: per token, explicit moves q, k, v, o = (192 + 192 + 128 + 128)·H elements, laga
   // q, o and the latent = (192 + 128)·H + 576: 640·128 / (320·128 + 576) = 1.972 at H = 128.
   // The paper sends dlatent's partial sums in bf16 (dlatent_sum storage, the default); in fp32 laga's backward
   // moves 576 more bytes per token: 640·128 / (320·128 + 576·3/2) = 1.959.

@@ -1,4 +1,4 @@
-// --overlap on|off (docs/design.md §6, docs/architecture.md §3): the forms' collectives left in flight
+// --overlap on|off (docs/design.md §2.6, docs/architecture.md §3): the forms' collectives left in flight
 // behind the query path and the rest of the work that does not need them, or each waited where it is
 // issued. Claims: the results are bitwise the same either way (y, dx and every synced weight gradient,
 // every registered form, P 1, 2, 4, both kernels, both dtypes); with overlap on laga's latent all-gather

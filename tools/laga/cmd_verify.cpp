@@ -1,4 +1,4 @@
-// laga verify (docs/design.md §5, "equivalence"): every registered form checked at every --sp, by the
+// laga verify (docs/numerics.md §1, "equivalence"): every registered form checked at every --sp, by the
 // one rule of verify/compare.hpp (FlashAttention's convention):
 //   explicit   its error against the exact fp64 reference at most kExplicitFactor × the error of a
 //              plain implementation in the same precision (the reference with stored tensors rounded);

@@ -1,4 +1,4 @@
-// The laga CLI (docs/design.md §7): plan, run, verify, bench, bench-comm, train, model, report. Exit
+// The laga CLI (docs/cli.md): plan, run, verify, bench, bench-comm, train, model, report. Exit
 // status: 0 success, 1 a check failed, 2 bad usage or configuration, 3 an internal error.
 //
 // The command line is parsed and checked (the configuration built and validated) before any work, by

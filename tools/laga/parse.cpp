@@ -1,4 +1,4 @@
-// The laga command line: its subcommands and flags (docs/design.md §7), parsed and checked (see parse.hpp).
+// The laga command line: its subcommands and flags (docs/cli.md), parsed and checked (see parse.hpp).
 #include "parse.hpp"
 
 #include <CLI/CLI.hpp>

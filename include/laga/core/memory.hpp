@@ -76,7 +76,7 @@ inline constexpr int64_t kPoolMinBytes = int64_t(1) << 20;  // smaller blocks go
 // this bound (misses of several threads at one moment may pass it by their own blocks: each evicts
 // for itself before it takes its block from the OS). A step whose blocks of every size (its no-miss
 // set) fit within it finds them all cached the next time. With nothing evicted, benches held
-// 1.06–1.13 × their peak in use (docs/model.md §4); 3/2 leaves room above that. Least recently released first: a step that needed more than the bound
+// 1.06–1.13 × their peak in use (docs/architecture.md §2); 3/2 leaves room above that. Least recently released first: a step that needed more than the bound
 // would miss on every block of a cyclic order, so the slack must cover the no-miss set.
 inline constexpr int64_t kPoolSlackNum = 3, kPoolSlackDen = 2;
 inline int64_t pool_bound(int64_t cap, int64_t peak_in_use) {

@@ -1,5 +1,5 @@
 // Weights in and out of .safetensors files: loading a checkpoint in laga's own naming or a
-// Hugging Face DeepSeek-V2/V3 one, writing weights, and the --dump of a run (docs/design.md §7) that
+// Hugging Face DeepSeek-V2/V3 one, writing weights, and the --dump of a run (docs/cli.md §4) that
 // independent implementations check (tests/torch/mla_block_torch.py).
 //
 // Names (docs/design.md §1): laga's are "layers.{l}.<name>" with the names of LayerWeights; Hugging Face's

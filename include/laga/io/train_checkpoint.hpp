@@ -1,4 +1,4 @@
-// Lossless training restarts (docs/design.md §7, `laga train --checkpoint DIR --checkpoint-every N` and
+// Lossless training restarts (docs/cli.md §5, `laga train --checkpoint DIR --checkpoint-every N` and
 // `--resume DIR`): the whole state of a training run on disk, written atomically, read back strictly.
 //
 // Layout, one subdirectory per form (variant label), whatever the number of --forms:

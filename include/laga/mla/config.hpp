@@ -89,7 +89,7 @@ AttnBackward parse_attn_backward(std::string_view name);  // usage error naming 
 // storage dtype, the dtype of the dlatent reduce-scatter's partial sums, and whether the forms'
 // collectives overlap compute (left in flight while the query path and what else does not need them
 // runs; off: each waited where it is issued). The results are bitwise the same either way
-// (docs/design.md §6).
+// (docs/design.md §2.6).
 struct RunChoices {
   std::string form = "explicit";
   Kernel kernel = Kernel::fused;

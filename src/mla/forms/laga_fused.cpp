@@ -1,4 +1,4 @@
-// The laga-fused form (docs/design.md §2.5): laga's dataflow and collectives, with G2 (the per-head
+// The laga-fused form (docs/design.md §2.4.1): laga's dataflow and collectives, with G2 (the per-head
 // up-projection of the gathered latent) moved inside the attention kernel, one key tile at a time
 // (ops/latent_attention.hpp): K, V of this rank's heads are never materialised for the whole sequence,
 // nor are dK, dV in backward.
