@@ -1,8 +1,8 @@
 // Attention kernels (eager and fused): forward and every gradient against the fp64 reference, with
 // tolerances from a measured baseline — a plain float implementation on the same dtype-rounded
 // inputs, rounding what a plain bf16 implementation stores (P, dS and the outputs) — plus the memory
-// claims (fused never allocates T×T; both allocate exactly their published plan), determinism, and
-// the boundary checks. Guard values (NaN) fill every stride pad of every buffer: a kernel that reads
+// claims (fused never allocates T×T; both allocate exactly their published plan, and each plan
+// matches closed forms written out here), determinism, and the boundary checks. Guard values (NaN) fill every stride pad of every buffer: a kernel that reads
 // a pad poisons its result, one that writes a pad is caught.
 #include <gtest/gtest.h>
 #include <omp.h>
