@@ -153,13 +153,12 @@ verify::FormsReport check_custom(const nlohmann::json& dims, int64_t layers, int
 
 }  // namespace
 
-// Both absorbed forms pass the rule on this configuration (seed 1234), and the rule names the absorbed
-// order. The plain baseline is, per tensor, the largest of three plain implementations of the block
-// (verify/compare.hpp): explicit's per-head order, the same with FlashAttention's delta, and the
-// absorbed order (reference Core::absorbed) in which the absorbed forms compute. A form's allowance
-// must come from the rounding of the order it computes in: here the absorbed forms' dkv_norm.1 error is
-// several times explicit's, within the plain error of the absorbed order but not of the per-head one.
-// The measured ratios are printed ([measured]).
+// Both absorbed forms pass the rule on a random configuration (seed 1234, H 5, two layers), and the
+// rule names the absorbed order among its baselines. The plain baseline is, per tensor, the largest of
+// three plain implementations of the block (verify/compare.hpp): explicit's per-head order, the same
+// with FlashAttention's output delta, and the absorbed order (reference Core::absorbed) in which the
+// absorbed forms compute, so that a form's allowance reflects the rounding of the order it computes
+// in rather than explicit's alone. The measured ratios are printed ([measured]).
 TEST(Forms, PlainBaselineIncludesTheAbsorbedOrder) {
   const verify::FormsReport report = check_custom(
       {{"hidden_size", 48}, {"num_attention_heads", 5}, {"q_lora_rank", 16}, {"kv_lora_rank", 24},
@@ -188,11 +187,12 @@ TEST(Forms, RingMergesHoldOverShortChunks) {
   EXPECT_EQ(at8, 2);
 }
 
-// explicit passes the rule (against the plain baseline) at six tokens. There the first token's row,
-// whose one key gives it dS = 0 exactly, is a large share of every weight's gradient. The fused kernel
-// sums delta = dO·O in another order than dP, so dP − delta leaves a rounding residue on that row
-// unless the kernel gives a one-key row dS = 0; this configuration (seed 947624) is one where that
-// residue alone would exceed explicit's allowance on dwq_b.0. The measured ratios are printed ([measured]).
+// explicit passes the rule (against the plain baseline) at six tokens, the shortest sequence of any
+// rule test: there the first token's row, whose one key gives it dS = 0 exactly, is a large share of
+// every weight's gradient. The fused kernel takes delta = dO·O in another order than dP, so dP − delta
+// keeps a rounding residue on rows of few keys; the kernel gives a one-key row dS = 0 and takes the
+// first key tile's delta from that tile, and the plain baseline includes the output-delta order, so
+// the residue stays within explicit's allowance. The measured ratios are printed ([measured]).
 TEST(Forms, ExplicitHoldsAtSixTokens) {
   const verify::FormsReport report = check_custom(
       {{"hidden_size", 48}, {"num_attention_heads", 4}, {"q_lora_rank", 32}, {"kv_lora_rank", 64},
