@@ -1,12 +1,14 @@
 """The MLA block stack in PyTorch eager, as a PyTorch user writes it: the baseline of the block benchmark.
 
-Holds: y = x + MLA(RMSNorm(x)) per layer (docs/design.md §1–§2, explicit form, one rank), sequence-first
-[T, B, D], in fp32 or bf16, with torch ops and autograd: torch.nn.functional.linear for every
-projection, RMSNorm by hand (Hugging Face's DeepSeek style: the statistics in fp32, the result cast
-back), RoPE with YaRN per docs/design.md §1.1 over global positions 0..T-1 (interleaved pairs or rotate-half),
-and causal attention in PyTorch's math style with the scores materialised: scores = q @ k^T * scale,
-masked_fill(-inf), softmax (in fp32, cast back, as Hugging Face does), @ v. It times forward and
-backward, and checks against a laga dump that it computes the same function.
+Holds: the timing of y = x + MLA(RMSNorm(x)) per layer (docs/design.md §1–§2, explicit form, one
+rank), sequence-first [T, B, D], in fp32 or bf16, with torch ops and autograd. The block is the
+repository's one PyTorch block, tests/torch/mla_block_torch.py's Block (the reference of the dump
+check): every projection torch.nn.functional.linear, RMSNorm by hand (Hugging Face's DeepSeek style:
+the statistics in fp32, the result cast back), RoPE with YaRN per docs/design.md §1.1 over global
+positions 0..T-1 (interleaved pairs or rotate-half), and causal attention in PyTorch's math style with
+the scores materialised: scores = q @ k^T * scale, masked_fill(-inf), softmax (in fp32, cast back, as
+Hugging Face does), @ v. It times forward and backward, and checks against a laga dump that it
+computes the same function.
 
 Not here: torch.nn.functional.scaled_dot_product_attention (PyTorch 2.0+; Debian's torch is 1.13,
 which does not have it), torch.compile, any fused or hand-written kernel: the baseline is eager.
@@ -23,13 +25,14 @@ import json
 import math
 import os
 import statistics
-import struct
 import sys
 import time
 
 import numpy as np
 import torch
-import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "torch"))
+from mla_block_torch import Block, layer_shapes, read_safetensors, softmax_scale  # noqa: E402
 
 # --------------------------------------------------------------------------------------------
 # Configuration: the presets of src/mla/config.cpp, or a laga config.json (docs/design.md §1.1 keys).
@@ -54,119 +57,6 @@ def preset_config(model, seq, batch, layers, dtype):
         "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": mscale, "mscale_all_dim": mscale},
     }
-
-
-def yarn_mscale(f, m):
-    return 1.0 if f <= 1 else 0.1 * m * math.log(f) + 1.0
-
-
-def softmax_scale(cfg):
-    s = (cfg["qk_nope_head_dim"] + cfg["qk_rope_head_dim"]) ** -0.5
-    rs = cfg.get("rope_scaling")
-    if rs:
-        s *= yarn_mscale(rs["factor"], rs["mscale_all_dim"]) ** 2
-    return s
-
-
-def rope_tables(cfg, T):
-    """cos, sin [T, Dr/2] in fp32 for positions 0..T-1, YaRN-corrected, attention factor folded in."""
-    Dr, theta = cfg["qk_rope_head_dim"], float(cfg["rope_theta"])
-    inv = [theta ** (-2.0 * i / Dr) for i in range(Dr // 2)]
-    attn = 1.0
-    rs = cfg.get("rope_scaling")
-    if rs:
-        f, L0 = rs["factor"], rs["original_max_position_embeddings"]
-        corr = lambda n: Dr * math.log(L0 / (n * 2 * math.pi)) / (2 * math.log(theta))
-        low = max(math.floor(corr(rs["beta_fast"])), 0)
-        high = min(math.ceil(corr(rs["beta_slow"])), Dr - 1)
-        if low == high:
-            high += 0.001
-        for i in range(Dr // 2):
-            ramp = min(max((i - low) / (high - low), 0.0), 1.0)
-            inv[i] = inv[i] / f * ramp + inv[i] * (1 - ramp)
-        attn = yarn_mscale(f, rs["mscale"]) / yarn_mscale(f, rs["mscale_all_dim"])
-    angle = torch.arange(T, dtype=torch.float64)[:, None] * torch.tensor(inv, dtype=torch.float64)[None, :]
-    return (torch.cos(angle) * attn).float(), (torch.sin(angle) * attn).float()
-
-
-def layer_shapes(cfg):
-    D, H, Lq, Lkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
-    Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-    s = {"attn_norm": [D]}
-    if Lq > 0:
-        s.update({"wq_a": [Lq, D], "q_norm": [Lq], "wq_b": [H * (Dn + Dr), Lq]})
-    else:
-        s["wq"] = [H * (Dn + Dr), D]
-    s.update({"wkv_a": [Lkv + Dr, D], "kv_norm": [Lkv], "wkv_b": [H * (Dn + Dv), Lkv], "wo": [D, H * Dv]})
-    return s
-
-
-# --------------------------------------------------------------------------------------------
-# The block.
-
-
-def rmsnorm(x, w, eps):
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return w * xf.to(x.dtype)
-
-
-def rope(x, cos, sin, interleaved):
-    """x [T, ..., Dr]; cos, sin [T, Dr/2] (broadcast over the middle dims)."""
-    shape = [cos.shape[0]] + [1] * (x.dim() - 2) + [cos.shape[1]]
-    c, s = cos.view(shape), sin.view(shape)
-    if interleaved:  # pairs (x[2i], x[2i+1]), DeepSeek's layout
-        a, b = x[..., 0::2], x[..., 1::2]
-        return torch.stack((a * c - b * s, a * s + b * c), dim=-1).flatten(-2)
-    h = x.shape[-1] // 2  # pairs (x[i], x[i + Dr/2])
-    a, b = x[..., :h], x[..., h:]
-    return torch.cat((a * c - b * s, a * s + b * c), dim=-1)
-
-
-class Block:
-    """Constant per-run state (RoPE tables, causal mask, scale), built once like a module's buffers."""
-
-    def __init__(self, cfg, T, dtype):
-        self.cfg, self.dtype = cfg, dtype
-        cos, sin = rope_tables(cfg, T)
-        self.cos, self.sin = cos.to(dtype), sin.to(dtype)
-        self.mask = torch.ones(T, T, dtype=torch.bool).triu(1)  # True above the diagonal: future keys
-        self.scale = softmax_scale(cfg)
-
-    def layer(self, x, w):
-        cfg = self.cfg
-        T, B, _ = x.shape
-        H, Lkv = cfg["num_attention_heads"], cfg["kv_lora_rank"]
-        Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-        eps, inter = cfg["rms_norm_eps"], cfg["rope_interleaved"]
-
-        xn = rmsnorm(x, w["attn_norm"], eps)
-        if cfg["q_lora_rank"] > 0:
-            q = F.linear(rmsnorm(F.linear(xn, w["wq_a"]), w["q_norm"], eps), w["wq_b"])  # L1-L3
-        else:
-            q = F.linear(xn, w["wq"])  # L3'
-        q = q.view(T, B, H, Dn + Dr)
-        q = torch.cat((q[..., :Dn], rope(q[..., Dn:], self.cos, self.sin, inter)), dim=-1)
-        kv = F.linear(xn, w["wkv_a"])  # L4
-        ckv = rmsnorm(kv[..., :Lkv], w["kv_norm"], eps)  # L5
-        kpe = rope(kv[..., Lkv:], self.cos, self.sin, inter)  # L6
-        kvb = F.linear(ckv, w["wkv_b"]).view(T, B, H, Dn + Dv)  # E1
-        k = torch.cat((kvb[..., :Dn], kpe[:, :, None, :].expand(T, B, H, Dr)), dim=-1)
-        v = kvb[..., Dn:]
-
-        # E3, PyTorch's math style: [B, H, T, ·], scores materialised.
-        qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))
-        scores = torch.matmul(qh, kh.transpose(-1, -2)) * self.scale
-        scores = scores.masked_fill(self.mask, float("-inf"))
-        p = torch.softmax(scores, dim=-1, dtype=torch.float32).to(qh.dtype)
-        o = torch.matmul(p, vh)  # [B, H, T, Dv]
-        o = o.permute(2, 0, 1, 3).reshape(T, B, H * Dv)
-        return x + F.linear(o, w["wo"])  # E4, residual
-
-    def forward(self, x, weights):
-        for w in weights:
-            x = self.layer(x, w)
-        return x
 
 
 # --------------------------------------------------------------------------------------------
@@ -222,33 +112,12 @@ def bench(cfg, threads, warmup, iters):
 # --check DIR: the same function as laga's, on a laga dump.
 
 
-def read_safetensors(path):
-    """name -> float32 numpy array; F32 and BF16 (the two dtypes laga writes)."""
-    with open(path, "rb") as f:
-        blob = f.read()
-    (n,) = struct.unpack("<Q", blob[:8])
-    header = json.loads(blob[8:8 + n])
-    data = blob[8 + n:]
-    out = {}
-    for name, e in header.items():
-        if name == "__metadata__":
-            continue
-        b, end = e["data_offsets"]
-        raw = data[b:end]
-        if e["dtype"] == "F32":
-            a = np.frombuffer(raw, dtype="<f4")
-        elif e["dtype"] == "BF16":
-            a = (np.frombuffer(raw, dtype="<u2").astype(np.uint32) << 16).view(np.float32)
-        else:
-            raise SystemExit(f"{path}: tensor {name} has dtype {e['dtype']}; laga dumps F32 or BF16")
-        out[name] = a.reshape(e["shape"]).astype(np.float32)
-    return out
-
-
 def check(d):
     with open(os.path.join(d, "config.json")) as f:
         cfg = json.load(f)
+    # float32 values: laga dumps F32 or BF16, both exact in float32
     t = read_safetensors(os.path.join(d, "tensors.safetensors"))
+    t = {n: a.astype(np.float32) for n, a in t.items()}
     if not math.isclose(softmax_scale(cfg), cfg["softmax_scale"], rel_tol=1e-9):
         raise SystemExit(f"{d}: softmax_scale {cfg['softmax_scale']} differs from the formula's {softmax_scale(cfg)}")
     # The benchmarked code path, in fp32 (a bf16 dump is widened: same values, wider arithmetic).

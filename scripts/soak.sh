@@ -24,7 +24,7 @@ t0=$(now_ms)
   >"$work/ref.log" 2>&1
 ref_rc=$?
 span=$(( $(now_ms) - t0 + 1 ))
-[ "$ref_rc" -le 1 ] || { echo "soak: the uninterrupted run failed ($ref_rc): $(tail -5 "$work/ref.log")" >&2; exit 1; }
+[ "$ref_rc" -eq 0 ] || { echo "soak: the uninterrupted run failed ($ref_rc): $(tail -5 "$work/ref.log")" >&2; exit 1; }
 echo "soak: uninterrupted run: exit $ref_rc in $span ms"
 
 dir=$work/ck

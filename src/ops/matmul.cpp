@@ -27,9 +27,10 @@ namespace laga {
 
 namespace {
 
-// A constant, never the thread count: results depend on the tiles (above). Large enough that
-// oneDNN's single-threaded AVX2 gemm runs near its peak on a tile (smaller tiles, 256 rows or columns,
-// ran at about 60 % of it); AVX-512's runs at its peak on any of these sizes.
+// Constants, never a function of the thread count: a product's bits depend on the tiles (above).
+// A tile is one single-threaded oneDNN product, so it must be large enough for that product to run
+// near oneDNN's single-threaded peak; the rate a build reaches is what bench_block's and
+// bench_attention's matmul baseline (bench/matmul_bench.hpp) reports.
 constexpr int64_t kTileRows = 512, kTileCols = 1024;
 
 dnnl::engine& engine() {

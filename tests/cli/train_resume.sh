@@ -35,7 +35,7 @@ kill_and_resume() {
   "${launch[@]}" "$laga" "${args[@]}" --checkpoint "$ref.ck" --json "$ref.json" --dump-weights "$ref.st" >"$ref.out" 2>&1
   local ref_rc=$?
   local span=$(( $(now_ms) - t0 + 1 ))
-  [ "$ref_rc" -le 1 ] || { fail "$mode: the uninterrupted run ended with $ref_rc: $(tail -3 "$ref.out")"; return; }
+  [ "$ref_rc" -eq 0 ] || { fail "$mode: the uninterrupted run ended with $ref_rc: $(tail -3 "$ref.out")"; return; }
   local kills=0 chains=0 runs=0
   while [ "$kills" -lt "$want" ]; do
     chains=$((chains + 1))
@@ -132,7 +132,7 @@ ov=(train --model tiny --seq 16 --sp 2 --lr 1e-2 --dtype bf16 --forms laga)
 "$laga" "${ov[@]}" --steps 12 --overlap on --checkpoint "$work/ov.ck" --resume "$work/ov.ck" --json "$work/ov.json" \
   --dump-weights "$work/ov.st" >"$work/ov.out" 2>&1
 rc=$?
-if [ "$rc" -gt 1 ]; then fail "resuming with another --overlap: exit $rc: $(tail -2 "$work/ov.out")"
+if [ "$rc" -ne 0 ]; then fail "resuming with another --overlap: exit $rc: $(tail -2 "$work/ov.out")"
 elif same_losses "$work/ov.ref.json" "$work/ov.json" && cmp -s "$work/ov.ref.st" "$work/ov.st"; then
   echo "ok: resumed with --overlap on after --overlap off: losses and weights bitwise those of an uninterrupted run"
 else fail "resumed with another --overlap: losses or weights differ from an uninterrupted run"; fi

@@ -6,7 +6,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -272,19 +271,6 @@ TEST(Comm, RanksGetTheirShareOfOpenMpThreads) {
   const int cores = int(std::thread::hardware_concurrency());
   for (int P : rank_counts())
     run_threads(P, [&](Communicator&) { EXPECT_EQ(omp_get_max_threads(), std::max(1, cores / P)); });
-}
-
-TEST(Comm, ThreadsBackendReportsRankSizeAndName) {
-  std::mutex m;
-  std::vector<int> seen;
-  run_threads(4, [&](Communicator& c) {
-    EXPECT_EQ(c.size(), 4);
-    EXPECT_EQ(c.backend(), "threads");
-    std::lock_guard lk(m);
-    seen.push_back(c.rank());
-  });
-  std::sort(seen.begin(), seen.end());
-  EXPECT_EQ(seen, (std::vector<int>{0, 1, 2, 3}));
 }
 
 }  // namespace

@@ -1,4 +1,6 @@
-// Core: errors, dtype rounding, the tracking allocator, tensors, configs and presets.
+// Core: errors, dtype rounding, the tracking allocator, tensors, configs and presets, counter-based
+// random numbers.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -9,6 +11,7 @@
 #include <sstream>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "laga/mla/config.hpp"
@@ -299,8 +302,52 @@ TEST(Config, JsonRoundTrips) {
   EXPECT_EQ(d.q_lora_rank, 0);
 }
 
-TEST(Random, IsAPureFunctionOfSeedStreamIndex) {
-  EXPECT_EQ(normal(1, 2, 3), normal(1, 2, 3));
-  EXPECT_NE(normal(1, 2, 3), normal(1, 2, 4));
-  EXPECT_NE(normal(1, 2, 3), normal(2, 2, 3));
+// A rank draws its shard of an input with fill_normal's offset; the shard must be bitwise the rows of
+// the whole tensor drawn at once, whatever rank count and thread count drew it.
+TEST(Random, AShardDrawnAtItsOffsetIsTheWholeTensorsRows) {
+  const int64_t rows = 12, cols = 5, first = 4, count = 5;
+  Tensor whole = Tensor::empty({rows, cols}, DType::f32, "whole");
+  Tensor shard = Tensor::empty({count, cols}, DType::f32, "shard");
+  fill_normal(whole, 9, "x", 1.0);
+  fill_normal(shard, 9, "x", 1.0, 0.0, first * cols);
+  for (int64_t i = 0; i < count * cols; ++i)
+    EXPECT_EQ(shard.get(i), whole.get(first * cols + i)) << "element " << i;
+}
+
+// normal(seed, stream, index) is a standard normal variable, and changing any one of seed, stream or
+// index gives an uncorrelated one: the weights, x and dy of a run are independent draws. Over n draws
+// the sample mean, the variance, the share within one σ and every correlation must lie within 5
+// standard errors of N(0, 1)'s and of 0 (a false alarm has odds of about 1 in 10⁶ per statistic).
+TEST(Random, NormalIsStandardAndUncorrelatedAcrossSeedStreamAndIndex) {
+  const int n = 200000;
+  const uint64_t stream = stream_id("x");
+  std::vector<double> v(n), other_stream(n), other_seed(n), next_index(n);
+  for (int i = 0; i < n; ++i) {
+    v[size_t(i)] = normal(7, stream, uint64_t(i));
+    other_stream[size_t(i)] = normal(7, stream_id("dy"), uint64_t(i));
+    other_seed[size_t(i)] = normal(8, stream, uint64_t(i));
+    next_index[size_t(i)] = normal(7, stream, uint64_t(i) + 1);
+  }
+  double mean = 0, var = 0, within = 0;
+  for (double x : v) mean += x / n, within += std::abs(x) < 1 ? 1.0 / n : 0.0;
+  for (double x : v) var += (x - mean) * (x - mean) / (n - 1);
+  const double se = 1 / std::sqrt(double(n)), p1 = 0.682689492137086;  // P(|z| < 1)
+  fmt::print("[measured] normal over {} draws: mean {:.4f}, variance {:.4f}, within 1 sigma {:.4f} "
+             "(standard error {:.4f})\n", n, mean, var, within, se);
+  EXPECT_LT(std::abs(mean), 5 * se);
+  EXPECT_LT(std::abs(var - 1), 5 * std::sqrt(2.0) * se);
+  EXPECT_LT(std::abs(within - p1), 5 * std::sqrt(p1 * (1 - p1)) * se);
+  auto correlation = [&](const std::vector<double>& w) {
+    double sum = 0;
+    for (size_t i = 0; i < v.size(); ++i) sum += v[i] * w[i];
+    return sum / n;
+  };
+  for (const auto& [what, w] : {std::pair{"another stream", &other_stream},
+                                {"another seed", &other_seed}, {"the next index", &next_index}}) {
+    const double r = correlation(*w);
+    fmt::print("[measured] correlation with {}: {:.4f}\n", what, r);
+    EXPECT_LT(std::abs(r), 5 * se) << what;
+  }
+  // A pure function of its arguments: drawn again, in reverse order, the same bits.
+  for (int i = n; i-- > 0;) ASSERT_EQ(normal(7, stream, uint64_t(i)), v[size_t(i)]) << "index " << i;
 }

@@ -3,7 +3,6 @@
 // refused with the tensor, its shape and the expected one named; a dump holds the config and
 // every tensor in fp32 and loads back as weights.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +13,7 @@
 #include "laga/core/random.hpp"
 #include "laga/io/checkpoint.hpp"
 #include "laga/io/safetensors.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace laga;
 namespace fs = std::filesystem;
@@ -22,16 +22,9 @@ namespace {
 
 class Checkpoint : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / fmt::format("laga-ckpt-{}-{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return tmp_.path(name); }
 
-  fs::path dir_;
+  laga::testing::TempDir tmp_{"ckpt"};
   MemoryTracker tracker_;
   TrackerScope scope_{tracker_};
 };
@@ -168,7 +161,7 @@ TEST_F(Checkpoint, LoadsAShardedHuggingFaceCheckpointThroughItsIndex) {
   }
   std::ofstream(path("model.safetensors.index.json")) << index.dump(2);
   expect_same_weights(load_weights(path("model.safetensors.index.json"), c), w);
-  expect_same_weights(load_weights(dir_.string(), c), w);
+  expect_same_weights(load_weights(tmp_.dir().string(), c), w);
 }
 
 TEST_F(Checkpoint, RejectsAWrongShapeNamingTheTensorItsShapeAndTheExpectedOne) {

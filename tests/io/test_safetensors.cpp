@@ -3,7 +3,6 @@
 // and a table of malformed files, each refused with a usage error that names the file and the
 // problem. Truncating or corrupting a valid file must give an error or a valid file, never a crash.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -14,6 +13,7 @@
 
 #include "laga/core/random.hpp"
 #include "laga/io/safetensors.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace laga;
 namespace fs = std::filesystem;
@@ -23,16 +23,9 @@ namespace {
 // A fresh directory per test (tests run in parallel processes under CTest).
 class Safetensors : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / fmt::format("laga-io-{}-{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  std::string path(const std::string& name) const { return tmp_.path(name); }
 
-  fs::path dir_;
+  laga::testing::TempDir tmp_{"io"};
   MemoryTracker tracker_;
   TrackerScope scope_{tracker_};
 };
@@ -186,7 +179,7 @@ TEST_F(Safetensors, UnknownNameIsAUsageErrorListingTheNames) {
 }
 
 TEST_F(Safetensors, MissingFileOrADirectoryIsAUsageErrorNamingIt) {
-  for (const std::string& p : {path("absent.safetensors"), dir_.string()}) {
+  for (const std::string& p : {path("absent.safetensors"), tmp_.dir().string()}) {
     try {
       SafetensorsFile::open(p);
       ADD_FAILURE() << p;

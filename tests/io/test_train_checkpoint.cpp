@@ -3,7 +3,6 @@
 // cleaned; the manifest round-trips and its checksum, sizes, file checksums and identity are enforced
 // with usage errors naming the file and the expected and found values.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -11,6 +10,7 @@
 
 #include "laga/core/error.hpp"
 #include "laga/io/train_checkpoint.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace laga;
 namespace fs = std::filesystem;
@@ -19,13 +19,6 @@ namespace {
 
 class TrainCheckpoint : public ::testing::Test {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / fmt::format("laga-train-ckpt-{}-{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
   TrainState state(int64_t step) const {
     TrainState s;
     s.manifest.step = s.manifest.next_step = step;
@@ -50,15 +43,15 @@ class TrainCheckpoint : public ::testing::Test {
     return "";
   }
   TrainState read(const nlohmann::json& id) const {
-    return read_train_checkpoint(dir_.string(), id, {"layers.0.a", "layers.0.b"}, {3, 1});
+    return read_train_checkpoint(tmp_.dir().string(), id, {"layers.0.a", "layers.0.b"}, {3, 1});
   }
 
-  fs::path dir_;
+  laga::testing::TempDir tmp_{"train-ckpt"};
   nlohmann::json identity_ = {{"sp", 2}, {"form", "laga"}, {"lr", 1e-3}};
 };
 
 TEST_F(TrainCheckpoint, StateReadsBackBitForBit) {
-  write_train_checkpoint(dir_.string(), state(4));
+  write_train_checkpoint(tmp_.dir().string(), state(4));
   const TrainState got = read(identity_);
   const TrainState want = state(4);
   EXPECT_EQ(got.manifest.step, 4);
@@ -70,21 +63,21 @@ TEST_F(TrainCheckpoint, StateReadsBackBitForBit) {
 }
 
 TEST_F(TrainCheckpoint, KeepsThePreviousCheckpointAndCleansLeftovers) {
-  write_train_checkpoint(dir_.string(), state(2));
-  fs::create_directories(dir_ / ".tmp-step-00000003-1");   // a writer killed mid-checkpoint
-  fs::create_directories(dir_ / "step-00000003");          // renamed, but latest never pointed at it
-  write_train_checkpoint(dir_.string(), state(4));
-  write_train_checkpoint(dir_.string(), state(6));
-  EXPECT_FALSE(fs::exists(dir_ / ".tmp-step-00000003-1"));
-  EXPECT_FALSE(fs::exists(dir_ / "step-00000003"));
-  EXPECT_FALSE(fs::exists(dir_ / "step-00000002"));
-  EXPECT_TRUE(fs::exists(dir_ / "step-00000004" / "state.safetensors"));
-  EXPECT_TRUE(fs::exists(dir_ / "step-00000006" / "manifest.json"));
+  write_train_checkpoint(tmp_.dir().string(), state(2));
+  fs::create_directories(tmp_.dir() / ".tmp-step-00000003-1");   // a writer killed mid-checkpoint
+  fs::create_directories(tmp_.dir() / "step-00000003");          // renamed, but latest never pointed at it
+  write_train_checkpoint(tmp_.dir().string(), state(4));
+  write_train_checkpoint(tmp_.dir().string(), state(6));
+  EXPECT_FALSE(fs::exists(tmp_.dir() / ".tmp-step-00000003-1"));
+  EXPECT_FALSE(fs::exists(tmp_.dir() / "step-00000003"));
+  EXPECT_FALSE(fs::exists(tmp_.dir() / "step-00000002"));
+  EXPECT_TRUE(fs::exists(tmp_.dir() / "step-00000004" / "state.safetensors"));
+  EXPECT_TRUE(fs::exists(tmp_.dir() / "step-00000006" / "manifest.json"));
   EXPECT_EQ(read(identity_).manifest.step, 6);
 }
 
 TEST_F(TrainCheckpoint, RefusesAnotherRunNamingTheKeyAndBothValues) {
-  write_train_checkpoint(dir_.string(), state(2));
+  write_train_checkpoint(tmp_.dir().string(), state(2));
   nlohmann::json other = identity_;
   other["sp"] = 4;
   const std::string e = usage_error([&] { read(other); });
@@ -93,8 +86,8 @@ TEST_F(TrainCheckpoint, RefusesAnotherRunNamingTheKeyAndBothValues) {
 }
 
 TEST_F(TrainCheckpoint, RefusesTruncatedCorruptedAndMissingState) {
-  write_train_checkpoint(dir_.string(), state(2));
-  const fs::path st = dir_ / "step-00000002" / "state.safetensors";
+  write_train_checkpoint(tmp_.dir().string(), state(2));
+  const fs::path st = tmp_.dir() / "step-00000002" / "state.safetensors";
   const auto size = fs::file_size(st);
   fs::resize_file(st, size - 1);
   EXPECT_NE(usage_error([&] { read(identity_); }).find("truncated"), std::string::npos);
@@ -102,7 +95,7 @@ TEST_F(TrainCheckpoint, RefusesTruncatedCorruptedAndMissingState) {
   EXPECT_NE(usage_error([&] { read(identity_); }).find("checksum"), std::string::npos);
   fs::remove(st);
   EXPECT_NE(usage_error([&] { read(identity_); }).find("missing"), std::string::npos);
-  fs::remove_all(dir_);
+  fs::remove_all(tmp_.dir());
   EXPECT_NE(usage_error([&] { read(identity_); }).find("no checkpoint"), std::string::npos);
 }
 

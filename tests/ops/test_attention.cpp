@@ -1,12 +1,13 @@
 // Attention kernels (eager and fused): forward and every gradient against the fp64 reference, with
 // tolerances from a measured baseline — a plain float implementation on the same dtype-rounded
 // inputs, rounding what a plain bf16 implementation stores (P, dS and the outputs) — plus the memory
-// claims (fused never allocates T×T; both allocate exactly their published plan), determinism, and
-// the boundary checks. Guard values (NaN) fill every stride pad of every buffer: a kernel that reads
+// claims (fused never allocates T×T; both allocate exactly their published plan, and each plan
+// matches closed forms written out here), determinism, and the boundary checks. Guard values (NaN) fill every stride pad of every buffer: a kernel that reads
 // a pad poisons its result, one that writes a pad is caught.
 #include <gtest/gtest.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -289,6 +290,11 @@ TEST(Attention, EagerIsBitwiseDeterministic) {
     expect_bitwise(outputs(Kernel::eager, cases()[2], dt), outputs(Kernel::eager, cases()[2], dt), "eager");
 }
 
+// The kernels allocate their buffers through a walker of attention_memory_events, so the plan's sizes
+// are the buffers' by construction; what the tracker can still catch is any allocation beside the plan
+// (a tracked Tensor the kernel makes on its own), a tag outside attn., or a buffer left live. The
+// sizes themselves are checked against closed forms by EagerPlanMatchesItsClosedForms and
+// FusedPlanMatchesItsClosedForms.
 TEST(Attention, AllocatesExactlyItsMemoryPlan) {
   for (Kernel kernel : {Kernel::eager, Kernel::fused})
     for (DType dt : {DType::f32, DType::bf16})
@@ -335,6 +341,67 @@ TEST(Attention, EagerPlanMatchesItsClosedForms) {
       EXPECT_EQ(m.backward_peak_bytes, dt == DType::f32 ? 4 * sq + std::max(kv, acc)
                                                         : std::max(6 * sq + kv, 2 * sq + acc)) << what;
     }
+}
+
+// The fused kernel's plan against closed forms written out here from its tiling (docs/attention.md §4,
+// §5), both dtypes, both backward orders: a query tile holds R = h·bq rows, the h query heads of one
+// K/V head it serves (all g = Hq/Hkv of them, or a sub-group of the one pass) times bq = min(T,
+// max(1, 256/h)) tokens; a key tile holds bk = min(T, 256) keys; each of S ≤ 16 per-thread slots holds
+// one task's tiles. The forward saves only the fp32 log-sum-exp of every query row; the backward holds
+// its fp32 delta = rowsum(dO∘O) the same way. The cases cover g = 1 and g > 1, T below and above a
+// tile, S below and at 16, an odd number of query tiles, and one-pass sub-groups (split > 1).
+TEST(Attention, FusedPlanMatchesItsClosedForms) {
+  constexpr int64_t kRows = 256, kKeys = 256, kSlots = 16, kBundle = 2, kOnePassTasks = 4;
+  auto cdiv = [](int64_t a, int64_t b) { return (a + b - 1) / b; };
+  for (DType dt : {DType::f32, DType::bf16})
+    for (bool one_pass : {false, true})
+      for (auto [B, Hq, Hkv, T, Dqk, Dv] :
+           {std::array<int64_t, 6>{2, 4, 4, 16, 24, 12}, {1, 1, 1, 520, 24, 12},
+            {1, 2, 2, 300, 192, 128}, {3, 8, 2, 1000, 64, 32}, {1, 6, 1, 77, 24, 12},
+            {1, 16, 1, 600, 576, 512}}) {
+        AttentionFwdParams p;
+        p.B = B, p.Hq = Hq, p.Hkv = Hkv, p.T = T, p.Dqk = Dqk, p.Dv = Dv, p.dtype = dt;
+        p.one_pass_backward = one_pass;
+        const AttentionMemory m = attention_memory(Kernel::fused, p);
+        const std::string what = fmt::format("{} {} B {} Hq {} Hkv {} T {} Dqk {} Dv {}",
+                                             dtype_name(dt), one_pass ? "one pass" : "two passes", B,
+                                             Hq, Hkv, T, Dqk, Dv);
+        const int64_t s = dtype_size(dt), low = dt == DType::bf16 ? 1 : 0, g = Hq / Hkv;
+        const int64_t lse = 4 * B * Hq * T, bk = std::min(T, kKeys);
+
+        // Forward: a task is U query tiles of one K/V head, each with its q tile, fp32 scores (bf16: and
+        // its P in bf16), row max and sum, and fp32 o sums; the key tile is shared by the U.
+        const int64_t bq = std::min(T, std::max<int64_t>(1, kRows / g)), R = g * bq;
+        const int64_t nqb = cdiv(T, bq);
+        const int64_t U = std::min(kBundle, nqb), S = std::min(kSlots, B * Hkv * cdiv(nqb, U));
+        const int64_t fwd_slot = U * (s * R * Dqk + 4 * 2 * R + 4 * R * Dv) + s * bk * (Dqk + Dv) +
+                                 4 * R * bk + low * 2 * R * bk;
+        EXPECT_EQ(m.saved_bytes, lse) << what;
+        EXPECT_EQ(m.forward_peak_bytes, lse + S * fwd_slot) << what;
+
+        // Backward: the one pass splits a K/V head's g query heads into the fewest sub-groups (a divisor of
+        // g) that give B·Hkv·split ≥ 4 tasks (else g), with split > 1 an fp32 partial of dk, dv per
+        // sub-group; the two passes take one tile per task, over query tiles then key tiles.
+        int64_t split = one_pass ? g : 1;
+        for (int64_t d = 1; one_pass && d < g; ++d)
+          if (g % d == 0 && B * Hkv * d >= kOnePassTasks) {
+            split = d;
+            break;
+          }
+        const int64_t h = g / split, bqb = std::min(T, std::max<int64_t>(1, kRows / h));
+        const int64_t Rb = h * bqb;
+        const int64_t nqbb = cdiv(T, bqb), nkb = cdiv(T, bk);
+        const int64_t Sb = std::min(kSlots, B * Hkv * (one_pass ? split : std::max(nqbb, nkb)));
+        // fp32 sums of a key tile's dk, dv (the two passes also reuse them for a query tile's dq)
+        const int64_t grad_acc =
+            one_pass ? 4 * bk * (Dqk + Dv) : 4 * std::max(bk * (Dqk + Dv), Rb * Dqk);
+        const int64_t dq_sums = one_pass ? 4 * nqbb * Rb * Dqk : 0;  // a sub-group's dq rows, all of T
+        // q and dO tiles, the key tile, fp32 S and dP (bf16: P and dS in bf16 too), row statistics
+        const int64_t bwd_slot = s * Rb * (Dqk + Dv) + s * bk * (Dqk + Dv) + 2 * 4 * Rb * bk +
+                                 low * 2 * 2 * Rb * bk + 4 * 2 * Rb + grad_acc + dq_sums;
+        const int64_t partials = split > 1 ? 4 * B * Hkv * split * T * (Dqk + Dv) : 0;
+        EXPECT_EQ(m.backward_peak_bytes, lse + Sb * bwd_slot + partials) << what;
+      }
 }
 
 TEST(Attention, FusedNeverAllocatesTxT) {

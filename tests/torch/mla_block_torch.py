@@ -1,12 +1,17 @@
 #!/usr/bin/python3
-"""An independent PyTorch check of a laga dump (laga run ... --dump DIR).
+"""The MLA block stack in PyTorch, and an independent check of a laga dump (laga run ... --dump DIR).
 
-Written from docs/design.md §1–§2 alone, not from laga's C++: the L-block MLA stack
-y = x + MLA(RMSNorm(x)) per layer, sequence-first [T, B, D], explicit attention with a causal
-softmax spelt out, RoPE with YaRN as in docs/design.md §1.1 over global positions 0..T-1. It reads
-DIR/config.json and DIR/tensors.safetensors (parsed here with json + struct + numpy: Debian has
-no safetensors package), runs forward and autograd backward in float64 from the dumped x, dy and
-weights, and compares y, dx and every weight gradient with laga's.
+The block (Block) is written from docs/design.md §1–§2 alone, not from laga's C++, as a PyTorch user
+writes it: the L-block MLA stack y = x + MLA(RMSNorm(x)) per layer, sequence-first [T, B, D],
+torch.nn.functional.linear for every projection, RMSNorm with its statistics in fp32 at least (Hugging
+Face's DeepSeek style), RoPE with YaRN as in docs/design.md §1.1 over global positions 0..T-1, and
+explicit causal attention with the scores materialised and the softmax in fp32 at least. It is the one
+PyTorch block of the repository: this check runs it in float64 as the reference, and the block
+benchmark (bench/torch_block.py) times it as its PyTorch eager baseline.
+
+The check reads DIR/config.json and DIR/tensors.safetensors (parsed here with json + struct + numpy:
+Debian has no safetensors package), runs forward and autograd backward in float64 from the dumped x,
+dy and weights, and compares y, dx and every weight gradient with laga's.
 
 Tolerance, per tensor, derived rather than picked: the same torch model is run again in the dump's
 precision (float32 for fp32 dumps; for bf16 dumps, fp32 arithmetic with every stored tensor --
@@ -27,6 +32,7 @@ import sys
 try:
     import numpy as np
     import torch
+    import torch.nn.functional as F
 except ImportError as e:  # a missing checker is a failure, never a silent skip
     print(f"mla_block_torch.py: cannot import torch/numpy under {sys.executable}: {e}", file=sys.stderr)
     sys.exit(1)
@@ -134,7 +140,7 @@ def rope(x, cos, sin, interleaved):
     """x [T, ..., Dr]; cos, sin [T, Dr/2] broadcast over the middle dimensions."""
     shape = [cos.shape[0]] + [1] * (x.dim() - 2) + [cos.shape[1]]
     cos, sin = cos.reshape(shape), sin.reshape(shape)
-    if interleaved:  # pairs (x[2i], x[2i+1])
+    if interleaved:  # pairs (x[2i], x[2i+1]), DeepSeek's layout
         x0, x1 = x[..., 0::2], x[..., 1::2]
         return torch.stack([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1).flatten(-2)
     h = x.shape[-1] // 2  # pairs (x[i], x[i + Dr/2])
@@ -142,8 +148,15 @@ def rope(x, cos, sin, interleaved):
     return torch.cat([x0 * cos - x1 * sin, x0 * sin + x1 * cos], dim=-1)
 
 
+def _wide(dtype):
+    """The dtype statistics are computed in: fp32 at least (bf16 widened, fp32 and fp64 kept)."""
+    return torch.promote_types(dtype, torch.float32)
+
+
 def rmsnorm(v, w, eps):
-    return v * torch.rsqrt(v.pow(2).mean(dim=-1, keepdim=True) + eps) * w
+    """Hugging Face's DeepSeek style: the statistics in fp32 at least, the result cast back, times w."""
+    vw = v.to(_wide(v.dtype))
+    return w * (vw * torch.rsqrt(vw.pow(2).mean(dim=-1, keepdim=True) + eps)).to(v.dtype)
 
 
 class _StoreBf16(torch.autograd.Function):
@@ -162,37 +175,53 @@ def _keep(x):
     return x
 
 
-def block(cfg, x, w, cos, sin, scale, st=_keep):
-    """One layer: x [T, B, D] -> x + MLA(RMSNorm(x)); st(t) models storing t (identity, or bf16)."""
-    T, B, _ = x.shape
-    H, Lkv = cfg["num_attention_heads"], cfg["kv_lora_rank"]
-    Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-    eps, inter = cfg["rms_norm_eps"], cfg["rope_interleaved"]
+class Block:
+    """The L-layer stack in one dtype, with its constant per-run state (RoPE tables, causal mask,
+    softmax scale) built once, like a module's buffers."""
 
-    xn = st(rmsnorm(x, w["attn_norm"], eps))
-    if (cfg["q_lora_rank"] or 0) > 0:
-        cq = st(xn @ w["wq_a"].T)  # L1
-        q = st(st(rmsnorm(cq, w["q_norm"], eps)) @ w["wq_b"].T)  # L2, L3
-    else:
-        q = st(xn @ w["wq"].T)
-    q = q.reshape(T, B, H, Dn + Dr)
-    q = torch.cat([q[..., :Dn], st(rope(q[..., Dn:], cos, sin, inter))], dim=-1)
+    def __init__(self, cfg, T, dtype):
+        self.cfg, self.dtype = cfg, dtype
+        cos, sin = rope_tables(cfg, T)  # float64; below fp64, through fp32 as a PyTorch user builds them
+        self.cos, self.sin = ((c if dtype == torch.float64 else c.float()).to(dtype) for c in (cos, sin))
+        self.mask = torch.ones(T, T, dtype=torch.bool).triu(1)  # True above the diagonal: future keys
+        self.scale = softmax_scale(cfg)
 
-    kv = st(xn @ w["wkv_a"].T)  # L4 [T, B, Lkv+Dr]
-    ckv = st(rmsnorm(kv[..., :Lkv], w["kv_norm"], eps))  # L5
-    kpe = st(rope(kv[..., Lkv:], cos, sin, inter))  # L6, a single head
-    kvb = st(ckv @ w["wkv_b"].T).reshape(T, B, H, Dn + Dv)  # E1, per head k-rows then v-rows
-    k = torch.cat([kvb[..., :Dn], kpe[:, :, None, :].expand(T, B, H, Dr)], dim=-1)
-    v = kvb[..., Dn:]
+    def layer(self, x, w, st=_keep):
+        """One layer: x [T, B, D] -> x + MLA(RMSNorm(x)); st(t) models storing t (identity, or bf16)."""
+        cfg = self.cfg
+        T, B, _ = x.shape
+        H, Lkv = cfg["num_attention_heads"], cfg["kv_lora_rank"]
+        Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+        eps, inter = cfg["rms_norm_eps"], cfg["rope_interleaved"]
 
-    qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))  # [B, H, T, .]
-    s = (qh @ kh.transpose(-1, -2)) * scale
-    causal = torch.ones(T, T, dtype=torch.bool).triu(1)
-    s = s.masked_fill(causal, float("-inf"))
-    e = torch.exp(s - s.max(dim=-1, keepdim=True).values)
-    p = e / e.sum(dim=-1, keepdim=True)
-    o = st((p @ vh).permute(2, 0, 1, 3).reshape(T, B, H * Dv))  # E3
-    return st(x + st(o @ w["wo"].T))  # E4, residual
+        xn = st(rmsnorm(x, w["attn_norm"], eps))
+        if (cfg["q_lora_rank"] or 0) > 0:
+            cq = st(F.linear(xn, w["wq_a"]))  # L1
+            q = st(F.linear(st(rmsnorm(cq, w["q_norm"], eps)), w["wq_b"]))  # L2, L3
+        else:
+            q = st(F.linear(xn, w["wq"]))  # L3'
+        q = q.reshape(T, B, H, Dn + Dr)
+        q = torch.cat([q[..., :Dn], st(rope(q[..., Dn:], self.cos, self.sin, inter))], dim=-1)
+
+        kv = st(F.linear(xn, w["wkv_a"]))  # L4 [T, B, Lkv+Dr]
+        ckv = st(rmsnorm(kv[..., :Lkv], w["kv_norm"], eps))  # L5
+        kpe = st(rope(kv[..., Lkv:], self.cos, self.sin, inter))  # L6, a single head
+        kvb = st(F.linear(ckv, w["wkv_b"])).reshape(T, B, H, Dn + Dv)  # E1, per head k-rows then v-rows
+        k = torch.cat([kvb[..., :Dn], kpe[:, :, None, :].expand(T, B, H, Dr)], dim=-1)
+        v = kvb[..., Dn:]
+
+        # E3, PyTorch's math style: [B, H, T, .], the scores materialised, the softmax in fp32 at least.
+        qh, kh, vh = (t.permute(1, 2, 0, 3) for t in (q, k, v))
+        s = torch.matmul(qh, kh.transpose(-1, -2)) * self.scale
+        s = s.masked_fill(self.mask, float("-inf"))
+        p = torch.softmax(s, dim=-1, dtype=_wide(s.dtype)).to(qh.dtype)
+        o = st(torch.matmul(p, vh).permute(2, 0, 1, 3).reshape(T, B, H * Dv))
+        return st(x + st(F.linear(o, w["wo"])))  # E4, residual
+
+    def forward(self, x, weights, st=_keep):
+        for w in weights:
+            x = self.layer(x, w, st)
+        return x
 
 
 def run_model(cfg, t, precision):
@@ -208,10 +237,7 @@ def run_model(cfg, t, precision):
     leaf = lambda a: torch.tensor(a, dtype=torch.float64).to(dtype).requires_grad_(True)
     x = leaf(t["x"])
     weights = [{n: leaf(t[f"layers.{l}.{n}"]) for n in layer_shapes(cfg)} for l in range(L)]
-    cos, sin = (c.to(dtype) for c in rope_tables(cfg, T))
-    h = x
-    for l in range(L):
-        h = block(cfg, h, weights[l], cos, sin, softmax_scale(cfg), st)
+    h = Block(cfg, T, dtype).forward(x, weights, st)
     torch.autograd.backward(h, torch.tensor(t["dy"], dtype=torch.float64).to(dtype))
     out = {"y": h, "dx": x.grad}
     for l in range(L):

@@ -7,6 +7,11 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
 
 #include "laga/driver/run.hpp"
 #include "verify/compare.hpp"
@@ -104,6 +109,108 @@ TEST(Compare, RuleFailsOnATensorOffByAFewBaselineErrors) {
   const Verdict v = form_vs_explicit(errors(nan, t.exact), base, k.dt);
   EXPECT_FALSE(v.pass);
   EXPECT_EQ(v.worst, "dx");
+}
+
+// The sweep behind the rule's factors (verify/compare.hpp): tiny (T 24 L 1 B 2, T 40 L 2 B 1) and small
+// (T 24 L 2 B 1), both dtypes and kernels, P 1, 2, 4, on one seed's weights and inputs per case. The
+// two kernels of a shape and dtype are adjacent: they share the weights, the inputs and the references.
+std::vector<Case> factor_sweep() {
+  std::vector<Case> cases;
+  for (DType dt : {DType::bf16, DType::f32})
+    for (const auto& [model, T, L, B] :
+         {std::tuple<std::string, int64_t, int64_t, int64_t>{"tiny", 24, 1, 2}, {"tiny", 40, 2, 1},
+          {"small", 24, 2, 1}})
+      for (Kernel kernel : {Kernel::eager, Kernel::fused}) cases.push_back({model, dt, kernel, T, L, B});
+  return cases;
+}
+
+// The exact fp64 reference on a case's weights and inputs (r: a run of the case) and, when asked, the
+// plain baseline's errors: functions of the model, shape and dtype, not of the kernel, so computed
+// once for the adjacent cases that differ in kernel alone.
+struct SweepTruth {
+  std::string key;
+  Tensors exact;
+  std::map<std::string, TensorError> plain;
+  void update(const Case& k, const RankResult& r, bool with_plain) {
+    const std::string now = fmt::format("{} {} T{} L{} B{}", k.model, dtype_name(k.dt), k.T, k.L, k.B);
+    if (now == key) return;
+    const MlaConfig one = config_of(k, "explicit", 1);
+    const ref::RefWeights w = ref::from_weights(r.weights);
+    const ref::Array x = ref::from_tensor(r.x), dy = ref::from_tensor(r.dy);
+    key = now;
+    exact = reference_tensors(one, w, x, dy, std::nullopt);
+    if (with_plain) plain = plain_errors(one, w, x, dy, exact);
+  }
+};
+
+// Per tensor of truth, err(a) / err(b), the errors being max |· − exact| with no floor; tensors where
+// b's error is 0 are left out (there the rule's floor decides).
+std::map<std::string, double> ratios(const std::map<std::string, TensorError>& a,
+                                     const std::map<std::string, TensorError>& b) {
+  std::map<std::string, double> r;
+  for (const auto& [name, e] : a)
+    if (b.at(name).max_abs > 0) r[name] = e.max_abs / b.at(name).max_abs;
+  return r;
+}
+
+// A run on the case's weights and inputs (the seed's: the same whatever form and P), gathered.
+RankResult run_of(const Case& k, const std::string& form, int64_t P) {
+  RunOptions opt;
+  opt.gather_tensors = true;
+  return run_group(config_of(k, form, P), opt)[0];
+}
+Tensors outputs_of(const Case& k, const std::string& form, int64_t P) {
+  const RankResult r = run_of(k, form, P);
+  return tensors_of(r.y, r.dx, r.grads);
+}
+
+// kExplicitFactor (F): explicit's error against the fp64 reference is within F times the plain
+// same-precision implementation's (plain_errors, the rule's baseline) on every tensor of the sweep,
+// with no floor. Prints the largest ratio per dtype and kernel, the evidence for F.
+TEST(Compare, ExplicitWithinFOfPlainBaseline) {
+  std::map<std::string, std::pair<double, std::string>> worst;  // "bf16 fused" -> ratio, where
+  SweepTruth t;
+  for (const Case& k : factor_sweep()) {
+    const RankResult r = run_of(k, "explicit", 1);
+    t.update(k, r, /*with_plain=*/true);
+    for (int64_t P : {1, 2, 4}) {
+      const Tensors got = P == 1 ? tensors_of(r.y, r.dx, r.grads) : outputs_of(k, "explicit", P);
+      for (const auto& [name, ratio] : ratios(errors(got, t.exact), t.plain)) {
+        EXPECT_LE(ratio, kExplicitFactor) << k.name() << " P" << P << " " << name;
+        auto& [most, where] = worst[fmt::format("{} {}", dtype_name(k.dt), kernel_name(k.kernel))];
+        if (ratio > most) most = ratio, where = fmt::format("{} P{} {}", k.name(), P, name);
+      }
+    }
+  }
+  for (const auto& [what, m] : worst)
+    fmt::print("[measured] explicit / plain, {}: max {:.3f} ({}); F = {}\n", what, m.first, m.second,
+               kExplicitFactor);
+}
+
+// kFormFactor (2, FlashAttention's): laga's and the absorbed forms' errors against the fp64 reference
+// are within twice explicit's at the same P and dtype, on every tensor of the sweep, with no floor.
+// Prints the largest ratio per form, dtype and kernel, the evidence for the factor.
+TEST(Compare, LagaAndAbsorbedWithinTwiceExplicit) {
+  std::map<std::string, std::pair<double, std::string>> worst;  // "laga bf16 fused" -> ratio, where
+  SweepTruth t;
+  for (const Case& k : factor_sweep()) {
+    const RankResult r = run_of(k, "explicit", 1);
+    t.update(k, r, /*with_plain=*/false);
+    for (int64_t P : {1, 2, 4}) {
+      const Tensors explicit_P = P == 1 ? tensors_of(r.y, r.dx, r.grads) : outputs_of(k, "explicit", P);
+      const auto base = errors(explicit_P, t.exact);
+      for (const std::string form : {"laga", "absorbed-shared", "absorbed-expanded"})
+        for (const auto& [name, ratio] : ratios(errors(outputs_of(k, form, P), t.exact), base)) {
+          EXPECT_LE(ratio, kFormFactor) << form << " " << k.name() << " P" << P << " " << name;
+          const std::string what = fmt::format("{} {} {}", form, dtype_name(k.dt), kernel_name(k.kernel));
+          auto& [most, where] = worst[what];
+          if (ratio > most) most = ratio, where = fmt::format("{} P{} {}", k.name(), P, name);
+        }
+    }
+  }
+  for (const auto& [what, m] : worst)
+    fmt::print("[measured] form / explicit, {}: max {:.3f} ({}); factor {}\n", what, m.first, m.second,
+               kFormFactor);
 }
 
 TEST(Compare, GradKeysNameWeightAndLayer) {

@@ -1,10 +1,13 @@
 // laga train: a few hundred optimizer steps of each form on the synthetic regression task
-// (train.hpp), same seed for every form. Checks that the loss decreases and that every form's curve
-// agrees with the first form's (explicit's by default) to floating-point noise; exit 1 otherwise.
+// (train.hpp), same seed for every form. Checks that every loss is finite and that every form's curve
+// agrees with the first form's (explicit's by default) to floating-point noise; exit 1 otherwise. How
+// far the loss fell (whether it halved: JSON "decreased") is reported, not judged: it depends on the
+// model, the steps and the learning rate, not on whether the forms are right.
 // --ulysses Pu trains laga with head scatter in groups of Pu × a ring over the P/Pu groups ("laga
 // (ulysses Pu)"); the other forms run over the whole group (as_form).
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 
@@ -86,18 +89,22 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
     if (reference.empty()) reference = r.losses;
     for (size_t i = 0; i < r.losses.size(); ++i)
       max_rel = std::max(max_rel, std::abs(r.losses[i] - reference[i]) / std::abs(reference[i]));
-    bool decreased = r.losses.back() < 0.5 * r.losses.front();
-    bool agrees = max_rel <= tol;
-    pass = pass && decreased && agrees;
+    const bool decreased = r.losses.back() < 0.5 * r.losses.front();
+    const bool finite =
+        std::all_of(r.losses.begin(), r.losses.end(), [](double l) { return std::isfinite(l); });
+    const bool agrees = max_rel <= tol;
+    pass = pass && finite && agrees;
     const std::string label = displayed_form(*c);
-    fmt::print("  {:<18} {:>12.5e} {:>12.5e} {:>12.5e} {:>16.3e} {:>9.2f}{}{}\n", label, r.losses.front(),
+    fmt::print("  {:<18} {:>12.5e} {:>12.5e} {:>12.5e} {:>16.3e} {:>9.2f}{}{}{}\n", label, r.losses.front(),
                r.losses[r.losses.size() / 2], r.losses.back(), max_rel, r.seconds,
-               decreased ? "" : "  FAIL: loss did not halve", agrees ? "" : "  FAIL: differs from the first form");
+               decreased ? "" : "  (loss did not halve)", finite ? "" : "  FAIL: a loss is not finite",
+               agrees ? "" : "  FAIL: differs from the first form");
     runs.push_back({{"form", find_form(c->form).family()}, {"variant", c->form}, {"label", label},
                     {"ulysses", c->hybrid() ? c->ulysses : 0}, {"losses", r.losses}, {"seconds", r.seconds},
                     {"max_rel_vs_first", max_rel}, {"decreased", decreased}, {"resumed_from", r.resumed_from}});
   }
-  fmt::print("train: {} (curves agree within {:g} relative; loss must halve)\n", pass ? "pass" : "FAIL", tol);
+  fmt::print("train: {} (curves agree within {:g} relative; every loss finite)\n", pass ? "pass" : "FAIL",
+             tol);
   if (json_out) {
     nlohmann::json j = {{"command", "train"}, {"config", base.to_json()}, {"steps", steps}, {"lr", lr},
                         {"runs", runs}, {"pass", pass}};
