@@ -448,7 +448,9 @@ CollectiveHandle Communicator::all_gather_start(const void* in, void* out, int64
   check_count(*this, "all_gather", tensor, n, in, out);
   const int P = size();
   const int64_t shard = n * dtype_size(dtype);
-  const bool in_place = in == static_cast<const char*>(out) + int64_t(rank()) * shard;
+  // Compared as addresses: a meta communicator's buffers are null, and null + offset is undefined.
+  const bool in_place =
+      reinterpret_cast<uintptr_t>(in) == reinterpret_cast<uintptr_t>(out) + uint64_t(rank() * shard);
   LAGA_CHECK(!moves_data() || in_place || !overlaps(in, shard, out, P * shard),
              "all_gather of '{}' on rank {}: input overlaps the output without being its chunk {} (in place)",
              tensor, rank(), rank());
