@@ -106,7 +106,8 @@ struct Args {
   std::string json;
 };
 
-int run(const Args& a) {
+// The block's configuration from the flags, checked.
+MlaConfig config_of(const Args& a) {
   MlaConfig c = MlaConfig::preset(a.model);
   c.seq_len = a.seq, c.batch = a.batch, c.num_layers = a.layers, c.sp = 1;
   c.form = "explicit";
@@ -117,15 +118,11 @@ int run(const Args& a) {
   LAGA_CHECK(a.iters >= 1, "--iters {} must be at least 1", a.iters);
   LAGA_CHECK(a.warmup >= 0, "--warmup {} must be non-negative; try 0 or 1", a.warmup);
   LAGA_CHECK(a.matmul_n >= 64, "--matmul {} must be at least 64; try 2048", a.matmul_n);
-  int threads = a.threads;
-  if (threads <= 0) {
-    const char* env = std::getenv("OMP_NUM_THREADS");
-    threads = env && std::atoi(env) > 0 ? std::atoi(env) : int(std::max(1u, std::thread::hardware_concurrency()));
-  }
+  return c;
+}
 
-  const BlockFlops flops = block_flops(c);  // projections exact, attention by FA3's convention
-  const double proj_fwd = flops.forward - flops.attention_forward, total_flops = flops.forward + flops.backward;
-  const double tokens = double(c.seq_len) * double(c.batch);
+// What the timed iterations measured, per iteration.
+struct Timings {
   std::vector<double> fwd_s, bwd_s, tot_s, mm_s;
   // Per timed iteration: the block's time by op class (core/profile.hpp) and the rest ("other").
   std::map<std::string, std::vector<double>> class_s;
@@ -134,12 +131,17 @@ int run(const Args& a) {
   std::vector<int64_t> wrong_fwd, wrong_bwd;
   CheckResult check;
   int omp_threads = 0;
+};
 
+// The tiny check against the fp64 reference, then (where it passes) the timed iterations, each after one
+// matmul, on one rank with `threads` OpenMP threads.
+Timings time_block(const MlaConfig& c, const Args& a, int threads) {
+  Timings r;
   run_threads(1, [&](Communicator& comm) {
     omp_set_num_threads(threads);
-    omp_threads = omp_get_max_threads();
-    check = check_against_reference(c, comm);
-    if (!check.pass()) return;
+    r.omp_threads = omp_get_max_threads();
+    r.check = check_against_reference(c, comm);
+    if (!r.check.pass()) return;
 
     Weights w = allocate_weights(c, "weights");
     init_weights(w, c, kSeed);
@@ -167,34 +169,27 @@ int run(const Args& a) {
       if (it < a.warmup) continue;
       for (ProfiledOp op : kProfiledOps) {
         const OpTotals t = prof.by_op.count(op) ? prof.by_op.at(op) : OpTotals{};
-        class_s[profiled_op_name(op)].push_back(t.seconds);
-        class_flops[profiled_op_name(op)] = t.flops;
+        r.class_s[profiled_op_name(op)].push_back(t.seconds);
+        r.class_flops[profiled_op_name(op)] = t.flops;
       }
-      class_s["other"].push_back(t2 - t0 - prof.seconds());
-      mm_s.push_back(tm_s);
-      fwd_s.push_back(t1 - t0);
-      bwd_s.push_back(t2 - t1);
-      tot_s.push_back(t2 - t0);
-      wrong_fwd.push_back(count_non_finite(y));
+      r.class_s["other"].push_back(t2 - t0 - prof.seconds());
+      r.mm_s.push_back(tm_s);
+      r.fwd_s.push_back(t1 - t0);
+      r.bwd_s.push_back(t2 - t1);
+      r.tot_s.push_back(t2 - t0);
+      r.wrong_fwd.push_back(count_non_finite(y));
       int64_t bad = count_non_finite(dx);
       g.for_each([&](const std::string&, const Tensor& t) { bad += count_non_finite(t); });
-      wrong_bwd.push_back(bad);
+      r.wrong_bwd.push_back(bad);
     }
-    mm_wrong = mm.validate();
+    r.mm_wrong = mm.validate();
   });
+  return r;
+}
 
-  if (!check.pass()) {
-    std::fprintf(stderr,
-                 "bench_block: the %s %s block disagrees with the fp64 reference on the tiny check: %s (%s); not "
-                 "benchmarking\n",
-                 std::string(dtype_name(c.dtype)).c_str(), std::string(kernel_name(c.kernel)).c_str(),
-                 verify::summary(check.verdict).c_str(), check.verdict.rule.c_str());
-    return 1;
-  }
-
-  bench::Machine m = bench::machine();
-  m.threads = omp_threads;
-  const std::vector<std::string> header = {
+std::vector<std::string> header_lines(const MlaConfig& c, const Args& a, const BlockFlops& flops, double proj_fwd,
+                                      const CheckResult& check) {
+  return {
       fmt::format("model {} (D {}, H {}, Lq {}, Lkv {}, Dn {}, Dr {}, Dv {}), T {}, B {}, layers {}, dtype {}, "
                   "kernel {}{}, form explicit, sp 1",
                   c.model, c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
@@ -209,7 +204,34 @@ int run(const Args& a) {
                   proj_fwd / 1e9, flops.attention_forward / 1e9),
       fmt::format("validated: tiny {} {} stack vs the fp64 reference, {} ({})", dtype_name(c.dtype),
                   kernel_name(c.kernel), verify::summary(check.verdict), check.verdict.rule)};
-  bench::Table table("bench_block: MLA block stack forward + backward, one rank", header,
+}
+
+int run(const Args& a) {
+  const MlaConfig c = config_of(a);
+  int threads = a.threads;
+  if (threads <= 0) {
+    const char* env = std::getenv("OMP_NUM_THREADS");
+    threads = env && std::atoi(env) > 0 ? std::atoi(env) : int(std::max(1u, std::thread::hardware_concurrency()));
+  }
+
+  const BlockFlops flops = block_flops(c);  // projections exact, attention by FA3's convention
+  const double proj_fwd = flops.forward - flops.attention_forward, total_flops = flops.forward + flops.backward;
+  const double tokens = double(c.seq_len) * double(c.batch);
+  Timings r = time_block(c, a, threads);
+  const CheckResult& check = r.check;
+
+  if (!check.pass()) {
+    std::fprintf(stderr,
+                 "bench_block: the %s %s block disagrees with the fp64 reference on the tiny check: %s (%s); not "
+                 "benchmarking\n",
+                 std::string(dtype_name(c.dtype)).c_str(), std::string(kernel_name(c.kernel)).c_str(),
+                 verify::summary(check.verdict).c_str(), check.verdict.rule.c_str());
+    return 1;
+  }
+
+  bench::Machine m = bench::machine();
+  m.threads = r.omp_threads;
+  bench::Table table("bench_block: MLA block stack forward + backward, one rank", header_lines(c, a, flops, proj_fwd, check),
                      {{"phase", "", 14},
                       {"median", "s", 10, 4},
                       {"min", "s", 10, 4},
@@ -226,7 +248,7 @@ int run(const Args& a) {
     return s;
   };
   const double mm_flops = bench::MatmulBench::flops(a.matmul_n);
-  const double mm_rate = mm_flops / bench::summarize(mm_s).median_s;
+  const double mm_rate = mm_flops / bench::summarize(r.mm_s).median_s;
   auto row = [&](const char* phase, const std::vector<double>& s, double f, int64_t wrong) {
     const bench::Timing t = bench::summarize(s);
     const std::string ph(phase);
@@ -236,27 +258,28 @@ int run(const Args& a) {
                f / 1e9 / t.median_s, 100.0 * f / t.median_s / mm_rate},
               wrong);
   };
-  row("matmul", mm_s, mm_flops, mm_wrong);
-  row("fwd", fwd_s, flops.forward, sum(wrong_fwd));
-  row("bwd", bwd_s, flops.backward, sum(wrong_bwd));
-  row("total", tot_s, total_flops, 0);
+  row("matmul", r.mm_s, mm_flops, r.mm_wrong);
+  row("fwd", r.fwd_s, flops.forward, sum(r.wrong_fwd));
+  row("bwd", r.bwd_s, flops.backward, sum(r.wrong_bwd));
+  row("total", r.tot_s, total_flops, 0);
   // The total by op class: where the block's time goes beside the matmul rate (other: elementwise,
   // copies, allocation; no FLOPs counted).
   for (ProfiledOp op : kProfiledOps)
-    row((std::string(" ") + profiled_op_name(op)).c_str(), class_s[profiled_op_name(op)], class_flops[profiled_op_name(op)], 0);
-  row(" other", class_s["other"], 0, 0);
+    row((std::string(" ") + profiled_op_name(op)).c_str(), r.class_s[profiled_op_name(op)],
+        r.class_flops[profiled_op_name(op)], 0);
+  row(" other", r.class_s["other"], 0, 0);
 
   nlohmann::json extra = c.to_json();
-  extra["threads"] = omp_threads;
+  extra["threads"] = r.omp_threads;
   extra["warmup"] = a.warmup;
   extra["iters"] = a.iters;
-  extra["fwd_s"] = fwd_s;
-  extra["bwd_s"] = bwd_s;
-  extra["total_s"] = tot_s;
+  extra["fwd_s"] = r.fwd_s;
+  extra["bwd_s"] = r.bwd_s;
+  extra["total_s"] = r.tot_s;
   extra["matmul_n"] = a.matmul_n;
-  extra["matmul_s"] = mm_s;
-  extra["by_class_s"] = class_s;
-  extra["by_class_flops"] = class_flops;
+  extra["matmul_s"] = r.mm_s;
+  extra["by_class_s"] = r.class_s;
+  extra["by_class_flops"] = r.class_flops;
   extra["flops"] = {{"proj_fwd", proj_fwd}, {"attn_fwd", flops.attention_forward}, {"fwd", flops.forward},
                     {"bwd", flops.backward}, {"total", total_flops}};
   extra["check"] = {{"pass", check.verdict.pass}, {"worst_tensor", check.verdict.worst},

@@ -15,7 +15,6 @@
 #include <limits>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <string>
 #include <variant>
@@ -23,6 +22,7 @@
 
 #include "laga/core/error.hpp"
 #include "laga/core/isa.hpp"
+#include "laga/core/machine.hpp"
 
 namespace laga::bench {
 
@@ -64,41 +64,26 @@ Timing time_it(F&& f, int warmup, int repeats) {
 
 // ---- the machine and the build ------------------------------------------------------------------
 
+// The table's view of laga's MachineInfo (core/machine.hpp), the one description of the machine.
 struct Machine {
   std::string cpu;      // model name, plus the vector/matrix extensions that matter here
   int threads = 0;      // OpenMP threads a parallel region gets
-  std::string commit;   // git describe --always --dirty of the source tree, or "unknown"
+  std::string commit;   // the commit of the build (build_commit), or "unknown"
   std::string host;
   std::string isa;      // the kernels' ISA in use (core/isa.hpp)
 };
 
-inline std::string first_line_of(const std::string& command) {
-  std::string out;
-  if (FILE* f = popen(command.c_str(), "r")) {
-    char buf[256];
-    if (fgets(buf, sizeof buf, f)) out = buf;
-    pclose(f);
-  }
-  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
-  return out;
-}
-
 inline Machine machine() {
+  const MachineInfo mi = machine_info();
   Machine m;
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  std::string line, flags;
-  while (std::getline(cpuinfo, line)) {
-    if (m.cpu.empty() && line.rfind("model name", 0) == 0) m.cpu = line.substr(line.find(':') + 2);
-    if (flags.empty() && line.rfind("flags", 0) == 0) flags = line + " ";
-  }
+  m.cpu = mi.cpu_model;
+  const std::string features = " " + mi.features + " ";
   for (const char* ext : {"avx512f", "avx512_bf16", "amx_bf16"})
-    if (flags.find(std::string(" ") + ext + " ") != std::string::npos) m.cpu += std::string(" +") + ext;
+    if (features.find(std::string(" ") + ext + " ") != std::string::npos) m.cpu += std::string(" +") + ext;
   m.threads = omp_get_max_threads();
-  const std::string source = std::filesystem::path(__FILE__).parent_path().parent_path().string();
-  m.commit = first_line_of("git -C '" + source + "' describe --always --dirty 2>/dev/null");
-  if (m.commit.empty()) m.commit = "unknown";
-  m.host = first_line_of("hostname 2>/dev/null");
-  m.isa = laga::isa_info().line();
+  m.commit = mi.commit;
+  m.host = mi.host;
+  m.isa = mi.isa.line();
   return m;
 }
 

@@ -232,6 +232,8 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
   return f;
 }
 
+// Long on purpose: the specification walks layer_forward's steps in reverse, each beside the one it
+// differentiates (llm.c's layout), so it reads as one derivation.
 // Walks layer_forward in reverse. Returns dx; writes the layer's weight gradients (=) into dw.
 Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x, const Array& dy,
                      RefWeights& dw, std::optional<DType> st, Core core) {

@@ -54,6 +54,189 @@ struct Run {
   ref::Array x, dy;
 };
 
+
+// One check_forms sweep: what every P's cases are judged with (the fp64 reference's tensors, the plain
+// implementations' error, explicit's error with the fused kernel per baseline P), and the report.
+class FormsCheck {
+ public:
+  FormsCheck(const Config& base, Launcher& launcher, const FormsOptions& opt)
+      : base_(base), launcher_(launcher), opt_(opt), root_(launcher.is_root()),
+        initial_(allocate_weights(*base, "verify.weights")) {
+    // The same seed draws the same whole weights at every P and for every form: drawn once here (per
+    // process), each run copies them.
+    init_weights(initial_, *base, opt.seed);
+    run_opt_.seed = opt.seed;
+    run_opt_.gather_tensors = true;
+    run_opt_.initial_weights = &initial_;
+    for (const Form* f : registered_forms())
+      if (f->name() != kBaselineForm &&
+          (opt.forms.empty() || std::find(opt.forms.begin(), opt.forms.end(), f->name()) != opt.forms.end()))
+        forms_.push_back(f);
+    report_.backend = launcher.backend();
+    report_.rule = fmt::format("per tensor, max|form − fp64| ≤ {:g} × max(explicit's, plain's) + {:g} ulp × "
+                               "max|fp64|; explicit's ≤ {:g} × plain's, plain = the largest of three plain {} "
+                               "implementations (per-head order, its delta from dO·O, absorbed order){}",
+                               kFormFactor, kFloorUlps, kExplicitFactor, dtype_name(base->dtype),
+                               base->kernel == Kernel::eager ? "; a form with a kernel of its own against explicit with the "
+                                                               "fused kernel" : "");
+  }
+  FormsCheck(const FormsCheck&) = delete;
+  FormsCheck& operator=(const FormsCheck&) = delete;
+
+  // explicit at P 1, the fp64 reference on its inputs, and the plain implementations' error.
+  void reference() {
+    // The same seed draws the same whole weights and inputs at every P and for every form.
+    one_ = run(at(kBaselineForm, 1), /*keep_inputs=*/true);
+    // The plain same-precision implementation's error: the largest of its three association orders (plain_errors).
+    if (root_) {
+      exact_ = reference_tensors(*base_, one_.weights, one_.x, one_.dy, std::nullopt);
+      plain_err_ = plain_errors(*base_, one_.weights, one_.x, one_.dy, exact_);
+    }
+  }
+
+  // Every case at P; explicit_at_one_judged: whether explicit's case at P 1 is (or will be) in the report.
+  void check_at(int64_t P, bool& explicit_at_one_judged);
+
+  FormsReport take() { return std::move(report_); }
+
+ private:
+  // A whole run of c; its tensors on the root (rank 0 of the group), empty elsewhere.
+  Run run(const Config& c, bool keep_inputs) {
+    Run out;
+    launcher_.run(int(c->sp), [&](Communicator& comm) {
+      RankResult r = run_rank(c, run_opt_, comm);
+      if (comm.rank() != 0) return;
+      out.outputs = tensors_of(r.y, r.dx, r.grads);
+      if (keep_inputs) {
+        out.weights = ref::from_weights(r.weights);
+        out.x = ref::from_tensor(r.x), out.dy = ref::from_tensor(r.dy);
+      }
+    }, opt_.timeout_s);
+    return out;
+  }
+  Config at(std::string_view form, int64_t P) const {
+    return base_.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; });
+  }
+  // A form that runs a kernel of its own whatever --kernel says (the ring forms and laga --ulysses the
+  // fused kernel, laga-fused its latent kernel, tiled as the fused one) is held to explicit run with the
+  // fused kernel at the same P: like with like. Under --kernel eager explicit's own error is the eager
+  // kernel's, one softmax per row with no online rescaling, and on some tensors smaller than any fused
+  // kernel's (tiny T 64 L 2 seed 7: ring-latent's dq_norm at 1.002 of an eager-explicit bound).
+  // Run once per baseline P, only where such a form runs; errors on the root, empty elsewhere.
+  bool against_fused(const Form& f) const { return base_->kernel != Kernel::fused && !f.own_kernel().empty(); }
+  const std::map<std::string, TensorError>& baseline_of(const Form& f, int64_t baseline_P,
+                                                        const std::map<std::string, TensorError>& e_err) {
+    if (!against_fused(f)) return e_err;
+    auto it = fused_explicit_err_.find(baseline_P);
+    if (it == fused_explicit_err_.end()) {
+      Run r = run(base_.with([&](MlaConfig& m) { m.form = kBaselineForm, m.sp = baseline_P, m.kernel = Kernel::fused; }),
+                  false);
+      it = fused_explicit_err_.emplace(baseline_P, root_ ? errors(r.outputs, exact_) : std::map<std::string, TensorError>{})
+               .first;
+    }
+    return it->second;
+  }
+  // A form's run at P (its outputs on the root), labelled `label`, held to its baseline's error.
+  FormCase form_case(int64_t P, std::string_view label, const Form& f, int64_t baseline_P,
+                     const std::map<std::string, TensorError>& baseline, const Run& r) const {
+    const auto err = errors(r.outputs, exact_);
+    return judged(P, label, form_vs_baseline(err, baseline, plain_err_, base_->dtype),
+                  fmt::format("≤ {:g} × max(explicit's error at P {}{}, the plain implementations') + floor", kFormFactor,
+                              baseline_P, against_fused(f) ? " with the fused kernel (the form's own)" : ""),
+                  err);
+  }
+  // explicit's own case at P: its error against the plain implementation's (the rule's baseline).
+  FormCase explicit_case(int64_t P, const std::map<std::string, TensorError>& e_err) const {
+    return judged(P, kBaselineForm, explicit_vs_plain(e_err, plain_err_, base_->dtype),
+                  fmt::format("≤ {:g} × the plain {} implementations' error (three association orders) + floor",
+                              kExplicitFactor, dtype_name(base_->dtype)),
+                  e_err);
+  }
+  // A form exact at one rank, at P 1: bit for bit against explicit's run.
+  FormCase bitwise_case(int64_t P, const Form& f, const Run& r) const {
+    FormCase b = make_case(P, f.name(), "explicit@1");
+    std::string where;
+    b.bitwise = b.pass = bitwise_equal(r.outputs, one_.outputs, &where);
+    b.criterion = "bit-identical to explicit at P = 1" + (b.pass ? std::string() : " (first difference: " + where + ")");
+    b.worst = b.pass ? "" : where;
+    summarize(b, errors(r.outputs, one_.outputs));
+    return b;
+  }
+  // laga's --ulysses row at P, where it runs.
+  void ulysses_case(int64_t P, int64_t baseline_P, const std::map<std::string, TensorError>& e_err) {
+    MlaConfig m = *base_;
+    m.form = "laga", m.sp = P, m.ulysses = opt_.ulysses;
+    const std::string label = displayed_form(m);
+    if (const auto problems = m.problems(); !problems.empty()) {
+      if (root_) add(not_run(P, label, problems.front()));
+      return;
+    }
+    const Config cm(m);
+    const auto& baseline = baseline_of(form_of(*cm), baseline_P, e_err);
+    Run r = run(cm, false);
+    if (!root_) return;
+    add(form_case(P, label, form_of(*cm), baseline_P, baseline, r));
+  }
+  void add(FormCase k) {
+    report_.pass = report_.pass && k.pass;
+    report_.cases.push_back(std::move(k));
+  }
+
+  const Config& base_;
+  Launcher& launcher_;
+  const FormsOptions& opt_;
+  const bool root_;
+  Weights initial_;
+  RunOptions run_opt_;
+  std::vector<const Form*> forms_;
+  FormsReport report_;
+  Run one_;      // explicit at P 1
+  Tensors exact_;  // the fp64 reference's tensors (root)
+  std::map<std::string, TensorError> plain_err_;
+  std::map<int64_t, std::map<std::string, TensorError>> fused_explicit_err_;
+};
+
+void FormsCheck::check_at(int64_t P, bool& explicit_at_one_judged) {
+  // What the runs at the previous P left (the caching allocator's blocks, the C heap's free pages)
+  // goes back before this P's runs, whose sizes differ: otherwise it sits beside them, outside
+  // planned_verify_bytes. Within one P the runs reuse each other's blocks.
+  release_free_memory();
+  // One rule for every form, the baseline included (forms_at): a form that refuses this P (a
+  // head-scatter form's P ∤ H, a ring form's T not a multiple of 2P) is reported as not run, with its
+  // reason. Where explicit itself refuses P, the others are held to explicit's error at P = 1.
+  MlaConfig m = *base_;
+  m.sp = P;
+  MlaConfig with_ulysses = m;  // laga's --ulysses row, where it runs at this P, counts as a form that runs
+  if (ulysses_row_at(opt_.ulysses, P)) with_ulysses.ulysses = opt_.ulysses;
+  (void)forms_at(with_ulysses);
+  const FormsAt here = judge_forms(m);
+  const std::string baseline_refusal = here.refusal(find_form(kBaselineForm));
+  const int64_t baseline_P = baseline_refusal.empty() ? P : 1;
+  Run e = baseline_P == 1 ? one_ : run(at(kBaselineForm, P), false);
+  std::map<std::string, TensorError> e_err;
+  if (root_ && !baseline_refusal.empty()) {
+    e_err = errors(e.outputs, exact_);
+    if (!explicit_at_one_judged) add(explicit_case(1, e_err));
+    add(not_run(P, kBaselineForm, baseline_refusal + " (the other forms at this P are held to explicit's error at P 1)"));
+  } else if (root_) {
+    e_err = errors(e.outputs, exact_);
+    add(explicit_case(P, e_err));
+  }
+  explicit_at_one_judged = explicit_at_one_judged || baseline_P == 1;
+  for (const Form* f : forms_) {
+    if (const std::string why = here.refusal(*f); !why.empty()) {
+      if (root_) add(not_run(P, f->name(), why));
+      continue;
+    }
+    const auto& baseline = baseline_of(*f, baseline_P, e_err);
+    Run r = run(at(f->name(), P), false);
+    if (!root_) continue;
+    add(form_case(P, f->name(), *f, baseline_P, baseline, r));
+    if (P == 1 && f->exact_at_one_rank()) add(bitwise_case(P, *f, r));
+  }
+  if (ulysses_row_at(opt_.ulysses, P)) ulysses_case(P, baseline_P, e_err);
+}
+
 }  // namespace
 
 Tensors run_tensors(const Config& c) {
@@ -104,160 +287,13 @@ int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps
 
 FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Launcher& launcher,
                         const FormsOptions& opt) {
-  // The same seed draws the same whole weights at every P and for every form: drawn once here (per
-  // process), each run copies them.
-  Weights initial = allocate_weights(*base, "verify.weights");
-  init_weights(initial, *base, opt.seed);
-  RunOptions run_opt;
-  run_opt.seed = opt.seed;
-  run_opt.gather_tensors = true;
-  run_opt.initial_weights = &initial;
-  // A whole run of c; its tensors on the root (rank 0 of the group), empty elsewhere.
-  auto run = [&](const Config& c, bool keep_inputs) {
-    Run out;
-    launcher.run(int(c->sp), [&](Communicator& comm) {
-      RankResult r = run_rank(c, run_opt, comm);
-      if (comm.rank() != 0) return;
-      out.outputs = tensors_of(r.y, r.dx, r.grads);
-      if (keep_inputs) {
-        out.weights = ref::from_weights(r.weights);
-        out.x = ref::from_tensor(r.x), out.dy = ref::from_tensor(r.dy);
-      }
-    }, opt.timeout_s);
-    return out;
-  };
-  auto at = [&](std::string_view form, int64_t P) {
-    return base.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; });
-  };
-  std::vector<const Form*> forms;
-  for (const Form* f : registered_forms())
-    if (f->name() != kBaselineForm &&
-        (opt.forms.empty() || std::find(opt.forms.begin(), opt.forms.end(), f->name()) != opt.forms.end()))
-      forms.push_back(f);
-
-  FormsReport report;
-  report.backend = launcher.backend();
-  report.rule = fmt::format("per tensor, max|form − fp64| ≤ {:g} × max(explicit's, plain's) + {:g} ulp × "
-                            "max|fp64|; explicit's ≤ {:g} × plain's, plain = the largest of three plain {} "
-                            "implementations (per-head order, its delta from dO·O, absorbed order){}",
-                            kFormFactor, kFloorUlps, kExplicitFactor, dtype_name(base->dtype),
-                            base->kernel == Kernel::eager ? "; a form with a kernel of its own against explicit with the "
-                                                            "fused kernel" : "");
-  // The same seed draws the same whole weights and inputs at every P and for every form.
-  Run one = run(at(kBaselineForm, 1), /*keep_inputs=*/true);
-  const bool root = launcher.is_root();
-  Tensors exact;
-  // The plain same-precision implementation's error: the largest of its three association orders (plain_errors).
-  std::map<std::string, TensorError> plain_err;
-  if (root) {
-    exact = reference_tensors(*base, one.weights, one.x, one.dy, std::nullopt);
-    plain_err = plain_errors(*base, one.weights, one.x, one.dy, exact);
-  }
-  // A form that runs a kernel of its own whatever --kernel says (the ring forms and laga --ulysses the
-  // fused kernel, laga-fused its latent kernel, tiled as the fused one) is held to explicit run with the
-  // fused kernel at the same P: like with like. Under --kernel eager explicit's own error is the eager
-  // kernel's, one softmax per row with no online rescaling, and on some tensors smaller than any fused
-  // kernel's (tiny T 64 L 2 seed 7: ring-latent's dq_norm at 1.002 of an eager-explicit bound).
-  // Run once per baseline P, only where such a form runs; errors on the root, empty elsewhere.
-  std::map<int64_t, std::map<std::string, TensorError>> fused_explicit_err;
-  auto against_fused = [&](const Form& f) { return base->kernel != Kernel::fused && !f.own_kernel().empty(); };
-  auto baseline_of = [&](const Form& f, int64_t baseline_P,
-                         const std::map<std::string, TensorError>& e_err) -> const std::map<std::string, TensorError>& {
-    if (!against_fused(f)) return e_err;
-    auto it = fused_explicit_err.find(baseline_P);
-    if (it == fused_explicit_err.end()) {
-      Run r = run(base.with([&](MlaConfig& m) { m.form = kBaselineForm, m.sp = baseline_P, m.kernel = Kernel::fused; }),
-                  false);
-      it = fused_explicit_err.emplace(baseline_P, root ? errors(r.outputs, exact) : std::map<std::string, TensorError>{}).first;
-    }
-    return it->second;
-  };
-  // A form's run at P (its outputs on the root), labelled `label`, held to its baseline's error.
-  auto form_case = [&](int64_t P, std::string_view label, const Form& f, int64_t baseline_P,
-                       const std::map<std::string, TensorError>& baseline, const Run& r) {
-    const auto err = errors(r.outputs, exact);
-    return judged(P, label, form_vs_baseline(err, baseline, plain_err, base->dtype),
-                  fmt::format("≤ {:g} × max(explicit's error at P {}{}, the plain implementations') + floor", kFormFactor,
-                              baseline_P, against_fused(f) ? " with the fused kernel (the form's own)" : ""),
-                  err);
-  };
-
-  auto add = [&](FormCase k) {
-    report.pass = report.pass && k.pass;
-    report.cases.push_back(std::move(k));
-  };
-  // explicit's own case at P: its error against the plain implementation's (the rule's baseline).
-  auto explicit_case = [&](int64_t P, const std::map<std::string, TensorError>& e_err) {
-    return judged(P, kBaselineForm, explicit_vs_plain(e_err, plain_err, base->dtype),
-                  fmt::format("≤ {:g} × the plain {} implementations' error (three association orders) + floor", kExplicitFactor,
-                              dtype_name(base->dtype)),
-                  e_err);
-  };
+  FormsCheck check(base, launcher, opt);
+  check.reference();
   // Where explicit refuses a P, the other forms are held to its error at P 1: that error is judged too,
   // once, as a case of P 1 (unless P 1 is in sps: judged there).
   bool explicit_at_one_judged = std::find(sps.begin(), sps.end(), int64_t(1)) != sps.end();
-  for (int64_t P : sps) {
-    // What the runs at the previous P left (the caching allocator's blocks, the C heap's free pages)
-    // goes back before this P's runs, whose sizes differ: otherwise it sits beside them, outside
-    // planned_verify_bytes. Within one P the runs reuse each other's blocks.
-    release_free_memory();
-    // One rule for every form, the baseline included (forms_at): a form that refuses this P (a
-    // head-scatter form's P ∤ H, a ring form's T not a multiple of 2P) is reported as not run, with its
-    // reason. Where explicit itself refuses P, the others are held to explicit's error at P = 1.
-    MlaConfig m = *base;
-    m.sp = P;
-    MlaConfig with_ulysses = m;  // laga's --ulysses row, where it runs at this P, counts as a form that runs
-    if (ulysses_row_at(opt.ulysses, P)) with_ulysses.ulysses = opt.ulysses;
-    (void)forms_at(with_ulysses);
-    const FormsAt here = judge_forms(m);
-    const std::string baseline_refusal = here.refusal(find_form(kBaselineForm));
-    const int64_t baseline_P = baseline_refusal.empty() ? P : 1;
-    Run e = baseline_P == 1 ? one : run(at(kBaselineForm, P), false);
-    std::map<std::string, TensorError> e_err;
-    if (root && !baseline_refusal.empty()) {
-      e_err = errors(e.outputs, exact);
-      if (!explicit_at_one_judged) add(explicit_case(1, e_err));
-      add(not_run(P, kBaselineForm, baseline_refusal + " (the other forms at this P are held to explicit's error at P 1)"));
-    } else if (root) {
-      e_err = errors(e.outputs, exact);
-      add(explicit_case(P, e_err));
-    }
-    explicit_at_one_judged = explicit_at_one_judged || baseline_P == 1;
-    for (const Form* f : forms) {
-      if (const std::string why = here.refusal(*f); !why.empty()) {
-        if (root) add(not_run(P, f->name(), why));
-        continue;
-      }
-      const auto& baseline = baseline_of(*f, baseline_P, e_err);
-      Run r = run(at(f->name(), P), false);
-      if (!root) continue;
-      add(form_case(P, f->name(), *f, baseline_P, baseline, r));
-      if (P == 1 && f->exact_at_one_rank()) {
-        FormCase b = make_case(P, f->name(), "explicit@1");
-        std::string where;
-        b.bitwise = b.pass = bitwise_equal(r.outputs, one.outputs, &where);
-        b.criterion = "bit-identical to explicit at P = 1" + (b.pass ? std::string() : " (first difference: " + where + ")");
-        b.worst = b.pass ? "" : where;
-        summarize(b, errors(r.outputs, one.outputs));
-        add(b);
-      }
-    }
-    if (ulysses_row_at(opt.ulysses, P)) {
-      MlaConfig m = *base;
-      m.form = "laga", m.sp = P, m.ulysses = opt.ulysses;
-      const std::string label = displayed_form(m);
-      if (const auto problems = m.problems(); !problems.empty()) {
-        if (root) add(not_run(P, label, problems.front()));
-        continue;
-      }
-      const Config cm(m);
-      const auto& baseline = baseline_of(form_of(*cm), baseline_P, e_err);
-      Run r = run(cm, false);
-      if (!root) continue;
-      add(form_case(P, label, form_of(*cm), baseline_P, baseline, r));
-    }
-  }
-  return report;
+  for (int64_t P : sps) check.check_at(P, explicit_at_one_judged);
+  return check.take();
 }
 
 }  // namespace laga::verify

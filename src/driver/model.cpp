@@ -360,16 +360,14 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
   return t;
 }
 
-FormPrediction predict(const Config& c, const HardwareSpec& hw) {
-  const MlaConfig& m = *c;
+namespace {
+
+// The compute phases of m, per rank, at the file's rates (f.phases, f.fwd_compute_s, f.bwd_compute_s).
+// A form with a kernel of its own runs it whatever --kernel says: the ring forms the fused kernel,
+// laga-fused its latent kernel, whose tiles are the fused kernel's (the file has no rate of its own
+// for it). The rate is read at the length of one kernel call.
+void predict_compute(const MlaConfig& m, const ComputeSpec& rates, const Form& form, FormPrediction& f) {
   const int64_t P = m.sp;
-  const ComputeSpec& rates = hw.compute_for(m.dtype);
-  FormPrediction f;
-  f.form = displayed_form(m);
-  // A form with a kernel of its own runs it whatever --kernel says: the ring forms the fused kernel,
-  // laga-fused its latent kernel, whose tiles are the fused kernel's (the file has no rate of its own
-  // for it). The rate is read at the length of one kernel call.
-  const Form& form = form_of(m);
   const Kernel kernel = form.own_kernel().empty() ? m.kernel : Kernel::fused;
   const int64_t call_seq = form.attention_call_seq(m);
   for (PhaseFlops ph : phase_flops(m)) {
@@ -391,6 +389,17 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
     (ph.backward ? f.bwd_compute_s : f.fwd_compute_s) += t.seconds;
     f.phases.push_back(t);
   }
+}
+
+// The attention collectives per layer, forward and backward.
+struct PerLayer {
+  int64_t fwd = 0, bwd = 0;
+};
+
+// The planner's ledger timed on hw's links (f.collectives), each wholly exposed; per layer, how many.
+PerLayer predict_collectives(const Config& c, const HardwareSpec& hw, const Form& form, FormPrediction& f) {
+  const MlaConfig& m = *c;
+  const int64_t P = m.sp;
   // The planner's ledger: every layer's forward collectives (the form's declared ones, a ring pair
   // once per hop, and the block's o for a form whose output is on its heads), then every layer's
   // backward ones (do, the adjoints, and what the form sends again).
@@ -409,74 +418,90 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
     t.backward = int64_t(i) >= m.num_layers * per_layer_fwd;
     f.collectives.push_back(t);
   }
-  if (m.overlap) {
-    // --overlap on (docs/design.md §2.6, docs/model.md §1). What a collective hides behind depends on
-    // where the form issues and waits it; the collectives in flight at once share one link, so a window
-    // of compute hides at most its own length of them: exposed = max(0, Σ their seconds − window),
-    // shared in proportion. Two kinds of window:
-    // - the query path (L1–L3 and q's RoPE; its backward in backward): every plain collective of a form
-    //   other than q's pair (the latent's, or explicit's k and v, and their adjoints; what it sends
-    //   again in backward) needs only the latent, so it is issued before the query path and waited
-    //   after it. q's and o's all-to-alls hide behind nothing. (Absorbed also hides the reduce-scatter
-    //   behind A2's backward; not counted: the model errs towards exposed.)
-    // - one hop of a ring (per_ring_hop pairs): hop h's pair is issued before hop h − 1's compute (the
-    //   first: before the query path too, where no plain collective has it) and waited after it; in
-    //   backward the pair sent again flies behind one hop's backward, and the adjoint travelling back
-    //   (dk and dv, or dlatent) is issued and waited at once: it hides behind nothing. A hop's compute
-    //   is 1/(ring_hops + 1) of the pass's ring phases: attention, the merges and accumulators, the
-    //   other blocks' assembly, and, where every rank up-projects every block (the latent travels),
-    //   the up-projections and their assembly.
-    std::set<std::string> plain_fwd, plain_bwd, ring_fwd, ring_bwd;
-    for (const DeclaredCollective& d : form.collectives()) {
-      if (d.forward == "q") continue;
-      auto& fwd = d.per_ring_hop ? ring_fwd : plain_fwd;
-      auto& bwd = d.per_ring_hop ? ring_bwd : plain_bwd;
-      fwd.insert(d.forward);
-      if (!d.per_ring_hop) bwd.insert(d.backward);
-      if (d.forward_again_in_backward) bwd.insert(d.forward);
-    }
-    const std::set<std::string> query{"wq_a", "rmsnorm q_norm", "wq_b", "wq", "rope q_pe"};
-    const std::set<std::string> ring_phases{"attention", "ring merges and fp32 accumulators", "k, v assembly of the other blocks"};
-    const std::set<std::string> per_hop_up{"up-projection wkv_b", "k, v assembly", "every rank's up-projection",
-                                           "recompute up-projection", "dk, dv assembly"};
-    double query_s[2] = {0, 0}, ring_s[2] = {0, 0};  // per layer, [forward, backward]
-    bool up_per_hop[2] = {false, false};
-    for (const PhaseTime& ph : f.phases)
-      if (ph.phase.name == "every rank's up-projection") up_per_hop[ph.phase.backward] = true;
-    for (const PhaseTime& ph : f.phases) {
-      const int b = ph.phase.backward;
-      if (query.count(ph.phase.name)) query_s[b] += ph.seconds / double(m.num_layers);
-      if (ring_phases.count(ph.phase.name) || (up_per_hop[b] && per_hop_up.count(ph.phase.name)))
-        ring_s[b] += ph.seconds / double(m.num_layers);
-    }
-    const double hop_s[2] = {ring_s[0] / double(form.ring_hops(m) + 1), ring_s[1] / double(form.ring_hops(m) + 1)};
-    // Exposed = max(0, Σ seconds − window) over the collectives chosen, shared in proportion.
-    auto hide = [](std::vector<CollectiveTime*> flying, double window) {
-      double sum = 0;
-      for (const CollectiveTime* t : flying) sum += t->seconds;
-      if (sum <= 0) return;
-      const double keep = std::max(0.0, sum - window) / sum;
-      for (CollectiveTime* t : flying) t->exposed_s = t->seconds * keep;
-    };
-    for (bool backward : {false, true}) {
-      const int64_t per_layer = backward ? per_layer_bwd : per_layer_fwd, first = backward ? m.num_layers * per_layer_fwd : 0;
-      const std::set<std::string>& plain = backward ? plain_bwd : plain_fwd;
-      const std::set<std::string>& ring = backward ? ring_bwd : ring_fwd;
-      for (int64_t l = 0; l < m.num_layers; ++l) {
-        std::vector<CollectiveTime*> plain_flying;
-        std::map<int64_t, std::vector<CollectiveTime*>> by_hop;  // a ring tensor's k-th record: hop k
-        std::map<std::string, int64_t> seen;
-        for (int64_t k = 0; k < per_layer; ++k) {
-          CollectiveTime& t = f.collectives[size_t(first + l * per_layer + k)];
-          if (plain.count(t.record.tensor)) plain_flying.push_back(&t);
-          else if (ring.count(t.record.tensor)) by_hop[seen[t.record.tensor]++].push_back(&t);
-        }
-        hide(plain_flying, query_s[backward]);
-        for (auto& [hop, flying] : by_hop)
-          hide(flying, hop_s[backward] + (!backward && hop == 0 && plain_flying.empty() ? query_s[0] : 0));
+  return {per_layer_fwd, per_layer_bwd};
+}
+
+// What --overlap on hides of f.collectives (their exposed_s).
+void predict_overlap(const MlaConfig& m, const Form& form, PerLayer n, FormPrediction& f) {
+  const int64_t per_layer_fwd = n.fwd, per_layer_bwd = n.bwd;
+  // --overlap on (docs/design.md §2.6, docs/model.md §1). What a collective hides behind depends on
+  // where the form issues and waits it; the collectives in flight at once share one link, so a window
+  // of compute hides at most its own length of them: exposed = max(0, Σ their seconds − window),
+  // shared in proportion. Two kinds of window:
+  // - the query path (L1–L3 and q's RoPE; its backward in backward): every plain collective of a form
+  //   other than q's pair (the latent's, or explicit's k and v, and their adjoints; what it sends
+  //   again in backward) needs only the latent, so it is issued before the query path and waited
+  //   after it. q's and o's all-to-alls hide behind nothing. (Absorbed also hides the reduce-scatter
+  //   behind A2's backward; not counted: the model errs towards exposed.)
+  // - one hop of a ring (per_ring_hop pairs): hop h's pair is issued before hop h − 1's compute (the
+  //   first: before the query path too, where no plain collective has it) and waited after it; in
+  //   backward the pair sent again flies behind one hop's backward, and the adjoint travelling back
+  //   (dk and dv, or dlatent) is issued and waited at once: it hides behind nothing. A hop's compute
+  //   is 1/(ring_hops + 1) of the pass's ring phases: attention, the merges and accumulators, the
+  //   other blocks' assembly, and, where every rank up-projects every block (the latent travels),
+  //   the up-projections and their assembly.
+  std::set<std::string> plain_fwd, plain_bwd, ring_fwd, ring_bwd;
+  for (const DeclaredCollective& d : form.collectives()) {
+    if (d.forward == "q") continue;
+    auto& fwd = d.per_ring_hop ? ring_fwd : plain_fwd;
+    auto& bwd = d.per_ring_hop ? ring_bwd : plain_bwd;
+    fwd.insert(d.forward);
+    if (!d.per_ring_hop) bwd.insert(d.backward);
+    if (d.forward_again_in_backward) bwd.insert(d.forward);
+  }
+  const std::set<std::string> query{"wq_a", "rmsnorm q_norm", "wq_b", "wq", "rope q_pe"};
+  const std::set<std::string> ring_phases{"attention", "ring merges and fp32 accumulators", "k, v assembly of the other blocks"};
+  const std::set<std::string> per_hop_up{"up-projection wkv_b", "k, v assembly", "every rank's up-projection",
+                                         "recompute up-projection", "dk, dv assembly"};
+  double query_s[2] = {0, 0}, ring_s[2] = {0, 0};  // per layer, [forward, backward]
+  bool up_per_hop[2] = {false, false};
+  for (const PhaseTime& ph : f.phases)
+    if (ph.phase.name == "every rank's up-projection") up_per_hop[ph.phase.backward] = true;
+  for (const PhaseTime& ph : f.phases) {
+    const int b = ph.phase.backward;
+    if (query.count(ph.phase.name)) query_s[b] += ph.seconds / double(m.num_layers);
+    if (ring_phases.count(ph.phase.name) || (up_per_hop[b] && per_hop_up.count(ph.phase.name)))
+      ring_s[b] += ph.seconds / double(m.num_layers);
+  }
+  const double hop_s[2] = {ring_s[0] / double(form.ring_hops(m) + 1), ring_s[1] / double(form.ring_hops(m) + 1)};
+  // Exposed = max(0, Σ seconds − window) over the collectives chosen, shared in proportion.
+  auto hide = [](std::vector<CollectiveTime*> flying, double window) {
+    double sum = 0;
+    for (const CollectiveTime* t : flying) sum += t->seconds;
+    if (sum <= 0) return;
+    const double keep = std::max(0.0, sum - window) / sum;
+    for (CollectiveTime* t : flying) t->exposed_s = t->seconds * keep;
+  };
+  for (bool backward : {false, true}) {
+    const int64_t per_layer = backward ? per_layer_bwd : per_layer_fwd, first = backward ? m.num_layers * per_layer_fwd : 0;
+    const std::set<std::string>& plain = backward ? plain_bwd : plain_fwd;
+    const std::set<std::string>& ring = backward ? ring_bwd : ring_fwd;
+    for (int64_t l = 0; l < m.num_layers; ++l) {
+      std::vector<CollectiveTime*> plain_flying;
+      std::map<int64_t, std::vector<CollectiveTime*>> by_hop;  // a ring tensor's k-th record: hop k
+      std::map<std::string, int64_t> seen;
+      for (int64_t k = 0; k < per_layer; ++k) {
+        CollectiveTime& t = f.collectives[size_t(first + l * per_layer + k)];
+        if (plain.count(t.record.tensor)) plain_flying.push_back(&t);
+        else if (ring.count(t.record.tensor)) by_hop[seen[t.record.tensor]++].push_back(&t);
       }
+      hide(plain_flying, query_s[backward]);
+      for (auto& [hop, flying] : by_hop)
+        hide(flying, hop_s[backward] + (!backward && hop == 0 && plain_flying.empty() ? query_s[0] : 0));
     }
   }
+}
+
+}  // namespace
+
+FormPrediction predict(const Config& c, const HardwareSpec& hw) {
+  const MlaConfig& m = *c;
+  FormPrediction f;
+  f.form = displayed_form(m);
+  const Form& form = form_of(m);
+  predict_compute(m, hw.compute_for(m.dtype), form, f);
+  const PerLayer n = predict_collectives(c, hw, form, f);
+  if (m.overlap) predict_overlap(m, form, n, f);
   for (const CollectiveTime& t : f.collectives) {
     (t.backward ? f.bwd_comm_s : f.fwd_comm_s) += t.exposed_s;
     // The hidden part's bytes take the link's host cost from the compute that hid them (docs/model.md §1).

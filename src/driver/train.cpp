@@ -53,6 +53,45 @@ void train_state_shape(const Config& cfg, std::vector<std::string>& names, std::
     }
 }
 
+namespace {
+
+// The student's weights set to the masters rounded, exactly as after the update that wrote them.
+void load_masters(Weights& student, const std::vector<std::vector<float>>& master, const std::vector<std::string>& names) {
+  size_t k = 0;
+  student.for_each([&](const std::string&, Tensor& t) {
+    LAGA_ASSERT(int64_t(master[k].size()) == t.numel(), "checkpoint tensor {} has the wrong size", names[k]);
+    for (int64_t i = 0; i < t.numel(); ++i) t.set(i, master[k][size_t(i)]);
+    ++k;
+  });
+}
+
+// One Adam step (bias-corrected) of step `step` on the fp32 masters and moments, in for_each order;
+// the student's weights become the masters rounded.
+void adam_update(Weights& student, Weights& grads, std::vector<std::vector<float>>& master,
+                 std::vector<std::vector<float>>& m1, std::vector<std::vector<float>>& m2, const TrainOptions& opt,
+                 int64_t step) {
+  const double b1t = 1 - std::pow(opt.beta1, double(step + 1)), b2t = 1 - std::pow(opt.beta2, double(step + 1));
+  size_t k = 0;
+  std::vector<Tensor*> params;
+  student.for_each([&](const std::string&, Tensor& t) { params.push_back(&t); });
+  grads.for_each([&](const std::string&, Tensor& gt) {
+    Tensor& p = *params[k];
+    auto& w = master[k];
+    auto& a = m1[k];
+    auto& b = m2[k];
+    for (int64_t i = 0; i < gt.numel(); ++i) {
+      const double g = gt.get(i);
+      a[size_t(i)] = float(opt.beta1 * a[size_t(i)] + (1 - opt.beta1) * g);
+      b[size_t(i)] = float(opt.beta2 * b[size_t(i)] + (1 - opt.beta2) * g * g);
+      w[size_t(i)] -= float(opt.lr * (a[size_t(i)] / b1t) / (std::sqrt(b[size_t(i)] / b2t) + opt.eps));
+      p.set(i, w[size_t(i)]);
+    }
+    ++k;
+  });
+}
+
+}  // namespace
+
 TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator& comm) {
   const MlaConfig& c = *cfg;
   LAGA_CHECK(opt.steps >= 1, "--steps {} must be at least 1", opt.steps);
@@ -80,12 +119,7 @@ TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator&
     const TrainState& r = *opt.resume;
     LAGA_ASSERT(r.names == names, "the checkpoint's weights are not this model's");
     master = r.master, m1 = r.m1, m2 = r.m2;
-    size_t k = 0;
-    student.for_each([&](const std::string&, Tensor& t) {
-      LAGA_ASSERT(int64_t(master[k].size()) == t.numel(), "checkpoint tensor {} has the wrong size", names[k]);
-      for (int64_t i = 0; i < t.numel(); ++i) t.set(i, master[k][size_t(i)]);
-      ++k;
-    });
+    load_masters(student, master, names);
     first = r.manifest.step;
     result.losses = r.manifest.losses;
     LAGA_CHECK(first <= opt.steps, "--resume: the checkpoint is at step {}, past --steps {}; give --steps {} or more",
@@ -129,25 +163,7 @@ TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator&
     Weights grads = zero_grads(c, "grads");
     stack_backward(cfg, student, saved, dy, grads, comm);
     grads.for_each([&](const std::string&, Tensor& t) { comm.all_reduce(t.raw(), t.numel(), t.dtype(), "grad_sync"); });
-    // Adam, bias-corrected.
-    const double b1t = 1 - std::pow(opt.beta1, double(step + 1)), b2t = 1 - std::pow(opt.beta2, double(step + 1));
-    size_t k = 0;
-    std::vector<Tensor*> params;
-    student.for_each([&](const std::string&, Tensor& t) { params.push_back(&t); });
-    grads.for_each([&](const std::string&, Tensor& gt) {
-      Tensor& p = *params[k];
-      auto& w = master[k];
-      auto& a = m1[k];
-      auto& b = m2[k];
-      for (int64_t i = 0; i < gt.numel(); ++i) {
-        const double g = gt.get(i);
-        a[size_t(i)] = float(opt.beta1 * a[size_t(i)] + (1 - opt.beta1) * g);
-        b[size_t(i)] = float(opt.beta2 * b[size_t(i)] + (1 - opt.beta2) * g * g);
-        w[size_t(i)] -= float(opt.lr * (a[size_t(i)] / b1t) / (std::sqrt(b[size_t(i)] / b2t) + opt.eps));
-        p.set(i, w[size_t(i)]);
-      }
-      ++k;
-    });
+    adam_update(student, grads, master, m1, m2, opt, step);
     if (writer && step + 1 < opt.steps && opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0)
       checkpoint(step + 1);
   }

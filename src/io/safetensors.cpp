@@ -218,6 +218,7 @@ SafetensorsFile SafetensorsFile::from_bytes(std::string bytes, const std::string
   return s;
 }
 
+// Long on purpose: the header read and checked field by field, in the order of the format.
 SafetensorsFile SafetensorsFile::parse(const std::string& label, int64_t file_bytes, const std::string& header) {
   SafetensorsFile s;
   s.path_ = label;

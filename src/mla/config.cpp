@@ -72,6 +72,7 @@ std::vector<std::string> MlaConfig::problems_apart_from_form() const { return pr
 
 // Every check; the form's own conditions where f is given, and the registry's check of the form's name
 // when named is true.
+// Long on purpose: every rule of a configuration in one list, one check each, in the order of its messages.
 std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) const {
   std::vector<std::string> p;
   auto positive = [&](const char* name, int64_t v) {

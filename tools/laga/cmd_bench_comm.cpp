@@ -194,6 +194,76 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
+// Usage error when the largest row's buffers, on every rank this process holds (threads: all P), do not fit.
+void check_buffers_fit(const std::vector<CollectiveOp>& ops, const std::vector<DType>& dtypes, int P,
+                       int64_t largest, LaunchKind kind, const std::string& max_bytes) {
+  int64_t per_rank = 0;
+  for (CollectiveOp op : ops)
+    for (DType dtype : dtypes) {
+      const Shape s = shape_for(op, dtype, P, largest);
+      const int64_t in = op == CollectiveOp::all_reduce ? 0 : s.in_elems;
+      per_rank = std::max(per_rank, (in + s.out_elems + kGuard) * dtype_size(dtype));
+    }
+  const int64_t here = kind == LaunchKind::mpi ? std::min<int64_t>(P, local_ranks()) : P;
+  LAGA_CHECK(per_rank * here <= available_memory_bytes(),
+             "-e {}: {} rank(s) in this process need {} of buffers, more than the {} available; give a smaller -e",
+             max_bytes, here, human_bytes(per_rank * here), human_bytes(available_memory_bytes()));
+}
+
+void print_header(const BenchCommFlags& b, int P, const std::string& backend, const MachineInfo& machine,
+                  const std::string& link) {
+  fmt::print("laga bench-comm: P {} ({}), {} timed iterations after {} warm-up, each the slowest rank's time\n",
+             P, backend, b.iters, b.warmup);
+  fmt::print("# machine: {}\n", machine.line());
+  fmt::print("# backend: {}, P {}, dtype {}\n", backend, P, join(b.dtypes));
+  fmt::print("# link: {}\n", link);
+  fmt::print("# {:<15} {:<5} {:>12} {:>12} {:>10} {:>9} {:>9} {:>7}\n", "op", "dtype", "size", "count", "time",
+             "algbw", "busbw", "#wrong");
+  fmt::print("# {:<15} {:<5} {:>12} {:>12} {:>10} {:>9} {:>9} {:>7}\n", "", "", "(B)", "(elements)", "(us)",
+             "(GB/s)", "(GB/s)", "");
+  std::fflush(stdout);
+}
+
+void print_host_cost_header(const BenchCommFlags& b) {
+  fmt::print("# host cost: fixed compute (fp32 [256, 512] x [512, 512] products) alone and beside the collective, "
+             "median of {} each, the slowest rank's\n", b.iters);
+  static constexpr char h[] = "# {:<15} {:<5} {:>12} {:>9} {:>10} {:>10} {:>10} {:>12}\n";
+  fmt::print(h, "op", "dtype", "size", "products", "alone", "beside", "exposed", "host cost");
+  fmt::print(h, "", "", "(B)", "", "(ms)", "(ms)", "(ms)", "(ns/B sent)");
+}
+
+nlohmann::json bench_comm_json(const BenchCommFlags& b, int P, const std::string& backend, const MachineInfo& machine,
+                               const std::string& link, const std::vector<Row>& rows,
+                               const std::vector<HostCost>& costs) {
+  nlohmann::json jrows = nlohmann::json::array();
+  for (const Row& r : rows) {
+    const double t = median(r.times);
+    const double algbw = double(r.shape.bytes) / t / 1e9;
+    jrows.push_back({{"op", collective_name(r.shape.op)},
+                     {"dtype", dtype_name(r.shape.dtype)},
+                     {"bytes", r.shape.bytes},
+                     {"count", r.shape.count},
+                     {"time_s", t},
+                     {"time_s_min", *std::min_element(r.times.begin(), r.times.end())},
+                     {"time_s_max", *std::max_element(r.times.begin(), r.times.end())},
+                     {"algbw_GBps", algbw},
+                     {"busbw_GBps", algbw * busbw_factor(r.shape.op, P)},
+                     {"wrong", r.wrong}});
+  }
+  nlohmann::json j = {{"command", "bench-comm"}, {"machine", machine.to_json()}, {"backend", backend},
+                      {"sp", P},          {"link", link},  {"iters", b.iters},
+                      {"warmup", b.warmup}, {"rows", jrows}};
+  if (b.host_cost) {
+    j["host_cost"] = nlohmann::json::array();
+    for (const HostCost& h : costs)
+      j["host_cost"].push_back({{"op", collective_name(h.shape.op)}, {"dtype", dtype_name(h.shape.dtype)},
+                                {"bytes", h.shape.bytes}, {"wire_bytes", h.wire_bytes}, {"products", h.products},
+                                {"alone_s", h.alone_s}, {"beside_s", h.beside_s}, {"exposed_s", h.exposed_s},
+                                {"host_ns_per_byte", h.ns_per_byte()}});
+  }
+  return j;
+}
+
 }  // namespace
 
 int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
@@ -204,18 +274,7 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
   for (const auto& name : b.dtypes) dtypes.push_back(parse_dtype(name));
   const int P = b.sp > 0 ? int(b.sp) : default_sp();
   const LaunchKind kind = launch_kind(f.comm);
-  // The largest row's buffers, on every rank this process holds (threads: all P), must fit.
-  int64_t per_rank = 0;
-  for (CollectiveOp op : ops)
-    for (DType dtype : dtypes) {
-      const Shape s = shape_for(op, dtype, P, sizes.back());
-      const int64_t in = op == CollectiveOp::all_reduce ? 0 : s.in_elems;
-      per_rank = std::max(per_rank, (in + s.out_elems + kGuard) * dtype_size(dtype));
-    }
-  const int64_t here = kind == LaunchKind::mpi ? std::min<int64_t>(P, local_ranks()) : P;
-  LAGA_CHECK(per_rank * here <= available_memory_bytes(),
-             "-e {}: {} rank(s) in this process need {} of buffers, more than the {} available; give a smaller -e",
-             b.max_bytes, here, human_bytes(per_rank * here), human_bytes(available_memory_bytes()));
+  check_buffers_fit(ops, dtypes, P, sizes.back(), kind, b.max_bytes);
   auto json_out = is_root_process() ? open_output(f.json_path, "--json") : nullptr;
   const std::string link = link_description(kind == LaunchKind::mpi);
   const MachineInfo machine = machine_info();
@@ -229,18 +288,7 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
     const bool report = launcher.is_root();
     launcher.run(P, [&](Communicator& comm) {
       const bool prints = report && comm.rank() == 0;
-      if (prints) {
-        fmt::print("laga bench-comm: P {} ({}), {} timed iterations after {} warm-up, each the slowest rank's time\n",
-                   P, backend, b.iters, b.warmup);
-        fmt::print("# machine: {}\n", machine.line());
-        fmt::print("# backend: {}, P {}, dtype {}\n", backend, P, join(b.dtypes));
-        fmt::print("# link: {}\n", link);
-        fmt::print("# {:<15} {:<5} {:>12} {:>12} {:>10} {:>9} {:>9} {:>7}\n", "op", "dtype", "size", "count", "time",
-                   "algbw", "busbw", "#wrong");
-        fmt::print("# {:<15} {:<5} {:>12} {:>12} {:>10} {:>9} {:>9} {:>7}\n", "", "", "(B)", "(elements)", "(us)",
-                   "(GB/s)", "(GB/s)", "");
-        std::fflush(stdout);
-      }
+      if (prints) print_header(b, P, backend, machine, link);
       int64_t wrong = 0;
       std::map<CollectiveOp, double> largest_s;  // per op, the median at the largest size and first dtype (--host-cost)
       for (CollectiveOp op : ops)
@@ -259,13 +307,7 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
             rows.push_back(row);
           }
       if (b.host_cost) {
-        if (prints) {
-          fmt::print("# host cost: fixed compute (fp32 [256, 512] x [512, 512] products) alone and beside the collective, "
-                     "median of {} each, the slowest rank's\n", b.iters);
-          static constexpr char h[] = "# {:<15} {:<5} {:>12} {:>9} {:>10} {:>10} {:>10} {:>12}\n";
-          fmt::print(h, "op", "dtype", "size", "products", "alone", "beside", "exposed", "host cost");
-          fmt::print(h, "", "", "(B)", "", "(ms)", "(ms)", "(ms)", "(ns/B sent)");
-        }
+        if (prints) print_host_cost_header(b);
         for (CollectiveOp op : ops) {
           const Shape s = shape_for(op, dtypes.front(), P, sizes.back());
           const HostCost hc = measure_host_cost(comm, s, largest_s.at(op), b.iters);
@@ -284,35 +326,7 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
   const int64_t wrong = group_wrong.load();
   if (!root) return wrong > 0 ? 1 : 0;
   fmt::print("# #wrong total: {}{}\n", wrong, wrong > 0 ? " — FAIL: a collective gave a wrong result" : "");
-  if (json_out) {
-    nlohmann::json jrows = nlohmann::json::array();
-    for (const Row& r : rows) {
-      const double t = median(r.times);
-      const double algbw = double(r.shape.bytes) / t / 1e9;
-      jrows.push_back({{"op", collective_name(r.shape.op)},
-                       {"dtype", dtype_name(r.shape.dtype)},
-                       {"bytes", r.shape.bytes},
-                       {"count", r.shape.count},
-                       {"time_s", t},
-                       {"time_s_min", *std::min_element(r.times.begin(), r.times.end())},
-                       {"time_s_max", *std::max_element(r.times.begin(), r.times.end())},
-                       {"algbw_GBps", algbw},
-                       {"busbw_GBps", algbw * busbw_factor(r.shape.op, P)},
-                       {"wrong", r.wrong}});
-    }
-    nlohmann::json j = {{"command", "bench-comm"}, {"machine", machine.to_json()}, {"backend", backend},
-                              {"sp", P},          {"link", link},  {"iters", b.iters},
-                              {"warmup", b.warmup}, {"rows", jrows}};
-    if (b.host_cost) {
-      j["host_cost"] = nlohmann::json::array();
-      for (const HostCost& h : costs)
-        j["host_cost"].push_back({{"op", collective_name(h.shape.op)}, {"dtype", dtype_name(h.shape.dtype)},
-                                  {"bytes", h.shape.bytes}, {"wire_bytes", h.wire_bytes}, {"products", h.products},
-                                  {"alone_s", h.alone_s}, {"beside_s", h.beside_s}, {"exposed_s", h.exposed_s},
-                                  {"host_ns_per_byte", h.ns_per_byte()}});
-    }
-    *json_out << j.dump(2) << "\n";
-  }
+  if (json_out) *json_out << bench_comm_json(b, P, backend, machine, link, rows, costs).dump(2) << "\n";
   return wrong > 0 ? 1 : 0;
 }
 

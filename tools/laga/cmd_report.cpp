@@ -5,10 +5,12 @@
 // JSON files alone. A step that fails is recorded and the report goes on; the exit status is 1 if any
 // step failed. The link steps run only as root with network namespaces; otherwise they are recorded as
 // skipped with link.sh's reason. What each step measures: docs/report.md.
+// The scripts and hardware files come from the binary's resource directory (resources.hpp); the steps
+// run there. cmd_report composes: the list of steps (report_steps: the measurements, the link steps,
+// the model's steps, training), running them (run_steps), and report.py (write_report).
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spawn.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -23,6 +25,7 @@
 #include "commands.hpp"
 #include "laga/core/error.hpp"
 #include "laga/driver/model.hpp"
+#include "resources.hpp"
 
 extern char** environ;
 
@@ -30,19 +33,7 @@ namespace laga::cli {
 
 namespace {
 
-std::string self_exe() {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  LAGA_CHECK(n > 0, "laga report: cannot find its own binary (/proc/self/exe: {})", std::strerror(errno));
-  return std::string(buf, size_t(n));
-}
-
-bool exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
-
-// Runs argv with stdout and stderr into log; the exit status (128 + signal when killed).
+// Runs argv with stdout and stderr into log, in cwd; the exit status (128 + signal when killed).
 int run_logged(const std::vector<std::string>& argv, const std::string& log, const std::string& cwd) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
@@ -52,7 +43,6 @@ int run_logged(const std::vector<std::string>& argv, const std::string& log, con
   std::vector<char*> args;
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  // The step runs in the source tree (scripts and docs/hw are found relative to it).
   const std::string here = std::filesystem::current_path();
   std::filesystem::current_path(cwd);
   pid_t pid = 0;
@@ -74,213 +64,254 @@ std::string last_line(const std::string& path) {
   return last;
 }
 
+using Args = std::vector<std::string>;
+
+Args cat(Args a, const Args& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 struct Step {
   std::string name, title;
   // The command, built when the step starts (a later step may read an earlier one's JSON).
-  std::function<std::vector<std::string>()> argv;
+  std::function<Args()> argv;
   // An emulated-link step: exit 2 from link.sh means "not available here" (no root, no namespaces): skipped.
   // Any step that exits 77 was skipped for want of an earlier step's output.
   bool link = false;
 };
 
-}  // namespace
-
-int cmd_report(const std::string& out_dir, bool quick) {
-  LAGA_CHECK(!out_dir.empty(), "laga report needs --out DIR");
-  std::filesystem::create_directories(out_dir);
-  const std::string out = std::filesystem::absolute(out_dir).string();
-  const std::string src = LAGA_SOURCE_DIR;
-  LAGA_CHECK(exists(src + "/scripts/report.py"), "laga report: the source tree {} (with scripts/report.py) is not "
-             "here; run the laga built from a checkout", src);
-  const std::string laga = self_exe();
-  auto J = [&](const std::string& name) { return out + "/" + name; };
-  const std::vector<std::string> mpirun = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl",
-                                           "self,vader", "-np", "2"};
-  auto cat = [](std::vector<std::string> a, const std::vector<std::string>& b) {
-    a.insert(a.end(), b.begin(), b.end());
-    return a;
-  };
-
+// What every step is built from: where it writes, what it runs, and the sizes of --quick or not. The
+// steps' commands refer to it: it outlives them.
+struct Report {
+  std::string out;  // DIR, absolute
+  std::string res;  // the resource directory (resources.hpp)
+  std::string laga;  // this binary
+  bool quick = false;
   // One machine: P 2, one core per rank; the small preset (DeepSeek's head dims, H 16).
-  const std::string seqs = quick ? "2048,4096" : "2048,4096,8192";
+  std::string seqs, forms, iters;
   // The model's rates are calibrated at every T a bench row runs, and at T 1024 = 2048 / P, the length
   // of the ring forms' kernel calls at the shortest T (Form::attention_call_seq).
-  const std::string cal_seqs = "1024," + seqs;
-  const std::string forms = quick ? "explicit,absorbed-shared,laga,laga-recompute"
-                                  : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute,"
-                                    "laga-fused,ring-kv,ring-latent";
-  const std::string iters = quick ? "2" : "5";
-  auto bench = [&](const std::string& kernel, const std::string& json, const std::string& seq_list) {
-    return std::vector<std::string>{laga, "bench", "--model", "small", "--seq", seq_list, "--sp", "2", "--forms", forms,
-                                    "--kernel", kernel, "--iters", iters, "--json", json};
+  std::string cal_seqs;
+  std::string link_seqs, link_forms;
+  std::string J(const std::string& name) const { return out + "/" + name; }
+  std::string hw(const std::string& name) const { return res + "/docs/hw/" + name + ".json"; }
+  Args bench(const std::string& kernel, const std::string& json, const std::string& seq_list) const {
+    return {laga, "bench", "--model", "small", "--seq", seq_list, "--sp", "2", "--forms", forms,
+            "--kernel", kernel, "--iters", iters, "--json", json};
+  }
+};
+
+Report report_of(const std::string& out_dir, bool quick) {
+  Report r;
+  std::filesystem::create_directories(out_dir);
+  r.out = std::filesystem::absolute(out_dir).string();
+  r.res = resource_dir("scripts/report.py");
+  r.laga = self_exe();
+  r.quick = quick;
+  r.seqs = quick ? "2048,4096" : "2048,4096,8192";
+  r.cal_seqs = "1024," + r.seqs;
+  r.forms = quick ? "explicit,absorbed-shared,laga,laga-recompute"
+                  : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute,"
+                    "laga-fused,ring-kv,ring-latent";
+  r.iters = quick ? "2" : "5";
+  r.link_seqs = quick ? "2048" : "2048,4096";
+  r.link_forms = quick ? "explicit,laga" : "explicit,laga,laga-recompute,laga-fused,ring-kv,ring-latent";
+  return r;
+}
+
+// Across the emulated link (scripts/link.sh, two namespaces, one MPI rank each): the rate matched to
+// the paper's two-node setting on this CPU (docs/throughput.md), 4× faster and 4× slower.
+// The matched rate keeps link bandwidth over compute rate as in the paper's two nodes: 11 GB/s of RoCE
+// over a 910B's achieved bf16 matmul rate (docs/hw/ascend-910b.json), times this machine's, just
+// calibrated by model.calibrate (docs/throughput.md). Derived when the first link step starts and
+// recorded in link_rates.json; without a calibration the link steps fail, saying why.
+struct Rate {
+  const char* name;
+  double factor;  // × the matched rate
+};
+
+// The link rate `factor` × the matched one, for link.sh's --rate; "" when there is no calibration.
+std::string link_rate(const Report& r, double factor) {
+  // The bf16 matmul rate at the link rows' first T (0 when the file is missing or unreadable: the
+  // link steps then fail, saying why).
+  const int64_t T = std::stoll(r.link_seqs.substr(0, r.link_seqs.find(',')));
+  auto matmul_tflops = [&](const std::string& path) {
+    try {
+      return HardwareSpec::load(path).compute_for(DType::bf16).matmul_tflops.at(T);
+    } catch (const std::exception&) {
+      return 0.0;
+    }
   };
-  // Across the emulated link (scripts/link.sh, two namespaces, one MPI rank each): the rate matched to
-  // the paper's two-node setting on this CPU (docs/throughput.md), 4× faster and 4× slower.
-  // The matched rate keeps link bandwidth over compute rate as in the paper's two nodes: 11 GB/s of RoCE
-  // over a 910B's achieved bf16 matmul rate (docs/hw/ascend-910b.json), times this machine's, just
-  // calibrated by model.calibrate (docs/throughput.md). Derived when the first link step starts and
-  // recorded in link_rates.json; without a calibration the link steps fail, saying why.
-  struct Rate {
-    const char* name;
-    double factor;  // × the matched rate
-  };
-  std::vector<Rate> rates = {{"matched", 1.0}, {"fast", 4.0}, {"slow", 0.25}};
-  if (quick) rates.resize(1);
-  const std::string link_seqs = quick ? "2048" : "2048,4096";
-  auto tc_rate = [&](double factor) -> std::string {
-    // The bf16 matmul rate at the link rows' first T (0 when the file is missing or unreadable: the
-    // link steps then fail, saying why).
-    const int64_t T = std::stoll(link_seqs.substr(0, link_seqs.find(',')));
-    auto matmul_tflops = [&](const std::string& path) {
-      try {
-        return HardwareSpec::load(path).compute_for(DType::bf16).matmul_tflops.at(T);
-      } catch (const std::exception&) {
-        return 0.0;
-      }
-    };
-    const double here = matmul_tflops(J("hw.here.json")), npu = matmul_tflops(src + "/docs/hw/ascend-910b.json");
-    if (here <= 0 || npu <= 0) return "";
-    const double paper_link = 11e9, matched = paper_link * here / npu;  // bytes/s
-    std::ofstream(J("link_rates.json")) << nlohmann::json{{"paper_link_Bps", paper_link}, {"npu_matmul_tflops", npu},
+  const double here = matmul_tflops(r.J("hw.here.json")), npu = matmul_tflops(r.hw("ascend-910b"));
+  if (here <= 0 || npu <= 0) return "";
+  const double paper_link = 11e9, matched = paper_link * here / npu;  // bytes/s
+  std::ofstream(r.J("link_rates.json")) << nlohmann::json{{"paper_link_Bps", paper_link}, {"npu_matmul_tflops", npu},
                                                           {"here_matmul_tflops", here}, {"seq", T},
                                                           {"matched_Bps", matched}}.dump(2);
-    return fmt::format("{}kbit", std::llround(matched * factor * 8 / 1000));
-  };
-  const std::string link_forms = quick ? "explicit,laga" : "explicit,laga,laga-recompute,laga-fused,ring-kv,ring-latent";
-  auto link = [&](double factor, std::vector<std::string> args) {
-    const std::string rate = tc_rate(factor);
-    if (rate.empty())
-      return std::vector<std::string>{"bash", "-c", "echo 'laga report: no calibrated bf16 matmul rate in hw.here.json "
-                                      "(model.calibrate failed?): cannot derive the matched link rate'; exit 1"};
-    return cat({"bash", src + "/scripts/link.sh", "--ranks", "2", "--rate", rate, "--"}, args);
-  };
+  return fmt::format("{}kbit", std::llround(matched * factor * 8 / 1000));
+}
 
-  std::vector<Step> steps;
-  steps.push_back({"verify", "the forms against the fp64 reference (small, bf16, P 1, 2, 4, 8)", [&] {
-    return std::vector<std::string>{laga, "verify", "--model", "small", "--seq", quick ? "64" : "128", "--sp",
-                                    "1,2,4,8", "--json", J("verify.json")};
+// args run across the emulated link at `factor` × the matched rate.
+Args over_link(const Report& r, double factor, const Args& args) {
+  const std::string rate = link_rate(r, factor);
+  if (rate.empty())
+    return Args{"bash", "-c", "echo 'laga report: no calibrated bf16 matmul rate in hw.here.json "
+                "(model.calibrate failed?): cannot derive the matched link rate'; exit 1"};
+  return cat({"bash", r.res + "/scripts/link.sh", "--ranks", "2", "--rate", rate, "--"}, args);
+}
+
+// The measurements in one machine: verify, the torch check, plan, bench-comm, the calibration and bench.
+void measurement_steps(const Report& r, std::vector<Step>& steps) {
+  const bool quick = r.quick;
+  steps.push_back({"verify", "the forms against the fp64 reference (small, bf16, P 1, 2, 4, 8)", [&r, quick] {
+    return Args{r.laga, "verify", "--model", "small", "--seq", quick ? "64" : "128", "--sp", "1,2,4,8", "--json",
+                r.J("verify.json")};
   }});
-  steps.push_back({"torch", "laga's y, dx and every gradient against PyTorch autograd (small, fp32, P 2, L 2)", [&] {
-    const std::string dump = J("torch_dump");
-    return std::vector<std::string>{
-        "bash", "-c",
-        fmt::format("set -e; '{}' run --model small --seq 256 --sp 2 --form laga --dtype fp32 --layers 2 --dump '{}'; "
-                    "/usr/bin/python3 '{}/tests/torch/mla_block_torch.py' '{}'; rm -rf '{}'",
-                    laga, dump, src, dump, dump)};
+  steps.push_back({"torch", "laga's y, dx and every gradient against PyTorch autograd (small, fp32, P 2, L 2)", [&r] {
+    const std::string dump = r.J("torch_dump");
+    return Args{"bash", "-c",
+                fmt::format("set -e; '{}' run --model small --seq 256 --sp 2 --form laga --dtype fp32 --layers 2 --dump "
+                            "'{}'; /usr/bin/python3 '{}/tests/torch/mla_block_torch.py' '{}'; rm -rf '{}'",
+                            r.laga, dump, r.res, dump, dump)};
   }});
   for (const char* kernel : {"fused", "eager"})
-    steps.push_back({fmt::format("plan.{}", kernel), fmt::format("memory and traffic at DeepSeek-V3, T 16384, P 8, {}", kernel), [&, kernel] {
-      return std::vector<std::string>{laga, "plan", "--model", "deepseek-v3", "--seq", "16384", "--sp", "8", "--kernel",
-                                      kernel, "--json", J(fmt::format("plan.{}.json", kernel))};
-    }});
-  steps.push_back({"plan.sweep", "memory over T × P × kernel and traffic over H (DeepSeek-V3 dims)", [&] {
-    return std::vector<std::string>{laga, "plan", "--sweep", "--model", "deepseek-v3", "--json", J("plan_sweep.json")};
+    steps.push_back({fmt::format("plan.{}", kernel), fmt::format("memory and traffic at DeepSeek-V3, T 16384, P 8, {}", kernel),
+                     [&r, kernel] {
+                       return Args{r.laga, "plan", "--model", "deepseek-v3", "--seq", "16384", "--sp", "8", "--kernel",
+                                   kernel, "--json", r.J(fmt::format("plan.{}.json", kernel))};
+                     }});
+  steps.push_back({"plan.sweep", "memory over T × P × kernel and traffic over H (DeepSeek-V3 dims)", [&r] {
+    return Args{r.laga, "plan", "--sweep", "--model", "deepseek-v3", "--json", r.J("plan_sweep.json")};
   }});
-  steps.push_back({"bench-comm.threads", "the collectives in one machine (threads, P 2)", [&] {
-    return std::vector<std::string>{laga, "bench-comm", "--sp", "2", "-b", "4K", "-e", quick ? "16M" : "64M", "-f", "4",
-                                    "--json", J("bench_comm.threads.json")};
+  steps.push_back({"bench-comm.threads", "the collectives in one machine (threads, P 2)", [&r, quick] {
+    return Args{r.laga, "bench-comm", "--sp", "2", "-b", "4K", "-e", quick ? "16M" : "64M", "-f", "4",
+                "--json", r.J("bench_comm.threads.json")};
   }});
   // The performance model calibrated on this machine (its rates per operation class, the in-process link
   // from bench-comm), just before the benchmarks it is compared with.
-  steps.push_back({"model.calibrate", "the performance model calibrated on this machine (P 2)", [&] {
-    return std::vector<std::string>{laga, "model", "--calibrate", J("hw.here.json"), "--comm-json",
-                                    J("bench_comm.threads.json"), "--sp", "2", "--calibrate-seq", cal_seqs};
+  steps.push_back({"model.calibrate", "the performance model calibrated on this machine (P 2)", [&r] {
+    return Args{r.laga, "model", "--calibrate", r.J("hw.here.json"), "--comm-json", r.J("bench_comm.threads.json"),
+                "--sp", "2", "--calibrate-seq", r.cal_seqs};
   }});
-  steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused", [&] {
-    return bench("fused", J("bench.threads.fused.json"), seqs);
+  steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused", [&r] {
+    return r.bench("fused", r.J("bench.threads.fused.json"), r.seqs);
   }});
-  steps.push_back({"bench.threads.eager", "throughput in one machine, threads, eager", [&] {
-    return bench("eager", J("bench.threads.eager.json"), quick ? "2048" : seqs);
+  steps.push_back({"bench.threads.eager", "throughput in one machine, threads, eager", [&r, quick] {
+    return r.bench("eager", r.J("bench.threads.eager.json"), quick ? "2048" : r.seqs);
   }});
   if (!quick)
-    steps.push_back({"bench.mpi.fused", "throughput in one machine, MPI over shared memory, fused", [&] {
-      return cat(mpirun, bench("fused", J("bench.mpi.fused.json"), seqs));
+    steps.push_back({"bench.mpi.fused", "throughput in one machine, MPI over shared memory, fused", [&r] {
+      const Args mpirun = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader", "-np", "2"};
+      return cat(mpirun, r.bench("fused", r.J("bench.mpi.fused.json"), r.seqs));
     }});
-  for (const Rate& r : rates) {
-    steps.push_back({fmt::format("bench-comm.link.{}", r.name), fmt::format("the collectives across the link at the {} rate", r.name),
-                     [&, r] {
-                       return link(r.factor, {laga, "bench-comm", "-b", "128K", "-e", quick ? "1M" : "4M", "-f", "2",
-                                            "-n", "5", "--host-cost", "--json",
-                                            J(fmt::format("bench_comm.link.{}.json", r.name))});
+}
+
+// At each link rate: bench-comm and bench across the link, bench with overlap, and the model against both.
+void link_steps(const Report& r, std::vector<Step>& steps) {
+  std::vector<Rate> rates = {{"matched", 1.0}, {"fast", 4.0}, {"slow", 0.25}};
+  if (r.quick) rates.resize(1);
+  for (const Rate& rate : rates) {
+    const std::string n = rate.name;
+    const double k = rate.factor;
+    steps.push_back({"bench-comm.link." + n, fmt::format("the collectives across the link at the {} rate", n),
+                     [&r, n, k] {
+                       return over_link(r, k, {r.laga, "bench-comm", "-b", "128K", "-e", r.quick ? "1M" : "4M", "-f",
+                                               "2", "-n", "5", "--host-cost", "--json",
+                                               r.J(fmt::format("bench_comm.link.{}.json", n))});
                      }, true});
-    steps.push_back({fmt::format("bench.link.{}", r.name), fmt::format("throughput across the link at the {} rate, fused", r.name),
-                     [&, r] {
-                       return link(r.factor, {laga, "bench", "--model", "small", "--seq", link_seqs, "--sp", "2",
-                                            "--forms", link_forms, "--kernel", "fused", "--iters",
-                                            iters, "--json", J(fmt::format("bench.link.{}.json", r.name))});
+    steps.push_back({"bench.link." + n, fmt::format("throughput across the link at the {} rate, fused", n), [&r, n, k] {
+                       return over_link(r, k, {r.laga, "bench", "--model", "small", "--seq", r.link_seqs, "--sp", "2",
+                                               "--forms", r.link_forms, "--kernel", "fused", "--iters", r.iters,
+                                               "--json", r.J(fmt::format("bench.link.{}.json", n))});
                      }, true});
     // The same forms with their collectives overlapped (--overlap on), at every rate.
-    steps.push_back({fmt::format("bench.link.{}.overlap", r.name),
-                     fmt::format("throughput across the link at the {} rate, fused, overlap on", r.name), [&, r] {
-                       return link(r.factor, {laga, "bench", "--model", "small", "--seq", link_seqs, "--sp", "2",
-                                            "--forms", link_forms, "--kernel", "fused", "--iters", iters, "--overlap",
-                                            "on", "--json", J(fmt::format("bench.link.{}.overlap.json", r.name))});
+    steps.push_back({fmt::format("bench.link.{}.overlap", n),
+                     fmt::format("throughput across the link at the {} rate, fused, overlap on", n), [&r, n, k] {
+                       return over_link(r, k, {r.laga, "bench", "--model", "small", "--seq", r.link_seqs, "--sp", "2",
+                                               "--forms", r.link_forms, "--kernel", "fused", "--iters", r.iters,
+                                               "--overlap", "on", "--json",
+                                               r.J(fmt::format("bench.link.{}.overlap.json", n))});
                      }, true});
     // The model with this link's bench-comm (compute calibrated again, here), against the link's bench
     // rows without overlap and with it.
-    steps.push_back({fmt::format("model.vs_bench.link.{}", r.name), fmt::format("the model against the link bench at the {} rate", r.name),
-                     [&, r] {
-                       const std::string hw = J(fmt::format("hw.link.{}.json", r.name));
-                       return std::vector<std::string>{
+    steps.push_back({"model.vs_bench.link." + n, fmt::format("the model against the link bench at the {} rate", n),
+                     [&r, n] {
+                       const std::string hw = r.J(fmt::format("hw.link.{}.json", n));
+                       return Args{
                            "bash", "-c",
                            fmt::format("set -e; test -s '{0}' || {{ echo 'no link bench-comm to calibrate from (the link "
                                        "steps were skipped)'; exit 77; }}; "
                                        "'{1}' model --calibrate '{2}' --comm-json '{0}' --sp 2 --calibrate-seq {7}; "
                                        "'{1}' model --hw '{2}' --bench-json '{3}' --json '{4}'; "
                                        "'{1}' model --hw '{2}' --bench-json '{5}' --json '{6}'",
-                                       J(fmt::format("bench_comm.link.{}.json", r.name)), laga, hw,
-                                       J(fmt::format("bench.link.{}.json", r.name)),
-                                       J(fmt::format("model.vs_bench.link.{}.json", r.name)),
-                                       J(fmt::format("bench.link.{}.overlap.json", r.name)),
-                                       J(fmt::format("model.vs_bench.link.{}.overlap.json", r.name)), "1024," + link_seqs)};
+                                       r.J(fmt::format("bench_comm.link.{}.json", n)), r.laga, hw,
+                                       r.J(fmt::format("bench.link.{}.json", n)),
+                                       r.J(fmt::format("model.vs_bench.link.{}.json", n)),
+                                       r.J(fmt::format("bench.link.{}.overlap.json", n)),
+                                       r.J(fmt::format("model.vs_bench.link.{}.overlap.json", n)), "1024," + r.link_seqs)};
                      }});
   }
+}
+
+// The model against the one-machine bench rows, at the paper's configurations, and over a grid.
+void model_steps(const Report& r, std::vector<Step>& steps) {
   for (const char* kernel : {"fused", "eager"})
     steps.push_back({fmt::format("model.vs_bench.{}", kernel), fmt::format("the model against the {} bench rows", kernel),
-                     [&, kernel] {
-      return std::vector<std::string>{laga, "model", "--hw", J("hw.here.json"), "--bench-json",
-                                      J(fmt::format("bench.threads.{}.json", kernel)), "--json",
-                                      J(fmt::format("model.vs_bench.{}.json", kernel))};
-    }});
+                     [&r, kernel] {
+                       return Args{r.laga, "model", "--hw", r.J("hw.here.json"), "--bench-json",
+                                   r.J(fmt::format("bench.threads.{}.json", kernel)), "--json",
+                                   r.J(fmt::format("model.vs_bench.{}.json", kernel))};
+                     }});
   // The paper's configurations (DeepSeek-V3, fused, bf16): P 8 in one node, P 16 over two, T 4K–16K,
   // on the hardware files of docs/hw (each number an assumption with its source).
   for (const char* hw : {"ascend-910b", "h100-class"})
     for (const char* P : {"8", "16"})
       for (const char* T : {"4096", "8192", "16384"})
         steps.push_back({fmt::format("model.paper.{}.p{}.t{}", hw, P, T),
-                         fmt::format("predicted at the paper's P {} T {} on {}", P, T, hw), [&, hw, P, T] {
-          return std::vector<std::string>{laga, "model", "--model", "deepseek-v3", "--seq", T, "--sp", P, "--hw",
-                                          src + "/docs/hw/" + hw + ".json", "--json",
-                                          J(fmt::format("model.paper.{}.p{}.t{}.json", hw, P, T))};
-        }});
+                         fmt::format("predicted at the paper's P {} T {} on {}", P, T, hw), [&r, hw, P, T] {
+                           return Args{r.laga, "model", "--model", "deepseek-v3", "--seq", T, "--sp", P, "--hw",
+                                       r.hw(hw), "--json", r.J(fmt::format("model.paper.{}.p{}.t{}.json", hw, P, T))};
+                         }});
   // Which form wins where: the model over a grid of models (H 16, 128), T, P (8 .. 64) and link scales,
   // on each hardware file (this machine's calibrated one has one node of 2 ranks: its measured rows are
   // the bench's, beside the grid in the report).
   for (const char* hw : {"ascend-910b", "h100-class"})
     steps.push_back({fmt::format("model.grid.{}", hw), fmt::format("which form wins where, predicted on {}", hw),
-                     [&, hw] {
-      return std::vector<std::string>{laga, "model", "--grid", "--hw", src + "/docs/hw/" + hw + ".json", "--json",
-                                      J(fmt::format("model.grid.{}.json", hw))};
-    }});
-  steps.push_back({"train", "training curves (tiny, fp32, P 4)", [&] {
-    return std::vector<std::string>{laga, "train", "--model", "tiny", "--seq", "64", "--sp", "4", "--dtype", "fp32",
-                                    "--steps", quick ? "100" : "200", "--forms", "explicit,absorbed,laga,laga-recompute",
-                                    "--json", J("train.json")};
-  }});
+                     [&r, hw] {
+                       return Args{r.laga, "model", "--grid", "--hw", r.hw(hw), "--json",
+                                   r.J(fmt::format("model.grid.{}.json", hw))};
+                     }});
+}
 
-  fmt::print("laga report: {} steps into {}{}\n", steps.size(), out, quick ? " (--quick)" : "");
+// Every step, in the order it runs.
+std::vector<Step> report_steps(const Report& r) {
+  std::vector<Step> steps;
+  measurement_steps(r, steps);
+  link_steps(r, steps);
+  model_steps(r, steps);
+  steps.push_back({"train", "training curves (tiny, fp32, P 4)", [&r] {
+    return Args{r.laga, "train", "--model", "tiny", "--seq", "64", "--sp", "4", "--dtype", "fp32",
+                "--steps", r.quick ? "100" : "200", "--forms", "explicit,absorbed,laga,laga-recompute",
+                "--json", r.J("train.json")};
+  }});
+  return steps;
+}
+
+// Runs every step in turn, each recorded in steps.json as it ends; the number that failed.
+int run_steps(const Report& r, const std::vector<Step>& steps) {
+  fmt::print("laga report: {} steps into {}{}\n", steps.size(), r.out, r.quick ? " (--quick)" : "");
   std::fflush(stdout);
   nlohmann::json record = nlohmann::json::array();
   int failed = 0;
   for (size_t i = 0; i < steps.size(); ++i) {
     const Step& s = steps[i];
-    const std::vector<std::string> argv = s.argv();
-    const std::string log = J("logs/" + s.name + ".log");
-    std::filesystem::create_directories(out + "/logs");
+    const Args argv = s.argv();
+    const std::string log = r.J("logs/" + s.name + ".log");
+    std::filesystem::create_directories(r.out + "/logs");
     fmt::print("  [{}/{}] {}: {} ... ", i + 1, steps.size(), s.name, s.title);
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
-    const int rc = run_logged(argv, log, src);
+    const int rc = run_logged(argv, log, r.res);
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string status = rc == 0 ? "ok" : "failed", reason;
     if (rc == 77 || (rc == 2 && s.link)) status = "skipped", reason = last_line(log);
@@ -291,14 +322,28 @@ int cmd_report(const std::string& out_dir, bool quick) {
     for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
     record.push_back({{"name", s.name}, {"title", s.title}, {"command", command}, {"status", status},
                       {"exit", rc}, {"seconds", secs}, {"log", "logs/" + s.name + ".log"}, {"reason", reason}});
-    std::ofstream(J("steps.json")) << nlohmann::json{{"quick", quick}, {"steps", record}}.dump(2) << "\n";
+    std::ofstream(r.J("steps.json")) << nlohmann::json{{"quick", r.quick}, {"steps", record}}.dump(2) << "\n";
   }
-  fmt::print("  writing {}/report.md ... ", out);
+  return failed;
+}
+
+// scripts/report.py: DIR/report.md and its plots from the steps' JSON.
+void write_report(const Report& r) {
+  fmt::print("  writing {}/report.md ... ", r.out);
   std::fflush(stdout);
-  const int rc = run_logged({"/usr/bin/python3", src + "/scripts/report.py", out}, J("logs/report.py.log"), src);
-  LAGA_CHECK(rc == 0, "laga report: scripts/report.py failed (exit {}): {}; see {}", rc, last_line(J("logs/report.py.log")),
-             J("logs/report.py.log"));
-  fmt::print("done\nlaga report: {}/report.md{}\n", out,
+  const int rc = run_logged({"/usr/bin/python3", r.res + "/scripts/report.py", r.out}, r.J("logs/report.py.log"), r.res);
+  LAGA_CHECK(rc == 0, "laga report: scripts/report.py failed (exit {}): {}; see {}", rc,
+             last_line(r.J("logs/report.py.log")), r.J("logs/report.py.log"));
+}
+
+}  // namespace
+
+int cmd_report(const std::string& out_dir, bool quick) {
+  LAGA_CHECK(!out_dir.empty(), "laga report needs --out DIR");
+  const Report r = report_of(out_dir, quick);
+  const int failed = run_steps(r, report_steps(r));
+  write_report(r);
+  fmt::print("done\nlaga report: {}/report.md{}\n", r.out,
              failed ? fmt::format(" — {} step(s) failed (see steps.json and logs/)", failed) : "");
   return failed ? 1 : 0;
 }

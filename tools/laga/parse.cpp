@@ -30,6 +30,7 @@ void check_ulysses_names_laga(const CommonFlags& f, const std::vector<std::strin
 constexpr const char* kDescription = "laga: MLA training under sequence parallelism, in the explicit, absorbed and LAGA forms";
 
 // Every subcommand and flag of laga, bound to inv's fields.
+// Long on purpose: the whole command line as one list, one declaration per flag in --help's order.
 void build_app(CLI::App& app, Invocation& inv) {
   app.require_subcommand(1);
   CommonFlags& flags = inv.flags;
@@ -212,6 +213,7 @@ std::optional<int> parse_args_fresh(int argc, const char* const* argv, Invocatio
   return std::nullopt;
 }
 
+// Long on purpose: every command's checks in one flat list, one rule per check, in the commands' order.
 void check_invocation(const Invocation& inv) {
   const CommonFlags& f = inv.flags;
   if (!inv.mem_limit.empty()) parse_bytes(inv.mem_limit);

@@ -1,0 +1,32 @@
+// The resource directory of the laga binary (resources.hpp has the rule).
+#include "resources.hpp"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "laga/core/error.hpp"
+
+namespace laga::cli {
+
+std::string self_exe() {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
+  LAGA_CHECK(n > 0, "laga report: cannot find its own binary (/proc/self/exe: {})", std::strerror(errno));
+  return std::string(buf, size_t(n));
+}
+
+std::string resource_dir(const std::string& needed) {
+  const std::filesystem::path exe = self_exe();
+  const std::string dir = (exe.parent_path().parent_path() / "share" / "laga").string();
+  std::error_code ec;
+  LAGA_CHECK(std::filesystem::exists(dir + "/" + needed, ec),
+             "laga: its resources are missing: no {} in {} (found relative to the binary {}: "
+             "<its directory>/../share/laga); install laga with cmake --install, or rebuild the build tree",
+             needed, dir, exe.string());
+  return dir;
+}
+
+}  // namespace laga::cli

@@ -1,0 +1,25 @@
+// Where the laga binary finds what it runs besides itself (laga report's scripts/report.py,
+// scripts/link.sh, tests/torch/mla_block_torch.py and the hardware files docs/hw/*.json): one rule,
+// relative to the running binary, never to the source tree it was built from.
+//
+//   resources = <directory of /proc/self/exe>/../share/laga, holding the same relative paths as the
+//   source tree (scripts/report.py, docs/hw/ascend-910b.json, ...).
+//
+// Installed (cmake --install build --prefix DIR), the binary is DIR/bin/laga and the resources
+// DIR/share/laga. The build tree has the same layout: the binary is build/bin/laga (build/laga a
+// symbolic link to it; /proc/self/exe names the file it resolves to) and the build copies the
+// resources to build/share/laga (CMakeLists.txt: LAGA_RESOURCES, the list both use). Missing
+// resources are an error naming the directory looked in, never a fallback elsewhere.
+#pragma once
+
+#include <string>
+
+namespace laga::cli {
+
+// The absolute path of this binary (/proc/self/exe).
+std::string self_exe();
+// The resource directory of this binary, checked to hold `needed` (a path relative to it); a usage
+// error naming the directory when it does not.
+std::string resource_dir(const std::string& needed);
+
+}  // namespace laga::cli
