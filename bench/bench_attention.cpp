@@ -1,6 +1,6 @@
 // bench_attention: the forward and backward rate of the eager and fused attention kernels, against
-// the rate of a plain oneDNN matmul (laga::matmul, n³, same dtype, all threads) measured in the same
-// run, in GFLOP/s by FlashAttention-3's convention (attention_forward_flops; backward = 2.5 ×
+// the rate of a plain oneDNN matmul (laga::matmul, n³, same dtype, all threads) measured in the
+// same run, in GFLOP/s by FlashAttention-3's convention (attention_forward_flops; backward = 2.5 ×
 // forward; causal counts the visible half). Every timed result is validated in fp64 before it is
 // reported: sampled rows of o, lse and dq, and the dk, dv rows of the last keys (whose causal
 // gradient needs only the last queries), plus sampled matmul entries. Causal attention only.
@@ -8,7 +8,8 @@
 //   bench_attention [--seq 4096] [--batch 1] [--heads 16] [--kv-heads 16] [--dqk 192] [--dv 128]
 //                   [--dtype fp32,bf16] [--kernel fused,fused-1p,eager] [--matmul 2048]
 //                   [--warmup 1] [--repeats 5] [--json FILE]
-// fused-1p is the fused kernel with its one-pass backward (--attn-backward one-pass; docs/attention.md §4).
+// fused-1p is the fused kernel with its one-pass backward (--attn-backward one-pass;
+// docs/attention.md §4).
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -38,7 +39,8 @@ Variant parse_variant(const std::string& name) {
 struct Config {
   int64_t T = 4096, B = 1, Hq = 16, Hkv = 16, Dqk = 192, Dv = 128, matmul_n = 2048;
   std::vector<DType> dtypes = {DType::f32, DType::bf16};
-  std::vector<Variant> kernels = {parse_variant("fused"), parse_variant("fused-1p"), parse_variant("eager")};
+  std::vector<Variant> kernels = {parse_variant("fused"), parse_variant("fused-1p"),
+                                  parse_variant("eager")};
 };
 
 std::vector<std::string> split(const std::string& s) {
@@ -53,15 +55,23 @@ Config parse(const std::vector<std::string>& args) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
     LAGA_CHECK(i + 1 < args.size(),
-               "unknown or incomplete option '{}'; see the usage at the top of bench_attention.cpp", a);
+               "unknown or incomplete option '{}'; see the usage at the top of bench_attention.cpp",
+               a);
     const std::string v = args[++i];
-    if (a == "--seq") c.T = whole_number(a, v);
-    else if (a == "--batch") c.B = whole_number(a, v);
-    else if (a == "--heads") c.Hq = whole_number(a, v);
-    else if (a == "--kv-heads") c.Hkv = whole_number(a, v);
-    else if (a == "--dqk") c.Dqk = whole_number(a, v);
-    else if (a == "--dv") c.Dv = whole_number(a, v);
-    else if (a == "--matmul") c.matmul_n = whole_number(a, v);
+    if (a == "--seq")
+      c.T = whole_number(a, v);
+    else if (a == "--batch")
+      c.B = whole_number(a, v);
+    else if (a == "--heads")
+      c.Hq = whole_number(a, v);
+    else if (a == "--kv-heads")
+      c.Hkv = whole_number(a, v);
+    else if (a == "--dqk")
+      c.Dqk = whole_number(a, v);
+    else if (a == "--dv")
+      c.Dv = whole_number(a, v);
+    else if (a == "--matmul")
+      c.matmul_n = whole_number(a, v);
     else if (a == "--dtype") {
       c.dtypes.clear();
       for (const auto& d : split(v)) c.dtypes.push_back(parse_dtype(d));
@@ -124,7 +134,8 @@ Row fp64_row(const Buffers& x, int64_t b, int64_t h, int64_t t) {
   double mx = -INFINITY, sum = 0;
   for (int64_t j = 0; j < n; ++j) {
     double s = 0;
-    for (int64_t d = 0; d < p.Dqk; ++d) s += qv(d) * double(x.k.get(((j * p.B + b) * p.Hkv + hk) * p.Dqk + d));
+    for (int64_t d = 0; d < p.Dqk; ++d)
+      s += qv(d) * double(x.k.get(((j * p.B + b) * p.Hkv + hk) * p.Dqk + d));
     mx = std::max(mx, r.p[size_t(j)] = double(p.scale) * s);
   }
   for (int64_t j = 0; j < n; ++j) sum += r.p[size_t(j)] = std::exp(r.p[size_t(j)] - mx);
@@ -173,7 +184,8 @@ Wrong validate(const Buffers& x, const AttentionSaved& saved, Kernel kernel) {
       for (int64_t d = 0; d < p.Dqk; ++d) {  // dq = scale · Σ_j p_j (dp_j − delta) k_j
         double s = 0;
         for (int64_t j = 0; j <= t; ++j)
-          s += r.p[size_t(j)] * (r.dp[size_t(j)] - r.delta) * double(x.k.get(((j * p.B + b) * p.Hkv + hk) * p.Dqk + d));
+          s += r.p[size_t(j)] * (r.dp[size_t(j)] - r.delta) *
+               double(x.k.get(((j * p.B + b) * p.Hkv + hk) * p.Dqk + d));
         got_dq.push_back(x.dq.get(((t * p.B + b) * p.Hq + h) * p.Dqk + d));
         ref_dq.push_back(double(p.scale) * s);
       }
@@ -195,20 +207,25 @@ Wrong validate(const Buffers& x, const AttentionSaved& saved, Kernel kernel) {
           dk[size_t((j - j0) * p.Dqk + d)] +=
               double(p.scale) * ds * double(x.q.get(((t * p.B + b) * p.Hq + h) * p.Dqk + d));
         for (int64_t d = 0; d < p.Dv; ++d)
-          dv[size_t((j - j0) * p.Dv + d)] += r.p[size_t(j)] * double(x.dout.get(((t * p.B + b) * p.Hq + h) * p.Dv + d));
+          dv[size_t((j - j0) * p.Dv + d)] +=
+              r.p[size_t(j)] * double(x.dout.get(((t * p.B + b) * p.Hq + h) * p.Dv + d));
       }
     }
   std::vector<double> got_dk, got_dv;
   for (int64_t j = j0; j < p.T; ++j) {
-    for (int64_t d = 0; d < p.Dqk; ++d) got_dk.push_back(x.dk.get(((j * p.B + b) * p.Hkv + hk) * p.Dqk + d));
-    for (int64_t d = 0; d < p.Dv; ++d) got_dv.push_back(x.dv.get(((j * p.B + b) * p.Hkv + hk) * p.Dv + d));
+    for (int64_t d = 0; d < p.Dqk; ++d)
+      got_dk.push_back(x.dk.get(((j * p.B + b) * p.Hkv + hk) * p.Dqk + d));
+    for (int64_t d = 0; d < p.Dv; ++d)
+      got_dv.push_back(x.dv.get(((j * p.B + b) * p.Hkv + hk) * p.Dv + d));
   }
   return {count_wrong(got_o, ref_o, tol) + count_wrong(got_lse, ref_lse, tol),
-          count_wrong(got_dq, ref_dq, tol) + count_wrong(got_dk, dk, tol) + count_wrong(got_dv, dv, tol)};
+          count_wrong(got_dq, ref_dq, tol) + count_wrong(got_dk, dk, tol) +
+              count_wrong(got_dv, dv, tol)};
 }
 
 // One dtype's measurements. The matmul and every kernel's forward and backward are timed in turns,
-// one of each per repeat, so that all of them see the same machine (a shared machine's load drifts).
+// one of each per repeat, so that all of them see the same machine (a shared machine's load
+// drifts).
 struct Measurements {
   Timing matmul;
   int64_t matmul_wrong = 0;
@@ -218,7 +235,8 @@ struct Measurements {
 
 Measurements measure(const Config& c, DType dt, const Options& o) {
   const MatmulBench mm(c.matmul_n, dt);
-  Buffers x = make_buffers(c, dt);  // shared by the kernels; each is validated right after its last run
+  // shared by the kernels; each is validated right after its last run
+  Buffers x = make_buffers(c, dt);
   const size_t nk = c.kernels.size();
   std::vector<double> t_mm;
   std::vector<std::vector<double>> t_fwd(nk), t_bwd(nk);
@@ -243,7 +261,8 @@ Measurements measure(const Config& c, DType dt, const Options& o) {
   }
   m.matmul = summarize(t_mm);
   m.matmul_wrong = mm.validate();
-  for (size_t k = 0; k < nk; ++k) m.fwd.push_back(summarize(t_fwd[k])), m.bwd.push_back(summarize(t_bwd[k]));
+  for (size_t k = 0; k < nk; ++k)
+    m.fwd.push_back(summarize(t_fwd[k])), m.bwd.push_back(summarize(t_bwd[k]));
   return m;
 }
 
@@ -255,26 +274,38 @@ int main(int argc, char** argv) {
     const Config c = parse(o.rest);
     const double fwd_flops = attention_forward_flops(c.B, c.Hq, c.T, c.Dqk, c.Dv, true);
     const Machine m = machine();
-    Table table("bench_attention: causal attention vs oneDNN matmul, FlashAttention-3 FLOP convention",
-                {fmt::format("shape: B {}, T {}, Hq {}, Hkv {}, Dqk {}, Dv {}; matmul {}^3; causal", c.B, c.T, c.Hq,
-                             c.Hkv, c.Dqk, c.Dv, c.matmul_n),
-                 fmt::format("flops: forward {:.4g}, backward 2.5x forward; matmul 2n^3", fwd_flops),
-                 fmt::format("{} warm-up + {} timed repeats, matmul and kernels in turns; time = median, spread = "
-                             "min, max and IQR", o.warmup, o.repeats)},
-                {{"dtype", "", 6}, {"kernel", "", 9}, {"phase", "", 9}, {"time", "ms", 10, 2}, {"min", "ms", 10, 2},
-                 {"max", "ms", 10, 2}, {"iqr", "ms", 8, 2}, {"rate", "GFLOP/s", 9, 1},
-                 {"vs_matmul", "%", 10, 1}, {"#wrong", "", 7}});
+    Table table(
+        "bench_attention: causal attention vs oneDNN matmul, FlashAttention-3 FLOP convention",
+        {fmt::format("shape: B {}, T {}, Hq {}, Hkv {}, Dqk {}, Dv {}; matmul {}^3; causal", c.B,
+                     c.T, c.Hq, c.Hkv, c.Dqk, c.Dv, c.matmul_n),
+         fmt::format("flops: forward {:.4g}, backward 2.5x forward; matmul 2n^3", fwd_flops),
+         fmt::format(
+             "{} warm-up + {} timed repeats, matmul and kernels in turns; time = median, spread = "
+             "min, max and IQR",
+             o.warmup, o.repeats)},
+        {{"dtype", "", 6},
+         {"kernel", "", 9},
+         {"phase", "", 9},
+         {"time", "ms", 10, 2},
+         {"min", "ms", 10, 2},
+         {"max", "ms", 10, 2},
+         {"iqr", "ms", 8, 2},
+         {"rate", "GFLOP/s", 9, 1},
+         {"vs_matmul", "%", 10, 1},
+         {"#wrong", "", 7}});
     table.print_header(m);
-    nlohmann::json extra = {{"T", c.T}, {"B", c.B}, {"Hq", c.Hq}, {"Hkv", c.Hkv}, {"Dqk", c.Dqk}, {"Dv", c.Dv}};
+    nlohmann::json extra = {{"T", c.T},     {"B", c.B},     {"Hq", c.Hq},
+                            {"Hkv", c.Hkv}, {"Dqk", c.Dqk}, {"Dv", c.Dv}};
     for (DType dt : c.dtypes) {
       const std::string dn(dtype_name(dt));
       const Measurements r = measure(c, dt, o);
-      const double mm_flops = MatmulBench::flops(c.matmul_n), mm_rate = mm_flops / r.matmul.median_s / 1e9;
-      auto row = [&](const std::string& kernel, const std::string& phase, const Timing& t, double flops,
-                     int64_t wrong) {
+      const double mm_flops = MatmulBench::flops(c.matmul_n),
+                   mm_rate = mm_flops / r.matmul.median_s / 1e9;
+      auto row = [&](const std::string& kernel, const std::string& phase, const Timing& t,
+                     double flops, int64_t wrong) {
         const double rate = flops / t.median_s / 1e9;
-        table.row({dn, kernel, phase, t.median_s * 1e3, t.min_s * 1e3, t.max_s * 1e3, (t.q3_s - t.q1_s) * 1e3, rate,
-                   100.0 * rate / mm_rate},
+        table.row({dn, kernel, phase, t.median_s * 1e3, t.min_s * 1e3, t.max_s * 1e3,
+                   (t.q3_s - t.q1_s) * 1e3, rate, 100.0 * rate / mm_rate},
                   wrong);
       };
       row("matmul", fmt::format("{}^3", c.matmul_n), r.matmul, mm_flops, r.matmul_wrong);

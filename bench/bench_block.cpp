@@ -55,7 +55,8 @@ int64_t count_non_finite(const Tensor& t) {
   } else {
     const bf16* p = t.data<bf16>();
 #pragma omp parallel for reduction(+ : bad)
-    for (int64_t i = 0; i < n; ++i) bad += (p[i].bits & 0x7f80u) == 0x7f80u;  // exponent all ones: inf or NaN
+    // exponent all ones: inf or NaN
+    for (int64_t i = 0; i < n; ++i) bad += (p[i].bits & 0x7f80u) == 0x7f80u;
   }
   return bad;
 }
@@ -65,9 +66,9 @@ struct CheckResult {
   bool pass() const { return verdict.pass; }
 };
 
-// The benchmark's code path (same dtype, kernel, form) on a tiny stack against the fp64 reference, by
-// the one verification rule (verify/compare.hpp): explicit's error within kExplicitFactor of the plain
-// implementations' in the same precision (plain_errors), per tensor.
+// The benchmark's code path (same dtype, kernel, form) on a tiny stack against the fp64 reference,
+// by the one verification rule (verify/compare.hpp): explicit's error within kExplicitFactor of the
+// plain implementations' in the same precision (plain_errors), per tensor.
 CheckResult check_against_reference(const MlaConfig& bench_config, Communicator& comm) {
   MlaConfig m = MlaConfig::preset("tiny");
   m.seq_len = 16, m.batch = 2, m.num_layers = 2, m.sp = 1;
@@ -133,8 +134,8 @@ struct Timings {
   int omp_threads = 0;
 };
 
-// The tiny check against the fp64 reference, then (where it passes) the timed iterations, each after one
-// matmul, on one rank with `threads` OpenMP threads.
+// The tiny check against the fp64 reference, then (where it passes) the timed iterations, each
+// after one matmul, on one rank with `threads` OpenMP threads.
 Timings time_block(const MlaConfig& c, const Args& a, int threads) {
   Timings r;
   run_threads(1, [&](Communicator& comm) {
@@ -187,21 +188,26 @@ Timings time_block(const MlaConfig& c, const Args& a, int threads) {
   return r;
 }
 
-std::vector<std::string> header_lines(const MlaConfig& c, const Args& a, const BlockFlops& flops, double proj_fwd,
-                                      const CheckResult& check) {
+std::vector<std::string> header_lines(const MlaConfig& c, const Args& a, const BlockFlops& flops,
+                                      double proj_fwd, const CheckResult& check) {
   return {
-      fmt::format("model {} (D {}, H {}, Lq {}, Lkv {}, Dn {}, Dr {}, Dv {}), T {}, B {}, layers {}, dtype {}, "
+      fmt::format("model {} (D {}, H {}, Lq {}, Lkv {}, Dn {}, Dr {}, Dv {}), T {}, B {}, layers "
+                  "{}, dtype {}, "
                   "kernel {}{}, form explicit, sp 1",
-                  c.model, c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank, c.qk_nope_head_dim,
-                  c.qk_rope_head_dim, c.v_head_dim, c.seq_len, c.batch, c.num_layers, dtype_name(c.dtype),
-                  kernel_name(c.kernel),
-                  c.kernel == Kernel::fused ? fmt::format(" ({} backward)", attn_backward_name(c.attn_backward)) : ""),
-      fmt::format("{} timed iterations after {} warm-up, each after one {}^3 {} matmul (timed in turns); median "
+                  c.model, c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank,
+                  c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.seq_len, c.batch,
+                  c.num_layers, dtype_name(c.dtype), kernel_name(c.kernel),
+                  c.kernel == Kernel::fused
+                      ? fmt::format(" ({} backward)", attn_backward_name(c.attn_backward))
+                      : ""),
+      fmt::format("{} timed iterations after {} warm-up, each after one {}^3 {} matmul (timed in "
+                  "turns); median "
                   "[min, max]; vs_matmul = GFLOP/s over the matmul's median GFLOP/s",
                   a.iters, a.warmup, a.matmul_n, dtype_name(c.dtype)),
-      fmt::format("GFLOP: projections exact ({:.2f} fwd), attention FA3 convention ({:.2f} fwd, bwd 2.5x); "
-                  "elementwise not counted",
-                  proj_fwd / 1e9, flops.attention_forward / 1e9),
+      fmt::format(
+          "GFLOP: projections exact ({:.2f} fwd), attention FA3 convention ({:.2f} fwd, bwd 2.5x); "
+          "elementwise not counted",
+          proj_fwd / 1e9, flops.attention_forward / 1e9),
       fmt::format("validated: tiny {} {} stack vs the fp64 reference, {} ({})", dtype_name(c.dtype),
                   kernel_name(c.kernel), verify::summary(check.verdict), check.verdict.rule)};
 }
@@ -211,27 +217,32 @@ int run(const Args& a) {
   int threads = a.threads;
   if (threads <= 0) {
     const char* env = std::getenv("OMP_NUM_THREADS");
-    threads = env && std::atoi(env) > 0 ? std::atoi(env) : int(std::max(1u, std::thread::hardware_concurrency()));
+    threads = env && std::atoi(env) > 0 ? std::atoi(env)
+                                        : int(std::max(1u, std::thread::hardware_concurrency()));
   }
 
   const BlockFlops flops = block_flops(c);  // projections exact, attention by FA3's convention
-  const double proj_fwd = flops.forward - flops.attention_forward, total_flops = flops.forward + flops.backward;
+  const double proj_fwd = flops.forward - flops.attention_forward,
+               total_flops = flops.forward + flops.backward;
   const double tokens = double(c.seq_len) * double(c.batch);
   Timings r = time_block(c, a, threads);
   const CheckResult& check = r.check;
 
   if (!check.pass()) {
     std::fprintf(stderr,
-                 "bench_block: the %s %s block disagrees with the fp64 reference on the tiny check: %s (%s); not "
+                 "bench_block: the %s %s block disagrees with the fp64 reference on the tiny "
+                 "check: %s (%s); not "
                  "benchmarking\n",
-                 std::string(dtype_name(c.dtype)).c_str(), std::string(kernel_name(c.kernel)).c_str(),
-                 verify::summary(check.verdict).c_str(), check.verdict.rule.c_str());
+                 std::string(dtype_name(c.dtype)).c_str(),
+                 std::string(kernel_name(c.kernel)).c_str(), verify::summary(check.verdict).c_str(),
+                 check.verdict.rule.c_str());
     return 1;
   }
 
   bench::Machine m = bench::machine();
   m.threads = r.omp_threads;
-  bench::Table table("bench_block: MLA block stack forward + backward, one rank", header_lines(c, a, flops, proj_fwd, check),
+  bench::Table table("bench_block: MLA block stack forward + backward, one rank",
+                     header_lines(c, a, flops, proj_fwd, check),
                      {{"phase", "", 14},
                       {"median", "s", 10, 4},
                       {"min", "s", 10, 4},
@@ -280,10 +291,15 @@ int run(const Args& a) {
   extra["matmul_s"] = r.mm_s;
   extra["by_class_s"] = r.class_s;
   extra["by_class_flops"] = r.class_flops;
-  extra["flops"] = {{"proj_fwd", proj_fwd}, {"attn_fwd", flops.attention_forward}, {"fwd", flops.forward},
-                    {"bwd", flops.backward}, {"total", total_flops}};
-  extra["check"] = {{"pass", check.verdict.pass}, {"worst_tensor", check.verdict.worst},
-                    {"worst_ratio", check.verdict.worst_ratio}, {"rule", check.verdict.rule}};
+  extra["flops"] = {{"proj_fwd", proj_fwd},
+                    {"attn_fwd", flops.attention_forward},
+                    {"fwd", flops.forward},
+                    {"bwd", flops.backward},
+                    {"total", total_flops}};
+  extra["check"] = {{"pass", check.verdict.pass},
+                    {"worst_tensor", check.verdict.worst},
+                    {"worst_ratio", check.verdict.worst_ratio},
+                    {"rule", check.verdict.rule}};
   return table.finish(m, a.json, extra);
 }
 
@@ -292,19 +308,24 @@ int run(const Args& a) {
 
 int main(int argc, char** argv) {
   laga::Args a;
-  CLI::App app{"bench_block: the MLA block stack's forward + backward on one rank, timed and validated"};
-  app.add_option("--model", a.model, "preset: deepseek-v3, deepseek-v2-lite, small, tiny")->capture_default_str();
+  CLI::App app{
+      "bench_block: the MLA block stack's forward + backward on one rank, timed and validated"};
+  app.add_option("--model", a.model, "preset: deepseek-v3, deepseek-v2-lite, small, tiny")
+      ->capture_default_str();
   app.add_option("--seq", a.seq, "sequence length T")->capture_default_str();
   app.add_option("--batch", a.batch, "micro-batch B")->capture_default_str();
   app.add_option("--layers", a.layers, "stacked blocks L")->capture_default_str();
   app.add_option("--dtype", a.dtype, "fp32 or bf16")->capture_default_str();
   app.add_option("--kernel", a.kernel, "attention kernel: fused or eager")->capture_default_str();
-  app.add_option("--attn-backward", a.attn_backward, "the fused kernel's backward order: two-pass, one-pass")
+  app.add_option("--attn-backward", a.attn_backward,
+                 "the fused kernel's backward order: two-pass, one-pass")
       ->capture_default_str();
   app.add_option("--iters,--repeats", a.iters, "timed iterations")->capture_default_str();
-  app.add_option("--matmul", a.matmul_n, "n of the n^3 matmul timed in turns with the block")->capture_default_str();
+  app.add_option("--matmul", a.matmul_n, "n of the n^3 matmul timed in turns with the block")
+      ->capture_default_str();
   app.add_option("--warmup", a.warmup, "untimed iterations first")->capture_default_str();
-  app.add_option("--threads", a.threads, "OpenMP threads (default: OMP_NUM_THREADS, else every core)");
+  app.add_option("--threads", a.threads,
+                 "OpenMP threads (default: OMP_NUM_THREADS, else every core)");
   app.add_option("--json", a.json, "write the rows and the per-iteration times here");
   try {
     app.parse(argc, argv);

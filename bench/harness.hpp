@@ -26,7 +26,8 @@
 
 namespace laga::bench {
 
-// ---- timing ----------------------------------------------------------------------------------------
+// ---- timing
+// ----------------------------------------------------------------------------------------
 
 struct Timing {
   double median_s = 0, min_s = 0, max_s = 0, q1_s = 0, q3_s = 0;
@@ -42,7 +43,8 @@ inline Timing summarize(std::vector<double> seconds) {
     const double w = x - double(i);
     return i + 1 < seconds.size() ? seconds[i] * (1 - w) + seconds[i + 1] * w : seconds[i];
   };
-  return {quantile(0.5), seconds.front(), seconds.back(), quantile(0.25), quantile(0.75), int(seconds.size())};
+  return {quantile(0.5),  seconds.front(), seconds.back(),
+          quantile(0.25), quantile(0.75),  int(seconds.size())};
 }
 
 inline double now_s() {
@@ -66,11 +68,11 @@ Timing time_it(F&& f, int warmup, int repeats) {
 
 // The table's view of laga's MachineInfo (core/machine.hpp), the one description of the machine.
 struct Machine {
-  std::string cpu;      // model name, plus the vector/matrix extensions that matter here
-  int threads = 0;      // OpenMP threads a parallel region gets
-  std::string commit;   // the commit of the build (build_commit), or "unknown"
+  std::string cpu;     // model name, plus the vector/matrix extensions that matter here
+  int threads = 0;     // OpenMP threads a parallel region gets
+  std::string commit;  // the commit of the build (build_commit), or "unknown"
   std::string host;
-  std::string isa;      // the kernels' ISA in use (core/isa.hpp)
+  std::string isa;  // the kernels' ISA in use (core/isa.hpp)
 };
 
 inline Machine machine() {
@@ -79,7 +81,8 @@ inline Machine machine() {
   m.cpu = mi.cpu_model;
   const std::string features = " " + mi.features + " ";
   for (const char* ext : {"avx512f", "avx512_bf16", "amx_bf16"})
-    if (features.find(std::string(" ") + ext + " ") != std::string::npos) m.cpu += std::string(" +") + ext;
+    if (features.find(std::string(" ") + ext + " ") != std::string::npos)
+      m.cpu += std::string(" +") + ext;
   m.threads = omp_get_max_threads();
   m.commit = mi.commit;
   m.host = mi.host;
@@ -87,11 +90,12 @@ inline Machine machine() {
   return m;
 }
 
-// ---- options ---------------------------------------------------------------------------------------
+// ---- options
+// ---------------------------------------------------------------------------------------
 
-// The whole number `text` given to `option`, or a usage error (exit 2) naming both; std::stoll would
-// read "12abc" as 12 and throw, uncaught, on "abc". With bounds, a number outside [lo, hi] is a usage
-// error too.
+// The whole number `text` given to `option`, or a usage error (exit 2) naming both; std::stoll
+// would read "12abc" as 12 and throw, uncaught, on "abc". With bounds, a number outside [lo, hi] is
+// a usage error too.
 inline int64_t whole_number(const std::string& option, const std::string& text,
                             int64_t lo = std::numeric_limits<int64_t>::min(),
                             int64_t hi = std::numeric_limits<int64_t>::max()) {
@@ -116,34 +120,41 @@ struct Options {
         LAGA_CHECK(i + 1 < argc, "{} needs a value", a);
         return argv[++i];
       };
-      if (a == "--warmup") o.warmup = int(whole_number(a, value(), 0, 1 << 20));
-      else if (a == "--repeats") o.repeats = int(whole_number(a, value(), 1, 1 << 20));
-      else if (a == "--json") o.json_path = value();
-      else o.rest.push_back(a);
+      if (a == "--warmup")
+        o.warmup = int(whole_number(a, value(), 0, 1 << 20));
+      else if (a == "--repeats")
+        o.repeats = int(whole_number(a, value(), 1, 1 << 20));
+      else if (a == "--json")
+        o.json_path = value();
+      else
+        o.rest.push_back(a);
     }
     return o;
   }
 };
 
-// ---- the table ---------------------------------------------------------------------------------------
+// ---- the table
+// ---------------------------------------------------------------------------------------
 
 struct Column {
   std::string name, unit;  // the unit row; "" for none
   int width = 10;
-  int precision = 3;       // for doubles
+  int precision = 3;  // for doubles
 };
 using Cell = std::variant<std::string, double, int64_t>;
 
 class Table {
  public:
   Table(std::string benchmark, std::vector<std::string> header_lines, std::vector<Column> columns)
-      : benchmark_(std::move(benchmark)), header_(std::move(header_lines)), columns_(std::move(columns)) {}
+      : benchmark_(std::move(benchmark)),
+        header_(std::move(header_lines)),
+        columns_(std::move(columns)) {}
 
   // Prints the `#` header (machine, threads, commit, the benchmark's own lines) and the column and
   // unit rows. The last column should be `#wrong`.
   void print_header(const Machine& m) const {
-    std::printf("# %s\n# machine: %s, host %s, %d OpenMP threads, commit %s\n", benchmark_.c_str(), m.cpu.c_str(),
-                m.host.c_str(), m.threads, m.commit.c_str());
+    std::printf("# %s\n# machine: %s, host %s, %d OpenMP threads, commit %s\n", benchmark_.c_str(),
+                m.cpu.c_str(), m.host.c_str(), m.threads, m.commit.c_str());
     std::printf("# isa: %s\n", m.isa.c_str());
     for (const auto& h : header_) std::printf("# %s\n", h.c_str());
     std::string names = "#", units = "#";
@@ -157,8 +168,8 @@ class Table {
 
   // Prints one row and keeps it for the JSON; wrong counts the row's invalid values.
   void row(const std::vector<Cell>& cells, int64_t wrong) {
-    LAGA_ASSERT(cells.size() + 1 == columns_.size(), "row of {} cells for {} columns (+ #wrong)", cells.size(),
-                columns_.size());
+    LAGA_ASSERT(cells.size() + 1 == columns_.size(), "row of {} cells for {} columns (+ #wrong)",
+                cells.size(), columns_.size());
     std::string line = " ";
     nlohmann::json j;
     for (size_t i = 0; i < cells.size(); ++i) {
@@ -166,9 +177,12 @@ class Table {
       std::visit(
           [&](const auto& v) {
             using V = std::decay_t<decltype(v)>;
-            if constexpr (std::is_same_v<V, std::string>) line += pad(v, c.width);
-            else if constexpr (std::is_same_v<V, double>) line += pad(fmt::format("{:.{}f}", v, c.precision), c.width);
-            else line += pad(std::to_string(v), c.width);
+            if constexpr (std::is_same_v<V, std::string>)
+              line += pad(v, c.width);
+            else if constexpr (std::is_same_v<V, double>)
+              line += pad(fmt::format("{:.{}f}", v, c.precision), c.width);
+            else
+              line += pad(std::to_string(v), c.width);
             j[c.name] = v;
           },
           cells[i]);
@@ -183,13 +197,19 @@ class Table {
 
   int64_t wrong() const { return wrong_; }
 
-  // Writes {benchmark, machine, header, rows, pass} to path (if not empty); returns the exit status:
-  // 0 when every value validated, 1 otherwise.
+  // Writes {benchmark, machine, header, rows, pass} to path (if not empty); returns the exit
+  // status: 0 when every value validated, 1 otherwise.
   int finish(const Machine& m, const std::string& path, const nlohmann::json& extra = {}) const {
-    std::printf("# %s: %lld wrong values\n", wrong_ ? "FAILED" : "all results validated", (long long)wrong_);
+    std::printf("# %s: %lld wrong values\n", wrong_ ? "FAILED" : "all results validated",
+                (long long)wrong_);
     if (!path.empty()) {
       nlohmann::json j = {{"benchmark", benchmark_},
-                          {"machine", {{"cpu", m.cpu}, {"host", m.host}, {"threads", m.threads}, {"commit", m.commit}, {"isa", m.isa}}},
+                          {"machine",
+                           {{"cpu", m.cpu},
+                            {"host", m.host},
+                            {"threads", m.threads},
+                            {"commit", m.commit},
+                            {"isa", m.isa}}},
                           {"header", header_},
                           {"rows", rows_},
                           {"pass", wrong_ == 0}};

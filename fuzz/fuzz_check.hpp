@@ -11,12 +11,12 @@
 #include "laga/core/error.hpp"
 
 // An invariant of the target's oracle; failing it reports the input as a finding.
-#define FUZZ_CHECK(cond, what)                                                       \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define FUZZ_CHECK(cond, what)                                                            \
+  do {                                                                                    \
+    if (!(cond)) {                                                                        \
       std::fprintf(stderr, "fuzz check failed at %s:%d: %s\n", __FILE__, __LINE__, what); \
-      std::abort();                                                                  \
-    }                                                                                \
+      std::abort();                                                                       \
+    }                                                                                     \
   } while (0)
 
 namespace laga::fuzz {

@@ -10,8 +10,8 @@
 // 16 (by a hash of its bytes) under libFuzzer, so the reuse can never change what the CLI says.
 //
 // Files: an argument holding '/' is skipped (the input is ignored), so --config names a file in the
-// working directory only; scripts/fuzz.sh and the replay test run this target in fuzz/cli_cwd/, which
-// holds a few configuration files for --config to find.
+// working directory only; scripts/fuzz.sh and the replay test run this target in fuzz/cli_cwd/,
+// which holds a few configuration files for --config to find.
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -55,9 +55,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 #endif
   if (compare) {
     std::ostringstream fresh_messages;
-    const int fresh = laga::cli::parse_only(int(argv.size()), argv.data(), &fresh_messages, /*fresh_app=*/true);
+    const int fresh =
+        laga::cli::parse_only(int(argv.size()), argv.data(), &fresh_messages, /*fresh_app=*/true);
     FUZZ_CHECK(fresh == status, "the reused App and a fresh one end with different statuses");
-    FUZZ_CHECK(fresh_messages.str() == messages.str(), "the reused App and a fresh one give different messages");
+    FUZZ_CHECK(fresh_messages.str() == messages.str(),
+               "the reused App and a fresh one give different messages");
   }
   return 0;
 }

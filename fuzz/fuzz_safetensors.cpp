@@ -1,11 +1,11 @@
-// libFuzzer target: the .safetensors reader on arbitrary bytes (io/safetensors.hpp), and weights loaded
-// from whatever it accepts (io/checkpoint.hpp).
+// libFuzzer target: the .safetensors reader on arbitrary bytes (io/safetensors.hpp), and weights
+// loaded from whatever it accepts (io/checkpoint.hpp).
 //
-// The bar: every input is either rejected with a usage error or accepted consistently — from_bytes()
-// and open() of the same bytes agree on every name, dtype, shape and offset; every entry lies inside
-// the data section; each loadable tensor loads as fp32 and bf16 with the file's values (bf16 ones the
-// fp32 ones rounded); an unloadable dtype is a usage error. Anything else aborts: a crash, a hang, an
-// exception of another kind, or a sanitizer report.
+// The bar: every input is either rejected with a usage error or accepted consistently —
+// from_bytes() and open() of the same bytes agree on every name, dtype, shape and offset; every
+// entry lies inside the data section; each loadable tensor loads as fp32 and bf16 with the file's
+// values (bf16 ones the fp32 ones rounded); an unloadable dtype is a usage error. Anything else
+// aborts: a crash, a hang, an exception of another kind, or a sanitizer report.
 #include <unistd.h>
 
 #include <cmath>
@@ -40,7 +40,8 @@ MlaConfig micro(int64_t q_lora_rank) {
 // A file of this process's own, for the bytes under test; removed at exit.
 struct ScratchFile {
   std::string path = (std::filesystem::temp_directory_path() /
-                      ("laga-fuzz-" + std::to_string(::getpid()) + ".safetensors")).string();
+                      ("laga-fuzz-" + std::to_string(::getpid()) + ".safetensors"))
+                         .string();
   ~ScratchFile() {
     std::error_code ec;
     std::filesystem::remove(path, ec);
@@ -52,7 +53,9 @@ const std::string& scratch_path() {
   return file.path;
 }
 
-bool same_bits_or_both_nan(float a, float b) { return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0; }
+bool same_bits_or_both_nan(float a, float b) {
+  return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, 4) == 0;
+}
 
 void check_loads(const SafetensorsFile& f, const std::string& bytes) {
   const int64_t data_start = int64_t(bytes.size()) - [&] {
@@ -62,20 +65,27 @@ void check_loads(const SafetensorsFile& f, const std::string& bytes) {
   }();
   for (const auto& name : f.names()) {
     const SafetensorsEntry& e = f.entry(name);
-    FUZZ_CHECK(0 <= e.begin && e.begin <= e.end && data_start + e.end <= int64_t(bytes.size()), "entry out of range");
-    const bool loadable = e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16" || e.dtype == "F64";
+    FUZZ_CHECK(0 <= e.begin && e.begin <= e.end && data_start + e.end <= int64_t(bytes.size()),
+               "entry out of range");
+    const bool loadable =
+        e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16" || e.dtype == "F64";
     if (!loadable) {
-      FUZZ_CHECK(expect_usage_error([&] { f.load(name, DType::f32, "fuzz"); }), "unloadable dtype did not throw");
+      FUZZ_CHECK(expect_usage_error([&] { f.load(name, DType::f32, "fuzz"); }),
+                 "unloadable dtype did not throw");
       continue;
     }
     Tensor t32 = f.load(name, DType::f32, "fuzz");
     Tensor t16 = f.load(name, DType::bf16, "fuzz");
-    FUZZ_CHECK(t32.shape() == e.shape && t16.shape() == e.shape, "loaded shape differs from the header's");
-    const unsigned char* raw = reinterpret_cast<const unsigned char*>(bytes.data()) + data_start + e.begin;
+    FUZZ_CHECK(t32.shape() == e.shape && t16.shape() == e.shape,
+               "loaded shape differs from the header's");
+    const unsigned char* raw =
+        reinterpret_cast<const unsigned char*>(bytes.data()) + data_start + e.begin;
     if (e.dtype == "F32")
-      FUZZ_CHECK(e.nbytes() == 0 || std::memcmp(t32.raw(), raw, size_t(e.nbytes())) == 0, "F32 not loaded verbatim");
+      FUZZ_CHECK(e.nbytes() == 0 || std::memcmp(t32.raw(), raw, size_t(e.nbytes())) == 0,
+                 "F32 not loaded verbatim");
     if (e.dtype == "BF16")
-      FUZZ_CHECK(e.nbytes() == 0 || std::memcmp(t16.raw(), raw, size_t(e.nbytes())) == 0, "BF16 not loaded verbatim");
+      FUZZ_CHECK(e.nbytes() == 0 || std::memcmp(t16.raw(), raw, size_t(e.nbytes())) == 0,
+                 "BF16 not loaded verbatim");
     else
       for (int64_t i = 0; i < t32.numel(); ++i)
         FUZZ_CHECK(same_bits_or_both_nan(t16.get(i), round_to(DType::bf16, t32.get(i))),
@@ -91,7 +101,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace laga::fuzz;
   const std::string bytes(reinterpret_cast<const char*>(data), size);
   std::optional<SafetensorsFile> mem;
-  if (!expect_usage_error([&] { mem = SafetensorsFile::from_bytes(bytes, "fuzz"); })) check_loads(*mem, bytes);
+  if (!expect_usage_error([&] { mem = SafetensorsFile::from_bytes(bytes, "fuzz"); }))
+    check_loads(*mem, bytes);
 
   // The same bytes from a file: the same verdict and the same entries.
   {
@@ -100,9 +111,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   std::optional<SafetensorsFile> file;
   const bool rejected = expect_usage_error([&] { file = SafetensorsFile::open(scratch_path()); });
-  FUZZ_CHECK(rejected == !mem.has_value(), "open() and from_bytes() disagree on whether the bytes are valid");
+  FUZZ_CHECK(rejected == !mem.has_value(),
+             "open() and from_bytes() disagree on whether the bytes are valid");
   if (rejected) return 0;
-  FUZZ_CHECK(file->names() == mem->names() && file->metadata() == mem->metadata(), "open() and from_bytes() differ");
+  FUZZ_CHECK(file->names() == mem->names() && file->metadata() == mem->metadata(),
+             "open() and from_bytes() differ");
   for (const auto& name : mem->names()) {
     const SafetensorsEntry &a = file->entry(name), &b = mem->entry(name);
     FUZZ_CHECK(a.dtype == b.dtype && a.shape == b.shape && a.begin == b.begin && a.end == b.end,

@@ -1,7 +1,8 @@
-// The main() of a fuzz target built without libFuzzer: runs LLVMFuzzerTestOneInput once on each file
-// given, and on every file under each directory given (in name order), so the committed corpus and
-// every input that once crashed (fuzz/regressions/) are replayed by the test suite under any compiler.
-// A finding aborts, as under the fuzzer. Exit 2 when a path does not exist or there is nothing to run.
+// The main() of a fuzz target built without libFuzzer: runs LLVMFuzzerTestOneInput once on each
+// file given, and on every file under each directory given (in name order), so the committed corpus
+// and every input that once crashed (fuzz/regressions/) are replayed by the test suite under any
+// compiler. A finding aborts, as under the fuzzer. Exit 2 when a path does not exist or there is
+// nothing to run.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -32,7 +33,8 @@ int main(int argc, char** argv) {
     }
   }
   if (inputs.empty()) {
-    std::fprintf(stderr, "usage: %s FILE_OR_DIR... (replays each input once); found no input\n", argv[0]);
+    std::fprintf(stderr, "usage: %s FILE_OR_DIR... (replays each input once); found no input\n",
+                 argv[0]);
     return 2;
   }
   for (const auto& p : inputs) {

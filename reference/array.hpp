@@ -15,8 +15,9 @@ namespace laga::ref {
 
 // The arrays' storage comes from laga's caching allocator (core/memory.hpp): they are large (a
 // layer's weights in fp64) and short-lived (verify converts every run's outputs), and a freed block
-// served from the cache is already paged in. Through malloc each one went back to the OS and faulted
-// in again: verify small T 160 L 2 B 2 at P 1–8 spent a fifth of its time in those page faults.
+// served from the cache is already paged in. Through malloc each one went back to the OS and
+// faulted in again: verify small T 160 L 2 B 2 at P 1–8 spent a fifth of its time in those page
+// faults.
 template <class T>
 struct PoolAllocator {
   using value_type = T;
@@ -30,7 +31,9 @@ struct PoolAllocator {
   }
   void deallocate(T* p, size_t n) { pool_release(p, n * sizeof(T)); }
   template <class U>
-  bool operator==(const PoolAllocator<U>&) const { return true; }
+  bool operator==(const PoolAllocator<U>&) const {
+    return true;
+  }
 };
 
 struct Array {
@@ -48,7 +51,8 @@ inline Array from_tensor(const Tensor& t) {
   Array a(t.shape());
   // One dtype dispatch per tensor, not per element (Tensor::get checks and dispatches each call):
   // verify converts every run's gradients, a model's weights' worth each time.
-  if (t.numel() > 0) (void)t.get(0);  // a meta tensor has no values: refused here, as get refuses it
+  // a meta tensor has no values: refused here, as get refuses it
+  if (t.numel() > 0) (void)t.get(0);
   if (t.dtype() == DType::f32) {
     const float* v = t.data<float>();
     for (int64_t i = 0; i < t.numel(); ++i) a[i] = v[i];
@@ -72,8 +76,8 @@ struct F32Sum {
   static double add(double s, double t) { return double(float(s + t)); }
 };
 
-// v as a tensor of storage dtype t would hold it: rounded to fp32 (round to nearest), then for bf16 to
-// bf16 (round to nearest even) — the fast code's own conversion (laga::round_to) after its fp32
+// v as a tensor of storage dtype t would hold it: rounded to fp32 (round to nearest), then for bf16
+// to bf16 (round to nearest even) — the fast code's own conversion (laga::round_to) after its fp32
 // arithmetic. Used by the precision-emulating reference (reference/block_ref.hpp).
 inline double rounded(DType t, double v) { return double(round_to(t, float(v))); }
 // Every element of a rounded to t in place; nothing when storage is empty (the exact reference).

@@ -1,7 +1,8 @@
 // fp64 reference attention, forward and backward, by the definition: plain loops, one query row at
-// a time, no tiling, no online softmax. It is the specification the kernels in src/ops/attention_*.cpp
-// are checked against; the backward below differentiates the forward's lines in reverse (derivation
-// in docs/attention.md §2). Query head h reads key/value head h / (Hq / Hkv).
+// a time, no tiling, no online softmax. It is the specification the kernels in
+// src/ops/attention_*.cpp are checked against; the backward below differentiates the forward's
+// lines in reverse (derivation in docs/attention.md §2). Query head h reads key/value head h / (Hq
+// / Hkv).
 #include "reference/attention_ref.hpp"
 
 #include <algorithm>
@@ -21,25 +22,27 @@ struct Dims {
 
 Dims dims_of(const Array& q, const Array& k, const Array& v) {
   LAGA_CHECK(q.shape.size() == 4 && k.shape.size() == 4 && v.shape.size() == 4,
-             "reference attention takes q, k, v as [T, B, H, D]; got {}, {}, {}", shape_str(q.shape),
-             shape_str(k.shape), shape_str(v.shape));
+             "reference attention takes q, k, v as [T, B, H, D]; got {}, {}, {}",
+             shape_str(q.shape), shape_str(k.shape), shape_str(v.shape));
   Dims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], v.shape[3], 0};
-  LAGA_CHECK(k.shape == Shape({d.T, d.B, d.Hkv, d.Dqk}), "k has shape {}; expected [{}, {}, Hkv, {}]",
-             shape_str(k.shape), d.T, d.B, d.Dqk);
-  LAGA_CHECK(v.shape == Shape({d.T, d.B, d.Hkv, d.Dv}), "v has shape {}; expected [{}, {}, {}, Dv]", shape_str(v.shape),
-             d.T, d.B, d.Hkv);
+  LAGA_CHECK(k.shape == Shape({d.T, d.B, d.Hkv, d.Dqk}),
+             "k has shape {}; expected [{}, {}, Hkv, {}]", shape_str(k.shape), d.T, d.B, d.Dqk);
+  LAGA_CHECK(v.shape == Shape({d.T, d.B, d.Hkv, d.Dv}), "v has shape {}; expected [{}, {}, {}, Dv]",
+             shape_str(v.shape), d.T, d.B, d.Hkv);
   LAGA_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0, "Hq {} is not a multiple of Hkv {}", d.Hq, d.Hkv);
   d.group = d.Hq / d.Hkv;
   return d;
 }
 
-int64_t at(int64_t t, int64_t b, int64_t h, int64_t B, int64_t H, int64_t D) { return ((t * B + b) * H + h) * D; }
+int64_t at(int64_t t, int64_t b, int64_t h, int64_t B, int64_t H, int64_t D) {
+  return ((t * B + b) * H + h) * D;
+}
 
 // Row t of head (b, h): p[j] = softmax_j(scale · q_t · k_j) over the keys j it sees (j ≤ t when
 // causal); returns the number of keys seen. p holds T entries, the unseen ones 0.
 template <class Sum>
-int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, int64_t h, int64_t t, double scale,
-                      bool causal, std::vector<double>& p) {
+int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, int64_t h,
+                      int64_t t, double scale, bool causal, std::vector<double>& p) {
   const int64_t hk = h / d.group, n = causal ? t + 1 : d.T;
   std::fill(p.begin(), p.end(), 0.0);
   double mx = -INFINITY;
@@ -49,7 +52,8 @@ int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, 
     const int64_t nj = std::min(kKeys, n - j0);
     double s[kKeys] = {};
     for (int64_t c = 0; c < d.Dqk; ++c)
-      for (int64_t j = 0; j < nj; ++j) s[j] = Sum::add(s[j], qt[c] * k[at(j0 + j, b, hk, d.B, d.Hkv, d.Dqk) + c]);
+      for (int64_t j = 0; j < nj; ++j)
+        s[j] = Sum::add(s[j], qt[c] * k[at(j0 + j, b, hk, d.B, d.Hkv, d.Dqk) + c]);
     for (int64_t j = 0; j < nj; ++j) {
       p[size_t(j0 + j)] = scale * s[j];
       mx = std::max(mx, p[size_t(j0 + j)]);
@@ -66,7 +70,8 @@ Array attention_forward_t(const Array& q, const Array& k, const Array& v, double
                           std::optional<DType> storage) {
   const Dims d = dims_of(q, k, v);
   Array o({d.T, d.B, d.Hq, d.Dv});  // [T, B, Hq, Dv]
-  // Heads in parallel: each writes its own rows of o, so the bits do not depend on the thread count.
+  // Heads in parallel: each writes its own rows of o, so the bits do not depend on the thread
+  // count.
 #pragma omp parallel for collapse(2) schedule(static)
   for (int64_t b = 0; b < d.B; ++b)
     for (int64_t h = 0; h < d.Hq; ++h) {
@@ -87,13 +92,15 @@ Array attention_forward_t(const Array& q, const Array& k, const Array& v, double
 }
 
 template <class Sum>
-AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
-                                    bool causal, std::optional<DType> storage, const Array* o) {
+AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array& v,
+                                    const Array& dout, double scale, bool causal,
+                                    std::optional<DType> storage, const Array* o) {
   const Dims d = dims_of(q, k, v);
-  LAGA_CHECK(dout.shape == Shape({d.T, d.B, d.Hq, d.Dv}), "dout has shape {}; expected [{}, {}, {}, {}]",
-             shape_str(dout.shape), d.T, d.B, d.Hq, d.Dv);
-  LAGA_CHECK(!o || o->shape == dout.shape, "o has shape {}; expected that of dout, {}", o ? shape_str(o->shape) : "",
-             shape_str(dout.shape));
+  LAGA_CHECK(dout.shape == Shape({d.T, d.B, d.Hq, d.Dv}),
+             "dout has shape {}; expected [{}, {}, {}, {}]", shape_str(dout.shape), d.T, d.B, d.Hq,
+             d.Dv);
+  LAGA_CHECK(!o || o->shape == dout.shape, "o has shape {}; expected that of dout, {}",
+             o ? shape_str(o->shape) : "", shape_str(dout.shape));
   AttentionGrads g{Array(q.shape), Array(k.shape), Array(v.shape)};
   // K/V heads in parallel, each with its group's query heads in order: dk and dv of a K/V head sum
   // over h, then t, as one thread would, so the bits do not depend on the thread count.
@@ -147,8 +154,9 @@ Array attention_forward(const Array& q, const Array& k, const Array& v, double s
                  : attention_forward_t<ExactSum>(q, k, v, scale, causal, storage);
 }
 
-AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
-                                  bool causal, std::optional<DType> storage, const Array* o) {
+AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout,
+                                  double scale, bool causal, std::optional<DType> storage,
+                                  const Array* o) {
   return storage ? attention_backward_t<F32Sum>(q, k, v, dout, scale, causal, storage, o)
                  : attention_backward_t<ExactSum>(q, k, v, dout, scale, causal, storage, o);
 }

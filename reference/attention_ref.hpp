@@ -1,11 +1,11 @@
 // fp64 reference attention: causal softmax(scale · q kᵀ) v, and its backward, by the definition.
 // Query head h uses key/value head h / (Hq / Hkv).
 //
-// `storage` (empty: exact fp64) emulates a plain implementation in that dtype: every sum accumulates
-// in fp32 (each partial sum rounded to fp32), and the probabilities P are rounded to the storage dtype
-// before P·V and Pᵀ·dO, and dS before dS·K and dSᵀ·Q (both laga kernels store P and dS tiles in the
-// storage dtype; an eager PyTorch bf16 implementation stores them too). The outputs themselves are
-// left unrounded: the caller rounds them.
+// `storage` (empty: exact fp64) emulates a plain implementation in that dtype: every sum
+// accumulates in fp32 (each partial sum rounded to fp32), and the probabilities P are rounded to
+// the storage dtype before P·V and Pᵀ·dO, and dS before dS·K and dSᵀ·Q (both laga kernels store P
+// and dS tiles in the storage dtype; an eager PyTorch bf16 implementation stores them too). The
+// outputs themselves are left unrounded: the caller rounds them.
 #pragma once
 
 #include <optional>
@@ -21,10 +21,12 @@ Array attention_forward(const Array& q, const Array& k, const Array& v, double s
 struct AttentionGrads {
   Array dq, dk, dv;  // shapes of q, k, v
 };
-// o (optional, [T, B, Hq, Dv]): the forward's stored output. Given, each row's delta = Σ_i p_i dp_i is
-// taken as FlashAttention's backward takes it, rowsum(dO ∘ O) over the output (equal in exact
+// o (optional, [T, B, Hq, Dv]): the forward's stored output. Given, each row's delta = Σ_i p_i dp_i
+// is taken as FlashAttention's backward takes it, rowsum(dO ∘ O) over the output (equal in exact
 // arithmetic, rounded otherwise: docs/attention.md §2); absent, from p and dp of the row itself.
-AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout, double scale,
-                                  bool causal, std::optional<DType> storage = std::nullopt, const Array* o = nullptr);
+AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout,
+                                  double scale, bool causal,
+                                  std::optional<DType> storage = std::nullopt,
+                                  const Array* o = nullptr);
 
 }  // namespace laga::ref

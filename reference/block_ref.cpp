@@ -1,30 +1,33 @@
 // fp64 reference of the MLA block stack: per layer y = x + MLA(RMSNorm(x; attn_norm)), MLA in the
-// explicit form on one rank (docs/design.md §2.1–§2.2), forward and backward. The equations and every
-// backward step are derived in docs/block.md; the line labels (N, L1–L6, E1–E4, R) are the same.
+// explicit form on one rank (docs/design.md §2.1–§2.2), forward and backward. The equations and
+// every backward step are derived in docs/block.md; the line labels (N, L1–L6, E1–E4, R) are the
+// same.
 //
 // One rank, so there are no collectives: E2's and E4's all-to-alls are identities and the positions
 // are the token indices t = 0 .. T-1. The backward recomputes each layer's forward from the layer's
 // saved input instead of keeping every layer's intermediates: the reference is for clarity, and
 // recomputation is exact (same operations, same order). The softmax scale is computed here from the
-// config's raw fields, never from MlaConfig::softmax_scale(), so the fast code cannot agree by sharing.
+// config's raw fields, never from MlaConfig::softmax_scale(), so the fast code cannot agree by
+// sharing.
 //
 // Precision emulation (`storage` set; empty leaves every line below exact and bitwise as before). A
 // plain implementation in bf16 (or fp32) computes each op in higher precision and rounds the result
-// once, where it stores it. So the lines marked `store(...)` round, in the storage dtype, exactly the
-// tensors src/mla/block.cpp and src/mla/forms/explicit.cpp write in it:
-//   forward   xn (N), cq (L1), cqn (L2), q before RoPE (L3, act.q_local) and q after RoPE,
-//             kv (L4), ckv (L5) and kpe (L6) — the latent —, [k_nope | v] (E1, act.kvb), attention's
-//             P (inside attention_ref) and o (E3), o·woᵀ (act.y) and y = x + o·woᵀ (R);
+// once, where it stores it. So the lines marked `store(...)` round, in the storage dtype, exactly
+// the tensors src/mla/block.cpp and src/mla/forms/explicit.cpp write in it:
+//   forward   xn (N), cq (L1), cqn (L2), q before RoPE (L3, act.q_local) and q after RoPE, kv (L4),
+//             ckv (L5) and kpe (L6) — the latent —, [k_nope | v] (E1, act.kvb), attention's P
+//             (inside attention_ref) and o (E3), o·woᵀ (act.y) and y = x + o·woᵀ (R);
 //   backward  do (E4), attention's dS (inside attention_ref), dq, dk, dv (E3), dkpe = Σ_h dk_pe and
-//             dckv (E1: the two halves of dlatent), dkv (L5, L6), dxn after L4 and again after the q
-//             path is added (L1/L3'), dcqn (L3), dq after RoPEᵀ, dcq (L2), RMSNormᵀ(dxn) and
-//             dx = dy + RMSNormᵀ(dxn) (N, R).
-// Every sum (products, norms, attention, the sum over heads of dk_pe) accumulates in fp32, each partial
-// sum rounded to fp32 in sequential order, as a plain fp32-accumulating loop would (Accum::f32): in
-// fp32 runs that accumulation, not storage, is most of the error (measured: with storage rounding
-// alone explicit's fp32 error was up to 16× plain's, growing with the reduction lengths). Weight
-// gradients are rounded to fp32 (laga accumulates them in fp32 whatever the storage dtype). Not
-// emulated: the attention scores and dP (fp32 tiles in the fast kernels), summation orders.
+//             dckv (E1: the two halves of dlatent), dkv (L5, L6), dxn after L4 and again after the
+//             q path is added (L1/L3'), dcqn (L3), dq after RoPEᵀ, dcq (L2), RMSNormᵀ(dxn) and dx =
+//             dy + RMSNormᵀ(dxn) (N, R).
+// Every sum (products, norms, attention, the sum over heads of dk_pe) accumulates in fp32, each
+// partial sum rounded to fp32 in sequential order, as a plain fp32-accumulating loop would
+// (Accum::f32): in fp32 runs that accumulation, not storage, is most of the error (measured: with
+// storage rounding alone explicit's fp32 error was up to 16× plain's, growing with the reduction
+// lengths). Weight gradients are rounded to fp32 (laga accumulates them in fp32 whatever the
+// storage dtype). Not emulated: the attention scores and dP (fp32 tiles in the fast kernels),
+// summation orders.
 #include "reference/block_ref.hpp"
 
 #include <cmath>
@@ -72,7 +75,8 @@ Array slice_last(const Array& a, int64_t begin, int64_t end) {
 // dst[..., begin:begin+W] = src (src is [..., W], with dst's leading dims).
 void put_last(Array& dst, const Array& src, int64_t begin) {
   const int64_t C = dst.shape.back(), W = src.shape.back(), rows = dst.numel() / C;
-  LAGA_ASSERT(src.numel() == rows * W, "put_last {} into {}", shape_str(src.shape), shape_str(dst.shape));
+  LAGA_ASSERT(src.numel() == rows * W, "put_last {} into {}", shape_str(src.shape),
+              shape_str(dst.shape));
   for (int64_t m = 0; m < rows; ++m)
     for (int64_t j = 0; j < W; ++j) dst[m * C + begin + j] = src[m * W + j];
 }
@@ -93,8 +97,10 @@ Array head_slice(const Array& a, int64_t h, int64_t begin, int64_t end) {
 
 // dst[:, :, h, begin:begin+W] = src [T, B, W].
 void put_head(Array& dst, const Array& src, int64_t h, int64_t begin) {
-  const int64_t H = dst.shape[2], C = dst.shape[3], W = src.shape.back(), rows = dst.shape[0] * dst.shape[1];
-  LAGA_ASSERT(src.numel() == rows * W, "put_head {} into {}", shape_str(src.shape), shape_str(dst.shape));
+  const int64_t H = dst.shape[2], C = dst.shape[3], W = src.shape.back(),
+                rows = dst.shape[0] * dst.shape[1];
+  LAGA_ASSERT(src.numel() == rows * W, "put_head {} into {}", shape_str(src.shape),
+              shape_str(dst.shape));
   for (int64_t m = 0; m < rows; ++m)
     for (int64_t j = 0; j < W; ++j) dst[(m * H + h) * C + begin + j] = src[m * W + j];
 }
@@ -111,9 +117,11 @@ Array rows_of(const Array& a, int64_t r0, int64_t n, bool transpose) {
 // a2 [n, C] (or its transpose [C, n]) into rows [r0, r0 + n) of dst [R, C].
 void put_rows(Array& dst, const Array& a2, int64_t r0, bool transposed) {
   const int64_t C = dst.shape[1], n = transposed ? a2.shape[1] : a2.shape[0];
-  LAGA_ASSERT(a2.numel() == n * C, "put_rows {} into {}", shape_str(a2.shape), shape_str(dst.shape));
+  LAGA_ASSERT(a2.numel() == n * C, "put_rows {} into {}", shape_str(a2.shape),
+              shape_str(dst.shape));
   for (int64_t r = 0; r < n; ++r)
-    for (int64_t j = 0; j < C; ++j) dst[(r0 + r) * C + j] = transposed ? a2[j * n + r] : a2[r * C + j];
+    for (int64_t j = 0; j < C; ++j)
+      dst[(r0 + r) * C + j] = transposed ? a2[j * n + r] : a2[r * C + j];
 }
 
 const Array& weight(const RefWeights& w, int64_t l, const char* name) {
@@ -125,26 +133,27 @@ const Array& weight(const RefWeights& w, int64_t l, const char* name) {
 
 // Everything one layer's forward computes that its backward reads. Shapes for x [T, B, D].
 struct LayerForward {
-  Array xn;     // [T, B, D]          N   xn = rmsnorm(x; attn_norm)
-  Array cq;     // [T, B, Lq]         L1  (q_lora_rank > 0 only)
-  Array cqn;    // [T, B, Lq]         L2  (q_lora_rank > 0 only)
-  Array q;      // [T, B, H, Dqk]     L3  after RoPE on q_pe
-  Array kv;     // [T, B, Lkv+Dr]     L4
-  Array ckv;    // [T, B, Lkv]        L5
-  Array k;      // [T, B, H, Dqk]     E1  [k_nope | kpe broadcast]          (Core::per_head)
-  Array v;      // [T, B, H, Dv]      E1                                    (Core::per_head)
-  Array q_abs;  // [T, B, H, Dl]      A2  [q_nope·W_UK | q_pe]              (Core::absorbed)
-  Array latent; // [T, B, 1, Dl]      A3  K = [ckv | kpe], one shared head  (Core::absorbed)
-  Array ckv1;   // [T, B, 1, Lkv]     A3  V = ckv                           (Core::absorbed)
-  Array o_lat;  // [T, B, H, Lkv]     A3                                    (Core::absorbed)
-  Array o;      // [T, B, H·Dv]       E3 (A4)
-  Array y;      // [T, B, D]          E4 + R
+  Array xn;      // [T, B, D]          N   xn = rmsnorm(x; attn_norm)
+  Array cq;      // [T, B, Lq]         L1  (q_lora_rank > 0 only)
+  Array cqn;     // [T, B, Lq]         L2  (q_lora_rank > 0 only)
+  Array q;       // [T, B, H, Dqk]     L3  after RoPE on q_pe
+  Array kv;      // [T, B, Lkv+Dr]     L4
+  Array ckv;     // [T, B, Lkv]        L5
+  Array k;       // [T, B, H, Dqk]     E1  [k_nope | kpe broadcast]          (Core::per_head)
+  Array v;       // [T, B, H, Dv]      E1                                    (Core::per_head)
+  Array q_abs;   // [T, B, H, Dl]      A2  [q_nope·W_UK | q_pe]              (Core::absorbed)
+  Array latent;  // [T, B, 1, Dl]      A3  K = [ckv | kpe], one shared head  (Core::absorbed)
+  Array ckv1;    // [T, B, 1, Lkv]     A3  V = ckv                           (Core::absorbed)
+  Array o_lat;   // [T, B, H, Lkv]     A3                                    (Core::absorbed)
+  Array o;       // [T, B, H·Dv]       E3 (A4)
+  Array y;       // [T, B, D]          E4 + R
 };
 
 LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x,
                            std::optional<DType> st, Core core) {
   const int64_t T = x.shape[0], B = x.shape[1], D = c.hidden_size, H = c.num_attention_heads;
-  const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
+  const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim,
+                Dv = c.v_head_dim;
   const int64_t Dqk = Dn + Dr;
   auto store = [&](Array& a) { round_in_place(a, st); };
   const Accum acc = st ? Accum::f32 : Accum::exact;
@@ -184,25 +193,34 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
   store(kpe);
 
   if (core == Core::absorbed) {
-    // A2  q_abs[h] = [q_nope[h] · W_UK[h] | q_pe[h]],  W_UK[h] = wkv_b rows h·(Dn+Dv) .. +Dn  [T, B, H, Dl]
+    // A2  q_abs[h] = [q_nope[h] · W_UK[h] | q_pe[h]],  W_UK[h] = wkv_b rows h·(Dn+Dv) .. +Dn  [T,
+    // B, H, Dl]
     const Array& wkv_b = weight(w, l, "wkv_b");
     f.q_abs = Array({T, B, H, Lkv + Dr});
     for (int64_t h = 0; h < H; ++h) {
-      put_head(f.q_abs, linear_forward(head_slice(f.q, h, 0, Dn), rows_of(wkv_b, h * (Dn + Dv), Dn, true), acc), h, 0);
+      put_head(
+          f.q_abs,
+          linear_forward(head_slice(f.q, h, 0, Dn), rows_of(wkv_b, h * (Dn + Dv), Dn, true), acc),
+          h, 0);
       put_head(f.q_abs, head_slice(f.q, h, Dn, Dqk), h, Lkv);
     }
     store(f.q_abs);
-    // A3  o_lat = attention(q_abs, K = [ckv | kpe], V = ckv), one K/V head for all H   [T, B, H, Lkv]
+    // A3  o_lat = attention(q_abs, K = [ckv | kpe], V = ckv), one K/V head for all H   [T, B, H,
+    // Lkv]
     f.latent = Array({T, B, 1, Lkv + Dr});
     put_last(f.latent, f.ckv, 0);
     put_last(f.latent, kpe, Lkv);
     f.ckv1 = reshaped(f.ckv, {T, B, 1, Lkv});
     f.o_lat = attention_forward(f.q_abs, f.latent, f.ckv1, softmax_scale(c), /*causal=*/true, st);
     store(f.o_lat);
-    // A4  o[h] = o_lat[h] · W_UV[h]ᵀ,  W_UV[h] = wkv_b rows h·(Dn+Dv)+Dn .. +Dv          [T, B, H·Dv]
+    // A4  o[h] = o_lat[h] · W_UV[h]ᵀ,  W_UV[h] = wkv_b rows h·(Dn+Dv)+Dn .. +Dv          [T, B,
+    // H·Dv]
     Array o({T, B, H, Dv});
     for (int64_t h = 0; h < H; ++h)
-      put_head(o, linear_forward(head_slice(f.o_lat, h, 0, Lkv), rows_of(wkv_b, h * (Dn + Dv) + Dn, Dv, false), acc), h, 0);
+      put_head(o,
+               linear_forward(head_slice(f.o_lat, h, 0, Lkv),
+                              rows_of(wkv_b, h * (Dn + Dv) + Dn, Dv, false), acc),
+               h, 0);
     f.o = reshaped(std::move(o), {T, B, H * Dv});
     store(f.o);
   } else {
@@ -219,7 +237,8 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
 
     // E2  (one rank: the all-to-alls are identities)
     // E3  o = attention(q, k, v), causal, softmax_scale                [T, B, H, Dv]
-    f.o = reshaped(attention_forward(f.q, f.k, f.v, softmax_scale(c), /*causal=*/true, st), {T, B, H * Dv});
+    f.o = reshaped(attention_forward(f.q, f.k, f.v, softmax_scale(c), /*causal=*/true, st),
+                   {T, B, H * Dv});
     store(f.o);
   }
   // E4  y_attn = o · woᵀ                                            [T, B, D]
@@ -235,10 +254,11 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
 // Long on purpose: the specification walks layer_forward's steps in reverse, each beside the one it
 // differentiates (llm.c's layout), so it reads as one derivation.
 // Walks layer_forward in reverse. Returns dx; writes the layer's weight gradients (=) into dw.
-Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x, const Array& dy,
-                     RefWeights& dw, std::optional<DType> st, Core core) {
+Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x,
+                     const Array& dy, RefWeights& dw, std::optional<DType> st, Core core) {
   const int64_t T = x.shape[0], B = x.shape[1], H = c.num_attention_heads;
-  const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim, Dv = c.v_head_dim;
+  const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim,
+                Dv = c.v_head_dim;
   const int64_t Dqk = Dn + Dr;
   const LayerForward f = layer_forward(c, w, l, x, st, core);
   auto store = [&](Array& a) { round_in_place(a, st); };
@@ -256,7 +276,8 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
   LinearGrads go = linear_backward(f.o, weight(w, l, "wo"), dy, acc);
   store(go.dx);
   set_grad("wo", std::move(go.dw));
-  // E3 .. E1 (or A4 .. A2): dq [T, B, H, Dqk] (before RoPEᵀ), dckv [T, B, Lkv], dkpe [T, B, Dr], dwkv_b
+  // E3 .. E1 (or A4 .. A2): dq [T, B, H, Dqk] (before RoPEᵀ), dckv [T, B, Lkv], dkpe [T, B, Dr],
+  // dwkv_b
   Array dq_heads, dckv, dkpe;
   if (core == Core::absorbed) {
     const Array& wkv_b = weight(w, l, "wkv_b");
@@ -265,17 +286,19 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
     const Array do4 = reshaped(std::move(go.dx), {T, B, H, Dv});
     Array do_lat({T, B, H, Lkv});
     for (int64_t h = 0; h < H; ++h) {
-      LinearGrads g4 = linear_backward(head_slice(f.o_lat, h, 0, Lkv), rows_of(wkv_b, h * (Dn + Dv) + Dn, Dv, false),
+      LinearGrads g4 = linear_backward(head_slice(f.o_lat, h, 0, Lkv),
+                                       rows_of(wkv_b, h * (Dn + Dv) + Dn, Dv, false),
                                        head_slice(do4, h, 0, Dv), acc);
       put_head(do_lat, g4.dx, h, 0);
       put_rows(dwkv_b, g4.dw, h * (Dn + Dv) + Dn, false);
     }
     store(do_lat);
     // A3  attention over the one latent head: dq_abs, dK [T, B, 1, Dl], dV [T, B, 1, Lkv]
-    AttentionGrads ga = attention_backward(f.q_abs, f.latent, f.ckv1, do_lat, softmax_scale(c), /*causal=*/true, st);
+    AttentionGrads ga = attention_backward(f.q_abs, f.latent, f.ckv1, do_lat, softmax_scale(c),
+                                           /*causal=*/true, st);
     store(ga.dq), store(ga.dk), store(ga.dv);
-    // dlatent = dK + [dV | 0], summed in the dtype of the dlatent partial sums, stored after the (here
-    // one-rank) reduce-scatter
+    // dlatent = dK + [dV | 0], summed in the dtype of the dlatent partial sums, stored after the
+    // (here one-rank) reduce-scatter
     Array dlat = reshaped(std::move(ga.dk), {T, B, Lkv + Dr});
     for (int64_t tb = 0; tb < T * B; ++tb)
       for (int64_t j = 0; j < Lkv; ++j) dlat[tb * (Lkv + Dr) + j] += ga.dv[tb * Lkv + j];
@@ -287,8 +310,9 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
     //     dW_UK[h] = q_nope[h]ᵀ · dq_abs[h],  dq_pe[h] = dq_abs[h][Lkv:]
     dq_heads = Array({T, B, H, Dqk});
     for (int64_t h = 0; h < H; ++h) {
-      LinearGrads g2 = linear_backward(head_slice(f.q, h, 0, Dn), rows_of(wkv_b, h * (Dn + Dv), Dn, true),
-                                       head_slice(ga.dq, h, 0, Lkv), acc);
+      LinearGrads g2 =
+          linear_backward(head_slice(f.q, h, 0, Dn), rows_of(wkv_b, h * (Dn + Dv), Dn, true),
+                          head_slice(ga.dq, h, 0, Lkv), acc);
       put_head(dq_heads, g2.dx, h, 0);
       put_head(dq_heads, head_slice(ga.dq, h, Lkv, Lkv + Dr), h, Dn);
       put_rows(dwkv_b, g2.dw, h * (Dn + Dv), true);
@@ -299,12 +323,13 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
     // E3  o = attention(q, k, v): dq, dk, dv by docs/attention.md    [T, B, H, Dqk|Dqk|Dv]
     const bool output_delta = core == Core::per_head_output_delta;
     const Array o_heads = output_delta ? reshaped(f.o, {T, B, H, Dv}) : Array();
-    AttentionGrads ga = attention_backward(f.q, f.k, f.v, reshaped(std::move(go.dx), {T, B, H, Dv}), softmax_scale(c),
+    AttentionGrads ga = attention_backward(f.q, f.k, f.v, reshaped(std::move(go.dx), {T, B, H, Dv}),
+                                           softmax_scale(c),
                                            /*causal=*/true, st, output_delta ? &o_heads : nullptr);
     store(ga.dq), store(ga.dk), store(ga.dv);
 
-    // E1  k = [k_nope | kpe broadcast]: dk_nope = dk[..., :Dn];  dkpe = Σ_h dk[..., h, Dn:]  [T, B, Dr]
-    //     [k_nope | v] = ckv · wkv_bᵀ: dkvb = [dk_nope | dv] per head  [T, B, H, Dn+Dv]
+    // E1  k = [k_nope | kpe broadcast]: dk_nope = dk[..., :Dn];  dkpe = Σ_h dk[..., h, Dn:]  [T, B,
+    //     Dr] [k_nope | v] = ckv · wkv_bᵀ: dkvb = [dk_nope | dv] per head  [T, B, H, Dn+Dv]
     Array dkvb({T, B, H, Dn + Dv});
     put_last(dkvb, slice_last(ga.dk, 0, Dn), 0);
     put_last(dkvb, ga.dv, Dn);
@@ -313,11 +338,12 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
       for (int64_t h = 0; h < H; ++h)
         for (int64_t j = 0; j < Dr; ++j) {
           double& d = dkpe[tb * Dr + j];
-          d = st ? F32Sum::add(d, ga.dk[(tb * H + h) * Dqk + Dn + j]) : d + ga.dk[(tb * H + h) * Dqk + Dn + j];
+          d = st ? F32Sum::add(d, ga.dk[(tb * H + h) * Dqk + Dn + j])
+                 : d + ga.dk[(tb * H + h) * Dqk + Dn + j];
         }
     store(dkpe);
-    LinearGrads gkvb =
-        linear_backward(f.ckv, weight(w, l, "wkv_b"), reshaped(std::move(dkvb), {T, B, H * (Dn + Dv)}), acc);
+    LinearGrads gkvb = linear_backward(f.ckv, weight(w, l, "wkv_b"),
+                                       reshaped(std::move(dkvb), {T, B, H * (Dn + Dv)}), acc);
     store(gkvb.dx);
     set_grad("wkv_b", std::move(gkvb.dw));  // dckv = gkvb.dx  [T, B, Lkv]
     dq_heads = std::move(ga.dq);
@@ -328,7 +354,8 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
   // L5  ckv = rmsnorm(kv[..., :Lkv]; kv_norm):  dkv[..., :Lkv], dkv_norm
   Array dkv({T, B, Lkv + Dr});
   put_last(dkv, rope_backward(dkpe, c, 0), Lkv);
-  RmsNormGrads gkvn = rmsnorm_backward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), dckv, c.rms_norm_eps, acc);
+  RmsNormGrads gkvn = rmsnorm_backward(slice_last(f.kv, 0, Lkv), weight(w, l, "kv_norm"), dckv,
+                                       c.rms_norm_eps, acc);
   put_last(dkv, gkvn.dx, 0);
   store(dkv);
   set_grad("kv_norm", std::move(gkvn.dw));
@@ -375,8 +402,8 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
 }
 
 void check_input(const MlaConfig& c, const Array& x, const char* name) {
-  LAGA_CHECK(x.shape.size() == 3 && x.shape[2] == c.hidden_size, "{} {} must be [T, B, D = {}]", name,
-             shape_str(x.shape), c.hidden_size);
+  LAGA_CHECK(x.shape.size() == 3 && x.shape[2] == c.hidden_size, "{} {} must be [T, B, D = {}]",
+             name, shape_str(x.shape), c.hidden_size);
 }
 
 }  // namespace
@@ -387,7 +414,8 @@ RefWeights from_weights(const Weights& w) {
   return r;
 }
 
-Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x, std::optional<DType> storage, Core core) {
+Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x,
+                    std::optional<DType> storage, Core core) {
   check_input(c, x, "x");
   Array h = x;  // [T, B, D], the residual stream
   for (int64_t l = 0; l < c.num_layers; ++l) h = layer_forward(c, w, l, h, storage, core).y;
@@ -400,10 +428,12 @@ BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& 
   LAGA_CHECK(dy.shape == x.shape, "dy {} must match x {}", shape_str(dy.shape), shape_str(x.shape));
   // Each layer's input, to recompute its forward in backward: inputs[l] [T, B, D].
   std::vector<Array> inputs{x};
-  for (int64_t l = 0; l + 1 < c.num_layers; ++l) inputs.push_back(layer_forward(c, w, l, inputs.back(), storage, core).y);
+  for (int64_t l = 0; l + 1 < c.num_layers; ++l)
+    inputs.push_back(layer_forward(c, w, l, inputs.back(), storage, core).y);
   BlockGrads g;
   Array d = dy;  // [T, B, D], the gradient of the residual stream
-  for (int64_t l = c.num_layers - 1; l >= 0; --l) d = layer_backward(c, w, l, inputs[size_t(l)], d, g.dw, storage, core);
+  for (int64_t l = c.num_layers - 1; l >= 0; --l)
+    d = layer_backward(c, w, l, inputs[size_t(l)], d, g.dw, storage, core);
   g.dx = std::move(d);
   return g;
 }

@@ -1,5 +1,6 @@
-// fp64 reference ops: linear, RMSNorm, RoPE with YaRN. Plain loops, by the definitions of docs/design.md §1–§2.
-// `acc` (default exact) picks how sums are accumulated (Accum, reference/array.hpp).
+// fp64 reference ops: linear, RMSNorm, RoPE with YaRN. Plain loops, by the definitions of
+// docs/design.md §1–§2. `acc` (default exact) picks how sums are accumulated (Accum,
+// reference/array.hpp).
 #pragma once
 
 #include "laga/mla/config.hpp"
@@ -12,7 +13,8 @@ Array linear_forward(const Array& x, const Array& w, Accum acc = Accum::exact);
 struct LinearGrads {
   Array dx, dw;
 };
-LinearGrads linear_backward(const Array& x, const Array& w, const Array& dy, Accum acc = Accum::exact);
+LinearGrads linear_backward(const Array& x, const Array& w, const Array& dy,
+                            Accum acc = Accum::exact);
 
 // y = x / sqrt(mean(x²) + eps) · w over the last dim C; x [..., C], w [C].
 Array rmsnorm_forward(const Array& x, const Array& w, double eps, Accum acc = Accum::exact);
@@ -22,8 +24,9 @@ struct RmsNormGrads {
 RmsNormGrads rmsnorm_backward(const Array& x, const Array& w, const Array& dy, double eps,
                               Accum acc = Accum::exact);
 
-// RoPE with YaRN (docs/design.md §1.1, recomputed here from the config's raw fields) over the last dim Dr of
-// x [T, ...middle..., Dr]; token t sits at global position pos0 + t. Layout per c.rope_interleaved.
+// RoPE with YaRN (docs/design.md §1.1, recomputed here from the config's raw fields) over the last
+// dim Dr of x [T, ...middle..., Dr]; token t sits at global position pos0 + t. Layout per
+// c.rope_interleaved.
 Array rope_forward(const Array& x, const MlaConfig& c, int64_t pos0);
 Array rope_backward(const Array& dy, const MlaConfig& c, int64_t pos0);
 

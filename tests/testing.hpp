@@ -13,7 +13,8 @@
 
 namespace laga::testing {
 
-inline Tensor random_tensor(const Shape& s, DType t, uint64_t seed, const std::string& name, double std = 1.0) {
+inline Tensor random_tensor(const Shape& s, DType t, uint64_t seed, const std::string& name,
+                            double std = 1.0) {
   Tensor x = Tensor::empty(s, t, name);
   fill_normal(x, seed, name, std);
   return x;
@@ -31,7 +32,9 @@ inline double max_abs_diff(const ref::Array& a, const ref::Array& b) {
   for (int64_t i = 0; i < a.numel(); ++i) m = std::max(m, std::abs(a[i] - b[i]));
   return a.numel() == b.numel() ? m : INFINITY;
 }
-inline double max_abs_diff(const Tensor& a, const ref::Array& b) { return max_abs_diff(ref::from_tensor(a), b); }
+inline double max_abs_diff(const Tensor& a, const ref::Array& b) {
+  return max_abs_diff(ref::from_tensor(a), b);
+}
 
 // ‖a − b‖₂ / ‖b‖₂: the relative error of a whole tensor.
 inline double rel_l2(const ref::Array& a, const ref::Array& b) {
@@ -48,7 +51,8 @@ inline ref::Array rounded(const ref::Array& a, DType t) {
 }
 
 // The tolerance rule: err ≤ factor · baseline_err + floor · scale.
-inline bool within_baseline(double err, double baseline_err, double scale, double factor = 4.0, double floor = 1e-6) {
+inline bool within_baseline(double err, double baseline_err, double scale, double factor = 4.0,
+                            double floor = 1e-6) {
   return err <= factor * baseline_err + floor * std::max(scale, 1e-30);
 }
 

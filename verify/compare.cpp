@@ -28,12 +28,13 @@ Tensors tensors_of(const Tensor& y, const Tensor& dx, const Weights& grads) {
   Tensors t;
   t["y"] = ref::from_tensor(y);
   t["dx"] = ref::from_tensor(dx);
-  grads.for_each([&](const std::string& full, const Tensor& g) { t[grad_key(full)] = ref::from_tensor(g); });
+  grads.for_each(
+      [&](const std::string& full, const Tensor& g) { t[grad_key(full)] = ref::from_tensor(g); });
   return t;
 }
 
-Tensors reference_tensors(const MlaConfig& c, const ref::RefWeights& w, const ref::Array& x, const ref::Array& dy,
-                          std::optional<DType> storage, ref::Core core) {
+Tensors reference_tensors(const MlaConfig& c, const ref::RefWeights& w, const ref::Array& x,
+                          const ref::Array& dy, std::optional<DType> storage, ref::Core core) {
   Tensors t;
   t["y"] = ref::block_forward(c, w, x, storage, core);
   ref::BlockGrads g = ref::block_backward(c, w, x, dy, storage, core);
@@ -42,8 +43,9 @@ Tensors reference_tensors(const MlaConfig& c, const ref::RefWeights& w, const re
   return t;
 }
 
-std::map<std::string, TensorError> plain_errors(const MlaConfig& c, const ref::RefWeights& w, const ref::Array& x,
-                                                const ref::Array& dy, const Tensors& exact) {
+std::map<std::string, TensorError> plain_errors(const MlaConfig& c, const ref::RefWeights& w,
+                                                const ref::Array& x, const ref::Array& dy,
+                                                const Tensors& exact) {
   auto plain = errors(reference_tensors(c, w, x, dy, c.dtype, ref::Core::per_head), exact);
   for (ref::Core other : {ref::Core::absorbed, ref::Core::per_head_output_delta}) {
     const auto e_other = errors(reference_tensors(c, w, x, dy, c.dtype, other), exact);
@@ -59,8 +61,8 @@ std::map<std::string, TensorError> errors(const Tensors& got, const Tensors& tru
     auto it = got.find(name);
     LAGA_ASSERT(it != got.end(), "no tensor '{}' to compare", name);
     const ref::Array& a = it->second;
-    LAGA_ASSERT(a.shape == want.shape, "'{}' has shape {}, its reference {}", name, shape_str(a.shape),
-                shape_str(want.shape));
+    LAGA_ASSERT(a.shape == want.shape, "'{}' has shape {}, its reference {}", name,
+                shape_str(a.shape), shape_str(want.shape));
     TensorError e;
     double num = 0, den = 0;
     for (int64_t i = 0; i < want.numel(); ++i) {
@@ -72,7 +74,8 @@ std::map<std::string, TensorError> errors(const Tensors& got, const Tensors& tru
     }
     // NaN anywhere makes the error NaN, which no rule passes (std::max would drop it).
     if (std::isnan(num)) e.max_abs = std::numeric_limits<double>::quiet_NaN();
-    e.rel_l2 = den > 0 ? std::sqrt(num / den) : (num > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+    e.rel_l2 =
+        den > 0 ? std::sqrt(num / den) : (num > 0 ? std::numeric_limits<double>::infinity() : 0.0);
     out[name] = e;
   }
   return out;
@@ -89,7 +92,9 @@ bool bitwise_equal(const Tensors& a, const Tensors& b, std::string* first_differ
     auto it = a.find(name);
     if (it == a.end()) return differ(fmt::format("'{}' only in the second", name));
     const ref::Array& x = it->second;
-    if (x.shape != y.shape) return differ(fmt::format("'{}': shape {} vs {}", name, shape_str(x.shape), shape_str(y.shape)));
+    if (x.shape != y.shape)
+      return differ(
+          fmt::format("'{}': shape {} vs {}", name, shape_str(x.shape), shape_str(y.shape)));
     for (int64_t i = 0; i < x.numel(); ++i)
       if (std::memcmp(&x.data[size_t(i)], &y.data[size_t(i)], sizeof(double)) != 0)
         return differ(fmt::format("{}[{}]: {:.9g} vs {:.9g}", name, i, x[i], y[i]));
@@ -97,22 +102,28 @@ bool bitwise_equal(const Tensors& a, const Tensors& b, std::string* first_differ
   return true;
 }
 
-double eps(DType dtype) { return dtype == DType::bf16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -23); }
+double eps(DType dtype) {
+  return dtype == DType::bf16 ? std::ldexp(1.0, -7) : std::ldexp(1.0, -23);
+}
 
 Verdict within_baseline(const std::map<std::string, TensorError>& candidate,
-                        const std::map<std::string, TensorError>& baseline, DType dtype, double factor) {
+                        const std::map<std::string, TensorError>& baseline, DType dtype,
+                        double factor) {
   Verdict v;
-  v.rule = fmt::format("per tensor max|Δ fp64| ≤ {:g} × baseline's + {:g} ulp({}) × max|fp64|", factor, kFloorUlps,
-                       dtype_name(dtype));
+  v.rule = fmt::format("per tensor max|Δ fp64| ≤ {:g} × baseline's + {:g} ulp({}) × max|fp64|",
+                       factor, kFloorUlps, dtype_name(dtype));
   for (const auto& [name, base] : baseline) {
     auto it = candidate.find(name);
     LAGA_ASSERT(it != candidate.end(), "no error for '{}' to judge", name);
     const double err = it->second.max_abs;
     const double allowed = factor * base.max_abs + kFloorUlps * eps(dtype) * base.scale;
     double r;
-    if (std::isnan(err) || std::isnan(allowed)) r = std::numeric_limits<double>::infinity();
-    else if (allowed > 0) r = err / allowed;
-    else r = err > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+    if (std::isnan(err) || std::isnan(allowed))
+      r = std::numeric_limits<double>::infinity();
+    else if (allowed > 0)
+      r = err / allowed;
+    else
+      r = err > 0 ? std::numeric_limits<double>::infinity() : 0.0;
     v.ratio[name] = r;
     v.allowed_ulps[name] = base.scale > 0 ? allowed / (eps(dtype) * base.scale) : 0.0;
     if (v.worst.empty() || r > v.worst_ratio) v.worst = name, v.worst_ratio = r;
@@ -150,7 +161,8 @@ Verdict explicit_vs_plain(const std::map<std::string, TensorError>& explicit_,
 }
 
 std::string summary(const Verdict& v) {
-  return fmt::format("{} (worst {}: {:.3g} of allowed)", v.pass ? "pass" : "FAIL", v.worst, v.worst_ratio);
+  return fmt::format("{} (worst {}: {:.3g} of allowed)", v.pass ? "pass" : "FAIL", v.worst,
+                     v.worst_ratio);
 }
 
 }  // namespace laga::verify

@@ -35,7 +35,8 @@ FormCase make_case(int64_t P, std::string_view form, std::string_view vs) {
 FormCase judged(int64_t P, std::string_view form, const Verdict& v, std::string criterion,
                 const std::map<std::string, TensorError>& err) {
   FormCase k = make_case(P, form, "fp64");
-  k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio, k.allowed_ulps = v.allowed_ulps;
+  k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio,
+  k.allowed_ulps = v.allowed_ulps;
   k.criterion = std::move(criterion);
   summarize(k, err);
   return k;
@@ -54,31 +55,38 @@ struct Run {
   ref::Array x, dy;
 };
 
-
-// One check_forms sweep: what every P's cases are judged with (the fp64 reference's tensors, the plain
-// implementations' error, explicit's error with the fused kernel per baseline P), and the report.
+// One check_forms sweep: what every P's cases are judged with (the fp64 reference's tensors, the
+// plain implementations' error, explicit's error with the fused kernel per baseline P), and the
+// report.
 class FormsCheck {
  public:
   FormsCheck(const Config& base, Launcher& launcher, const FormsOptions& opt)
-      : base_(base), launcher_(launcher), opt_(opt), root_(launcher.is_root()),
+      : base_(base),
+        launcher_(launcher),
+        opt_(opt),
+        root_(launcher.is_root()),
         initial_(allocate_weights(*base, "verify.weights")) {
-    // The same seed draws the same whole weights at every P and for every form: drawn once here (per
-    // process), each run copies them.
+    // The same seed draws the same whole weights at every P and for every form: drawn once here
+    // (per process), each run copies them.
     init_weights(initial_, *base, opt.seed);
     run_opt_.seed = opt.seed;
     run_opt_.gather_tensors = true;
     run_opt_.initial_weights = &initial_;
     for (const Form* f : registered_forms())
       if (f->name() != kBaselineForm &&
-          (opt.forms.empty() || std::find(opt.forms.begin(), opt.forms.end(), f->name()) != opt.forms.end()))
+          (opt.forms.empty() ||
+           std::find(opt.forms.begin(), opt.forms.end(), f->name()) != opt.forms.end()))
         forms_.push_back(f);
     report_.backend = launcher.backend();
-    report_.rule = fmt::format("per tensor, max|form − fp64| ≤ {:g} × max(explicit's, plain's) + {:g} ulp × "
-                               "max|fp64|; explicit's ≤ {:g} × plain's, plain = the largest of three plain {} "
-                               "implementations (per-head order, its delta from dO·O, absorbed order){}",
-                               kFormFactor, kFloorUlps, kExplicitFactor, dtype_name(base->dtype),
-                               base->kernel == Kernel::eager ? "; a form with a kernel of its own against explicit with the "
-                                                               "fused kernel" : "");
+    report_.rule = fmt::format(
+        "per tensor, max|form − fp64| ≤ {:g} × max(explicit's, plain's) + {:g} ulp × "
+        "max|fp64|; explicit's ≤ {:g} × plain's, plain = the largest of three plain {} "
+        "implementations (per-head order, its delta from dO·O, absorbed order){}",
+        kFormFactor, kFloorUlps, kExplicitFactor, dtype_name(base->dtype),
+        base->kernel == Kernel::eager
+            ? "; a form with a kernel of its own against explicit with the "
+              "fused kernel"
+            : "");
   }
   FormsCheck(const FormsCheck&) = delete;
   FormsCheck& operator=(const FormsCheck&) = delete;
@@ -87,14 +95,16 @@ class FormsCheck {
   void reference() {
     // The same seed draws the same whole weights and inputs at every P and for every form.
     one_ = run(at(kBaselineForm, 1), /*keep_inputs=*/true);
-    // The plain same-precision implementation's error: the largest of its three association orders (plain_errors).
+    // The plain same-precision implementation's error: the largest of its three association orders
+    // (plain_errors).
     if (root_) {
       exact_ = reference_tensors(*base_, one_.weights, one_.x, one_.dy, std::nullopt);
       plain_err_ = plain_errors(*base_, one_.weights, one_.x, one_.dy, exact_);
     }
   }
 
-  // Every case at P; explicit_at_one_judged: whether explicit's case at P 1 is (or will be) in the report.
+  // Every case at P; explicit_at_one_judged: whether explicit's case at P 1 is (or will be) in the
+  // report.
   void check_at(int64_t P, bool& explicit_at_one_judged);
 
   FormsReport take() { return std::move(report_); }
@@ -103,35 +113,45 @@ class FormsCheck {
   // A whole run of c; its tensors on the root (rank 0 of the group), empty elsewhere.
   Run run(const Config& c, bool keep_inputs) {
     Run out;
-    launcher_.run(int(c->sp), [&](Communicator& comm) {
-      RankResult r = run_rank(c, run_opt_, comm);
-      if (comm.rank() != 0) return;
-      out.outputs = tensors_of(r.y, r.dx, r.grads);
-      if (keep_inputs) {
-        out.weights = ref::from_weights(r.weights);
-        out.x = ref::from_tensor(r.x), out.dy = ref::from_tensor(r.dy);
-      }
-    }, opt_.timeout_s);
+    launcher_.run(
+        int(c->sp),
+        [&](Communicator& comm) {
+          RankResult r = run_rank(c, run_opt_, comm);
+          if (comm.rank() != 0) return;
+          out.outputs = tensors_of(r.y, r.dx, r.grads);
+          if (keep_inputs) {
+            out.weights = ref::from_weights(r.weights);
+            out.x = ref::from_tensor(r.x), out.dy = ref::from_tensor(r.dy);
+          }
+        },
+        opt_.timeout_s);
     return out;
   }
   Config at(std::string_view form, int64_t P) const {
     return base_.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; });
   }
-  // A form that runs a kernel of its own whatever --kernel says (the ring forms and laga --ulysses the
-  // fused kernel, laga-fused its latent kernel, tiled as the fused one) is held to explicit run with the
-  // fused kernel at the same P: like with like. Under --kernel eager explicit's own error is the eager
-  // kernel's, one softmax per row with no online rescaling, and on some tensors smaller than any fused
-  // kernel's (tiny T 64 L 2 seed 7: ring-latent's dq_norm at 1.002 of an eager-explicit bound).
-  // Run once per baseline P, only where such a form runs; errors on the root, empty elsewhere.
-  bool against_fused(const Form& f) const { return base_->kernel != Kernel::fused && !f.own_kernel().empty(); }
-  const std::map<std::string, TensorError>& baseline_of(const Form& f, int64_t baseline_P,
-                                                        const std::map<std::string, TensorError>& e_err) {
+  // A form that runs a kernel of its own whatever --kernel says (the ring forms and laga --ulysses
+  // the fused kernel, laga-fused its latent kernel, tiled as the fused one) is held to explicit run
+  // with the fused kernel at the same P: like with like. Under --kernel eager explicit's own error
+  // is the eager kernel's, one softmax per row with no online rescaling, and on some tensors
+  // smaller than any fused kernel's (tiny T 64 L 2 seed 7: ring-latent's dq_norm at 1.002 of an
+  // eager-explicit bound). Run once per baseline P, only where such a form runs; errors on the
+  // root, empty elsewhere.
+  bool against_fused(const Form& f) const {
+    return base_->kernel != Kernel::fused && !f.own_kernel().empty();
+  }
+  const std::map<std::string, TensorError>& baseline_of(
+      const Form& f, int64_t baseline_P, const std::map<std::string, TensorError>& e_err) {
     if (!against_fused(f)) return e_err;
     auto it = fused_explicit_err_.find(baseline_P);
     if (it == fused_explicit_err_.end()) {
-      Run r = run(base_.with([&](MlaConfig& m) { m.form = kBaselineForm, m.sp = baseline_P, m.kernel = Kernel::fused; }),
+      Run r = run(base_.with([&](MlaConfig& m) {
+        m.form = kBaselineForm, m.sp = baseline_P, m.kernel = Kernel::fused;
+      }),
                   false);
-      it = fused_explicit_err_.emplace(baseline_P, root_ ? errors(r.outputs, exact_) : std::map<std::string, TensorError>{})
+      it = fused_explicit_err_
+               .emplace(baseline_P,
+                        root_ ? errors(r.outputs, exact_) : std::map<std::string, TensorError>{})
                .first;
     }
     return it->second;
@@ -140,30 +160,36 @@ class FormsCheck {
   FormCase form_case(int64_t P, std::string_view label, const Form& f, int64_t baseline_P,
                      const std::map<std::string, TensorError>& baseline, const Run& r) const {
     const auto err = errors(r.outputs, exact_);
-    return judged(P, label, form_vs_baseline(err, baseline, plain_err_, base_->dtype),
-                  fmt::format("≤ {:g} × max(explicit's error at P {}{}, the plain implementations') + floor", kFormFactor,
-                              baseline_P, against_fused(f) ? " with the fused kernel (the form's own)" : ""),
-                  err);
+    return judged(
+        P, label, form_vs_baseline(err, baseline, plain_err_, base_->dtype),
+        fmt::format("≤ {:g} × max(explicit's error at P {}{}, the plain implementations') + floor",
+                    kFormFactor, baseline_P,
+                    against_fused(f) ? " with the fused kernel (the form's own)" : ""),
+        err);
   }
   // explicit's own case at P: its error against the plain implementation's (the rule's baseline).
   FormCase explicit_case(int64_t P, const std::map<std::string, TensorError>& e_err) const {
-    return judged(P, kBaselineForm, explicit_vs_plain(e_err, plain_err_, base_->dtype),
-                  fmt::format("≤ {:g} × the plain {} implementations' error (three association orders) + floor",
-                              kExplicitFactor, dtype_name(base_->dtype)),
-                  e_err);
+    return judged(
+        P, kBaselineForm, explicit_vs_plain(e_err, plain_err_, base_->dtype),
+        fmt::format(
+            "≤ {:g} × the plain {} implementations' error (three association orders) + floor",
+            kExplicitFactor, dtype_name(base_->dtype)),
+        e_err);
   }
   // A form exact at one rank, at P 1: bit for bit against explicit's run.
   FormCase bitwise_case(int64_t P, const Form& f, const Run& r) const {
     FormCase b = make_case(P, f.name(), "explicit@1");
     std::string where;
     b.bitwise = b.pass = bitwise_equal(r.outputs, one_.outputs, &where);
-    b.criterion = "bit-identical to explicit at P = 1" + (b.pass ? std::string() : " (first difference: " + where + ")");
+    b.criterion = "bit-identical to explicit at P = 1" +
+                  (b.pass ? std::string() : " (first difference: " + where + ")");
     b.worst = b.pass ? "" : where;
     summarize(b, errors(r.outputs, one_.outputs));
     return b;
   }
   // laga's --ulysses row at P, where it runs.
-  void ulysses_case(int64_t P, int64_t baseline_P, const std::map<std::string, TensorError>& e_err) {
+  void ulysses_case(int64_t P, int64_t baseline_P,
+                    const std::map<std::string, TensorError>& e_err) {
     MlaConfig m = *base_;
     m.form = "laga", m.sp = P, m.ulysses = opt_.ulysses;
     const std::string label = displayed_form(m);
@@ -190,7 +216,7 @@ class FormsCheck {
   RunOptions run_opt_;
   std::vector<const Form*> forms_;
   FormsReport report_;
-  Run one_;      // explicit at P 1
+  Run one_;        // explicit at P 1
   Tensors exact_;  // the fp64 reference's tensors (root)
   std::map<std::string, TensorError> plain_err_;
   std::map<int64_t, std::map<std::string, TensorError>> fused_explicit_err_;
@@ -202,11 +228,12 @@ void FormsCheck::check_at(int64_t P, bool& explicit_at_one_judged) {
   // planned_verify_bytes. Within one P the runs reuse each other's blocks.
   release_free_memory();
   // One rule for every form, the baseline included (forms_at): a form that refuses this P (a
-  // head-scatter form's P ∤ H, a ring form's T not a multiple of 2P) is reported as not run, with its
-  // reason. Where explicit itself refuses P, the others are held to explicit's error at P = 1.
+  // head-scatter form's P ∤ H, a ring form's T not a multiple of 2P) is reported as not run, with
+  // its reason. Where explicit itself refuses P, the others are held to explicit's error at P = 1.
   MlaConfig m = *base_;
   m.sp = P;
-  MlaConfig with_ulysses = m;  // laga's --ulysses row, where it runs at this P, counts as a form that runs
+  // laga's --ulysses row, where it runs at this P, counts as a form that runs
+  MlaConfig with_ulysses = m;
   if (ulysses_row_at(opt_.ulysses, P)) with_ulysses.ulysses = opt_.ulysses;
   (void)forms_at(with_ulysses);
   const FormsAt here = judge_forms(m);
@@ -217,7 +244,9 @@ void FormsCheck::check_at(int64_t P, bool& explicit_at_one_judged) {
   if (root_ && !baseline_refusal.empty()) {
     e_err = errors(e.outputs, exact_);
     if (!explicit_at_one_judged) add(explicit_case(1, e_err));
-    add(not_run(P, kBaselineForm, baseline_refusal + " (the other forms at this P are held to explicit's error at P 1)"));
+    add(not_run(
+        P, kBaselineForm,
+        baseline_refusal + " (the other forms at this P are held to explicit's error at P 1)"));
   } else if (root_) {
     e_err = errors(e.outputs, exact_);
     add(explicit_case(P, e_err));
@@ -252,17 +281,21 @@ int64_t weight_count(const MlaConfig& c) {
   return weights * c.num_layers;
 }
 
-int64_t output_count(const MlaConfig& c) { return weight_count(c) + 2 * c.seq_len * c.batch * c.hidden_size; }
+int64_t output_count(const MlaConfig& c) {
+  return weight_count(c) + 2 * c.seq_len * c.batch * c.hidden_size;
+}
 
 int64_t planned_run_bytes(const Config& c, bool ranks_are_threads, bool gathered) {
   const PlannedMemory p = plan_memory(c);
   int64_t per_rank = p.baseline_bytes + p.activation_peak_bytes;
-  if (gathered) per_rank += 4 * weight_count(*c) + 4 * c->seq_len * c->batch * c->hidden_size * dtype_size(c->dtype);
+  if (gathered)
+    per_rank +=
+        4 * weight_count(*c) + 4 * c->seq_len * c->batch * c->hidden_size * dtype_size(c->dtype);
   return (ranks_are_threads ? c->sp : 1) * per_rank;
 }
 
-int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps, bool ranks_are_threads,
-                             int64_t ulysses) {
+int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps,
+                             bool ranks_are_threads, int64_t ulysses) {
   const MlaConfig& c = *base;
   const int64_t weights = weight_count(c);
   auto at = [&](std::string_view form, int64_t P) {
@@ -275,10 +308,13 @@ int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps
     MlaConfig m = c;
     m.sp = P;
     for (const Form* f : judge_forms(m).runnable)
-      largest_run = std::max(largest_run, planned_run_bytes(at(f->name(), P), ranks_are_threads, true));
-    if (ulysses_row_at(ulysses, P)) {  // laga's --ulysses row plans its own peak (its ring's buffers)
+      largest_run =
+          std::max(largest_run, planned_run_bytes(at(f->name(), P), ranks_are_threads, true));
+    // laga's --ulysses row plans its own peak (its ring's buffers)
+    if (ulysses_row_at(ulysses, P)) {
       m.form = "laga", m.ulysses = ulysses;
-      if (m.problems().empty()) largest_run = std::max(largest_run, planned_run_bytes(Config(m), ranks_are_threads, true));
+      if (m.problems().empty())
+        largest_run = std::max(largest_run, planned_run_bytes(Config(m), ranks_are_threads, true));
     }
   }
   return kVerifyProcessBytes + kVerifyFp64Copies * 8 * output_count(c) + ref_activations +
@@ -289,8 +325,8 @@ FormsReport check_forms(const Config& base, const std::vector<int64_t>& sps, Lau
                         const FormsOptions& opt) {
   FormsCheck check(base, launcher, opt);
   check.reference();
-  // Where explicit refuses a P, the other forms are held to its error at P 1: that error is judged too,
-  // once, as a case of P 1 (unless P 1 is in sps: judged there).
+  // Where explicit refuses a P, the other forms are held to its error at P 1: that error is judged
+  // too, once, as a case of P 1 (unless P 1 is in sps: judged there).
   bool explicit_at_one_judged = std::find(sps.begin(), sps.end(), int64_t(1)) != sps.end();
   for (int64_t P : sps) check.check_at(P, explicit_at_one_judged);
   return check.take();

@@ -56,13 +56,20 @@ class ScratchBytes {
 
 std::string_view collective_name(CollectiveOp op) {
   switch (op) {
-    case CollectiveOp::all_to_all: return "all_to_all";
-    case CollectiveOp::all_gather: return "all_gather";
-    case CollectiveOp::reduce_scatter: return "reduce_scatter";
-    case CollectiveOp::all_reduce: return "all_reduce";
-    case CollectiveOp::barrier: return "barrier";
-    case CollectiveOp::broadcast: return "broadcast";
-    case CollectiveOp::send_recv: return "send_recv";
+    case CollectiveOp::all_to_all:
+      return "all_to_all";
+    case CollectiveOp::all_gather:
+      return "all_gather";
+    case CollectiveOp::reduce_scatter:
+      return "reduce_scatter";
+    case CollectiveOp::all_reduce:
+      return "all_reduce";
+    case CollectiveOp::barrier:
+      return "barrier";
+    case CollectiveOp::broadcast:
+      return "broadcast";
+    case CollectiveOp::send_recv:
+      return "send_recv";
   }
   return "unknown";
 }
@@ -101,20 +108,25 @@ void Ledger::clear() {
   ++generation_;
 }
 
-double Ledger::now() const { return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count(); }
+double Ledger::now() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+}
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
-void check_count(const Communicator& c, std::string_view op, const std::string& tensor, int64_t n, const void* a,
-                 const void* b) {
-  LAGA_CHECK(n >= 0, "{} of '{}' on rank {}: element count {} is negative", op, tensor, c.rank(), n);
+void check_count(const Communicator& c, std::string_view op, const std::string& tensor, int64_t n,
+                 const void* a, const void* b) {
+  LAGA_CHECK(n >= 0, "{} of '{}' on rank {}: element count {} is negative", op, tensor, c.rank(),
+             n);
   // A communicator that moves no data (meta) plans with buffers that need not exist.
-  LAGA_CHECK(n == 0 || !c.moves_data() || (a && b), "{} of '{}' on rank {}: null buffer for {} elements", op, tensor,
-             c.rank(), n);
+  LAGA_CHECK(n == 0 || !c.moves_data() || (a && b),
+             "{} of '{}' on rank {}: null buffer for {} elements", op, tensor, c.rank(), n);
 }
 
 bool overlaps(const void* a, int64_t a_bytes, const void* b, int64_t b_bytes) {
@@ -148,7 +160,6 @@ uint64_t fnv1a(const std::string& s) {
 }
 
 }  // namespace
-
 
 namespace detail {
 
@@ -211,7 +222,8 @@ void CollectiveHandle::settle() noexcept {
   };
   if (std::uncaught_exceptions() > 0 && !p_->done) {
     try {
-      c->abandon(fmt::format("rank {}: {} was abandoned while an error unwound the stack", c->rank(), p_->what));
+      c->abandon(fmt::format("rank {}: {} was abandoned while an error unwound the stack",
+                             c->rank(), p_->what));
     } catch (...) {
     }
     c->forget(p_.get());
@@ -239,20 +251,25 @@ void Communicator::block_raw(RawRequest& r) {
 }
 
 std::unique_ptr<Communicator> Communicator::first_ranks_of(int P) {
-  LAGA_FAIL_USAGE("the {} backend has no sub-groups of its {} ranks; start a new group of {} ranks instead "
-                  "(run_threads({}, ...), or laga's --sp {})",
-                  backend(), size(), P, P, P);
+  LAGA_FAIL_USAGE(
+      "the {} backend has no sub-groups of its {} ranks; start a new group of {} ranks instead "
+      "(run_threads({}, ...), or laga's --sp {})",
+      backend(), size(), P, P, P);
 }
 
 std::unique_ptr<Communicator> Communicator::split_of(int, int, int, int) {
-  LAGA_FAIL_USAGE("the {} backend cannot split its group of {} ranks into sub-groups", backend(), size());
+  LAGA_FAIL_USAGE("the {} backend cannot split its group of {} ranks into sub-groups", backend(),
+                  size());
 }
 
-std::unique_ptr<Communicator> Communicator::split(const std::function<SplitKey(int rank)>& color_key) {
+std::unique_ptr<Communicator> Communicator::split(
+    const std::function<SplitKey(int rank)>& color_key) {
   const int P = size(), me = rank();
   const SplitKey mine = color_key(me);
-  LAGA_CHECK(mine.color >= 0, "split on rank {}: color {} is negative; colors are 0 or more", me, mine.color);
-  // This rank's place among the ranks of its color, ordered by (key, rank), as MPI_Comm_split orders them.
+  LAGA_CHECK(mine.color >= 0, "split on rank {}: color {} is negative; colors are 0 or more", me,
+             mine.color);
+  // This rank's place among the ranks of its color, ordered by (key, rank), as MPI_Comm_split
+  // orders them.
   int sub_rank = 0, sub_size = 0;
   std::vector<std::pair<int, int>> members;  // (key, rank) of this color's ranks
   for (int q = 0; q < P; ++q) {
@@ -266,8 +283,10 @@ std::unique_ptr<Communicator> Communicator::split(const std::function<SplitKey(i
   auto group = std::make_shared<std::vector<int>>();
   for (const auto& [key, q] : members) group->push_back(group_ ? (*group_)[size_t(q)] : q);
   auto c = split_of(mine.color, mine.key, sub_rank, sub_size);
-  LAGA_ASSERT(c && c->size() == sub_size && c->rank() == sub_rank, "split on rank {}: the backend made rank {} of {}, "
-              "expected rank {} of {}", me, c ? c->rank() : -1, c ? c->size() : -1, sub_rank, sub_size);
+  LAGA_ASSERT(c && c->size() == sub_size && c->rank() == sub_rank,
+              "split on rank {}: the backend made rank {} of {}, "
+              "expected rank {} of {}",
+              me, c ? c->rank() : -1, c ? c->size() : -1, sub_rank, sub_size);
   c->led_ = led_;
   c->group_ = std::move(group);
   c->set_timeout(timeout_s_);
@@ -305,12 +324,13 @@ void Communicator::advance_queue() {
     if (moves_data())
       dispatch_dtype(f.dtype, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        sum_chunks(reinterpret_cast<const T*>(f.received.data()), reinterpret_cast<T*>(f.mine.data()), f.n, P);
+        sum_chunks(reinterpret_cast<const T*>(f.received.data()),
+                   reinterpret_cast<T*>(f.mine.data()), f.n, P);
       });
     // If this start throws (the group is aborted), f stays at the front in phase 1 and the next
     // attempt sums again from the unchanged chunks.
-    f.raw = start_raw(RawOp{RawKind::all_gather, moves_data() ? f.mine.data() : nullptr, f.whole, f.n * es, 0, 1,
-                            f.what});
+    f.raw = start_raw(RawOp{RawKind::all_gather, moves_data() ? f.mine.data() : nullptr, f.whole,
+                            f.n * es, 0, 1, f.what});
     f.received.free();
     f.phase = 2;
     queue_.pop_front();
@@ -329,7 +349,8 @@ bool Communicator::step(Pending& p) {
     if (p.op == CollectiveOp::reduce_scatter) {
       dispatch_dtype(p.dtype, [&](auto* tag) {
         using T = std::remove_pointer_t<decltype(tag)>;
-        sum_chunks(reinterpret_cast<const T*>(p.received.data()), static_cast<T*>(p.out), p.n, size());
+        sum_chunks(reinterpret_cast<const T*>(p.received.data()), static_cast<T*>(p.out), p.n,
+                   size());
       });
       p.received.free();
     } else if (p.op == CollectiveOp::all_reduce && p.whole != p.buf && p.bytes > 0) {
@@ -359,7 +380,8 @@ void Communicator::drive(Pending& p) {
     const double waited = seconds_since(t0);
     if (timeout_s_ > 0 && waited > timeout_s_) {
       // p waits for the queue's front (its own first phase or an earlier all_reduce's) or itself.
-      RawRequest* stuck = p.phase == 1 && queue_.front()->raw ? queue_.front()->raw.get() : p.raw.get();
+      RawRequest* stuck =
+          p.phase == 1 && queue_.front()->raw ? queue_.front()->raw.get() : p.raw.get();
       LAGA_ASSERT(stuck, "rank {}: {} timed out with nothing in flight", rank(), p.what);
       timed_out(*stuck);
     }
@@ -370,8 +392,10 @@ void Communicator::drive(Pending& p) {
 void Communicator::wait(CollectiveHandle& h) {
   if (!h.p_) return;
   Pending& p = *h.p_;
-  LAGA_CHECK(p.comm == this, "rank {}: wait on the handle of {}, which another communicator started; wait on that one",
-             rank(), p.what);
+  LAGA_CHECK(
+      p.comm == this,
+      "rank {}: wait on the handle of {}, which another communicator started; wait on that one",
+      rank(), p.what);
   p.call_t0 = Clock::now();
   // A failed wait abandons the collective (the group is down: aborted, or the job is ending), so
   // the handle is emptied either way and its destructor does not wait again.
@@ -388,8 +412,10 @@ void Communicator::wait(CollectiveHandle& h) {
 bool Communicator::test(CollectiveHandle& h) {
   if (!h.p_) return true;
   Pending& p = *h.p_;
-  LAGA_CHECK(p.comm == this, "rank {}: test on the handle of {}, which another communicator started; test on that one",
-             rank(), p.what);
+  LAGA_CHECK(
+      p.comm == this,
+      "rank {}: test on the handle of {}, which another communicator started; test on that one",
+      rank(), p.what);
   p.call_t0 = Clock::now();
   bool done = false;
   try {
@@ -405,8 +431,8 @@ bool Communicator::test(CollectiveHandle& h) {
 }
 
 // Starts p's first raw operation, appends its record, and completes it at once if it already is.
-CollectiveHandle Communicator::issue(std::unique_ptr<Pending> p, const RawOp& op, int64_t tensor_bytes,
-                                     int64_t wire_bytes) {
+CollectiveHandle Communicator::issue(std::unique_ptr<Pending> p, const RawOp& op,
+                                     int64_t tensor_bytes, int64_t wire_bytes) {
   p->comm = this;
   Ledger& led = *led_;
   const double issued = led.now();
@@ -430,7 +456,8 @@ CollectiveHandle Communicator::issue(std::unique_ptr<Pending> p, const RawOp& op
 
 namespace {
 
-std::unique_ptr<detail::PendingCollective> pending(CollectiveOp op, const std::string& tensor, DType dtype) {
+std::unique_ptr<detail::PendingCollective> pending(CollectiveOp op, const std::string& tensor,
+                                                   DType dtype) {
   auto p = std::make_unique<detail::PendingCollective>();
   p->op = op;
   p->tensor = tensor;
@@ -449,10 +476,11 @@ CollectiveHandle Communicator::all_gather_start(const void* in, void* out, int64
   const int P = size();
   const int64_t shard = n * dtype_size(dtype);
   // Compared as addresses: a meta communicator's buffers are null, and null + offset is undefined.
-  const bool in_place =
-      reinterpret_cast<uintptr_t>(in) == reinterpret_cast<uintptr_t>(out) + uint64_t(rank() * shard);
+  const bool in_place = reinterpret_cast<uintptr_t>(in) ==
+                        reinterpret_cast<uintptr_t>(out) + uint64_t(rank() * shard);
   LAGA_CHECK(!moves_data() || in_place || !overlaps(in, shard, out, P * shard),
-             "all_gather of '{}' on rank {}: input overlaps the output without being its chunk {} (in place)",
+             "all_gather of '{}' on rank {}: input overlaps the output without being its chunk {} "
+             "(in place)",
              tensor, rank(), rank());
   auto p = pending(CollectiveOp::all_gather, tensor, dtype);
   const RawOp op{RawKind::all_gather, in, out, shard, 0, 0, p->what};
@@ -473,8 +501,8 @@ CollectiveHandle Communicator::all_to_all_start(const void* in, void* out, int64
 
 // out [n] = Σ_j (chunk this rank received from rank j): an all_to_all into scratch, summed when
 // this rank observes its completion.
-CollectiveHandle Communicator::reduce_scatter_start(const void* in, void* out, int64_t n, DType dtype,
-                                                    const std::string& tensor) {
+CollectiveHandle Communicator::reduce_scatter_start(const void* in, void* out, int64_t n,
+                                                    DType dtype, const std::string& tensor) {
   check_count(*this, "reduce_scatter", tensor, n, in, out);
   const int P = size();
   const int64_t shard = n * dtype_size(dtype);
@@ -482,11 +510,13 @@ CollectiveHandle Communicator::reduce_scatter_start(const void* in, void* out, i
   p->out = out;
   p->n = n;
   if (moves_data()) p->received.allocate(size_t(P * shard));
-  const RawOp op{RawKind::all_to_all, in, moves_data() ? p->received.data() : nullptr, shard, 0, 0, p->what};
+  const RawOp op{
+      RawKind::all_to_all, in, moves_data() ? p->received.data() : nullptr, shard, 0, 0, p->what};
   return issue(std::move(p), op, shard, int64_t(P - 1) * shard);
 }
 
-CollectiveHandle Communicator::all_reduce_start(void* buf, int64_t n, DType dtype, const std::string& tensor) {
+CollectiveHandle Communicator::all_reduce_start(void* buf, int64_t n, DType dtype,
+                                                const std::string& tensor) {
   check_count(*this, "all_reduce", tensor, n, buf, buf);
   const int P = size();
   const int64_t es = dtype_size(dtype), bytes = n * es;
@@ -510,15 +540,23 @@ CollectiveHandle Communicator::all_reduce_start(void* buf, int64_t n, DType dtyp
     p->mine.allocate(size_t(c * es));
     p->received.allocate(size_t(P * c * es));
   }
-  const RawOp op{RawKind::all_to_all, p->whole, moves_data() ? p->received.data() : nullptr, c * es, 0, 0, p->what};
+  const RawOp op{RawKind::all_to_all,
+                 p->whole,
+                 moves_data() ? p->received.data() : nullptr,
+                 c * es,
+                 0,
+                 0,
+                 p->what};
   return issue(std::move(p), op, bytes, 2 * int64_t(P - 1) * bytes / P);
 }
 
-CollectiveHandle Communicator::broadcast_start(void* buf, int64_t bytes, int root, const std::string& tensor) {
+CollectiveHandle Communicator::broadcast_start(void* buf, int64_t bytes, int root,
+                                               const std::string& tensor) {
   check_count(*this, "broadcast", tensor, bytes, buf, buf);
   const int P = size();
-  LAGA_CHECK(root >= 0 && root < P, "broadcast of '{}': root {} is not a rank of this group of {}; try 0 .. {}",
-             tensor, root, P, P - 1);
+  LAGA_CHECK(root >= 0 && root < P,
+             "broadcast of '{}': root {} is not a rank of this group of {}; try 0 .. {}", tensor,
+             root, P, P - 1);
   auto p = pending(CollectiveOp::broadcast, tensor, DType::f32);
   const RawOp op{RawKind::broadcast, buf, buf, bytes, root, 0, p->what};
   return issue(std::move(p), op, bytes, rank() == root ? int64_t(P - 1) * bytes : 0);
@@ -528,8 +566,8 @@ CollectiveHandle Communicator::send_recv_start(const void* in, void* out, int64_
                                                const std::string& tensor) {
   check_count(*this, "send_recv", tensor, n, in, out);
   const int64_t bytes = n * dtype_size(dtype);
-  LAGA_CHECK(!moves_data() || !overlaps(in, bytes, out, bytes), "send_recv of '{}' on rank {}: input and output overlap",
-             tensor, rank());
+  LAGA_CHECK(!moves_data() || !overlaps(in, bytes, out, bytes),
+             "send_recv of '{}' on rank {}: input and output overlap", tensor, rank());
   auto p = pending(CollectiveOp::send_recv, tensor, dtype);
   const RawOp op{RawKind::send_recv, in, out, bytes, 0, 0, p->what};
   return issue(std::move(p), op, bytes, bytes);
@@ -541,17 +579,20 @@ CollectiveHandle Communicator::barrier_start() {
   return issue(std::move(p), op, 0, 0);
 }
 
-void Communicator::all_gather(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor) {
+void Communicator::all_gather(const void* in, void* out, int64_t n, DType dtype,
+                              const std::string& tensor) {
   auto h = all_gather_start(in, out, n, dtype, tensor);
   wait(h);
 }
 
-void Communicator::all_to_all(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor) {
+void Communicator::all_to_all(const void* in, void* out, int64_t n, DType dtype,
+                              const std::string& tensor) {
   auto h = all_to_all_start(in, out, n, dtype, tensor);
   wait(h);
 }
 
-void Communicator::reduce_scatter(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor) {
+void Communicator::reduce_scatter(const void* in, void* out, int64_t n, DType dtype,
+                                  const std::string& tensor) {
   auto h = reduce_scatter_start(in, out, n, dtype, tensor);
   wait(h);
 }
@@ -566,7 +607,8 @@ void Communicator::broadcast(void* buf, int64_t bytes, int root, const std::stri
   wait(h);
 }
 
-void Communicator::send_recv(const void* in, void* out, int64_t n, DType dtype, const std::string& tensor) {
+void Communicator::send_recv(const void* in, void* out, int64_t n, DType dtype,
+                             const std::string& tensor) {
   auto h = send_recv_start(in, out, n, dtype, tensor);
   wait(h);
 }
@@ -584,8 +626,8 @@ void check_same_everywhere(Communicator& c, const std::string& what, const std::
     // A raw all_gather, not recorded: configuration is not attention traffic.
     auto p = pending(CollectiveOp::all_gather, "config_check", DType::f32);
     p->recorded = false;
-    const Communicator::RawOp op{Communicator::RawKind::all_gather, mine, all.data(), int64_t(sizeof mine), 0, 0,
-                                 p->what};
+    const Communicator::RawOp op{
+        Communicator::RawKind::all_gather, mine, all.data(), int64_t(sizeof mine), 0, 0, p->what};
     auto h = c.issue(std::move(p), op, 0, 0);
     c.wait(h);
   }
@@ -596,17 +638,22 @@ void check_same_everywhere(Communicator& c, const std::string& what, const std::
   if (differ.empty()) return;
   const std::string shown = value.size() > 200 ? value.substr(0, 200) + "..." : value;
   const bool i_differ = std::find(differ.begin(), differ.end(), c.rank()) != differ.end();
-  LAGA_FAIL_USAGE("ranks started with different {}: rank{} {} {} from rank 0; rank {} has '{}'{}; start every rank "
-                  "with the same {}",
-                  what, differ.size() > 1 ? "s" : "", fmt::join(differ, ", "), differ.size() > 1 ? "differ" : "differs",
-                  c.rank(), shown, c.rank() == 0 ? "" : (i_differ ? " (differs)" : " (as rank 0)"), what);
+  LAGA_FAIL_USAGE(
+      "ranks started with different {}: rank{} {} {} from rank 0; rank {} has '{}'{}; start every "
+      "rank "
+      "with the same {}",
+      what, differ.size() > 1 ? "s" : "", fmt::join(differ, ", "),
+      differ.size() > 1 ? "differ" : "differs", c.rank(), shown,
+      c.rank() == 0 ? "" : (i_differ ? " (differs)" : " (as rank 0)"), what);
 }
 
 std::unique_ptr<Communicator> first_ranks(Communicator& world, int P) {
   const int W = world.size();
   LAGA_CHECK(P >= 1, "a group of {} ranks: try 1 .. {} (the world's size)", P, W);
-  LAGA_CHECK(P <= W, "a group of {} ranks needs {} ranks, but the world has {}; start the job with mpirun -np {}", P,
-             P, W, P);
+  LAGA_CHECK(
+      P <= W,
+      "a group of {} ranks needs {} ranks, but the world has {}; start the job with mpirun -np {}",
+      P, P, W, P);
   return world.first_ranks_of(P);
 }
 

@@ -1,10 +1,11 @@
 // The MPI backend: one rank per process of MPI_COMM_WORLD (or of a sub-group of its first ranks),
-// started by mpirun. Raw non-blocking byte movement only (MPI_Iallgather, MPI_Ialltoall, MPI_Ibcast,
-// MPI_Ibarrier, and MPI_Irecv + MPI_Isend for a ring's send_recv), completed by MPI_Test polling with a yield/sleep back-off (MPI_Waitall when there
-// is neither a timeout nor anything else to drive); recording, the wait loop and the ordered
-// reductions are in communicator.cpp, which is why this backend and the threads backend give
-// bitwise the same results. Not here: MPI's own reductions (MPI_Reduce_scatter, MPI_Allreduce),
-// whose summation order is the library's choice.
+// started by mpirun. Raw non-blocking byte movement only (MPI_Iallgather, MPI_Ialltoall,
+// MPI_Ibcast, MPI_Ibarrier, and MPI_Irecv + MPI_Isend for a ring's send_recv), completed by
+// MPI_Test polling with a yield/sleep back-off (MPI_Waitall when there is neither a timeout nor
+// anything else to drive); recording, the wait loop and the ordered reductions are in
+// communicator.cpp, which is why this backend and the threads backend give bitwise the same
+// results. Not here: MPI's own reductions (MPI_Reduce_scatter, MPI_Allreduce), whose summation
+// order is the library's choice.
 //
 // Lanes: MPI matches non-blocking collectives on a communicator in issue order. The second phases
 // of all_reduce are issued later, at times that differ between ranks, so they run on a duplicate
@@ -43,7 +44,8 @@ namespace {
 
 int64_t g_max_piece_bytes = INT_MAX;
 constexpr int kRingTag = 17;  // send_recv's point-to-point messages
-constexpr int kProgressTag = 4711;  // probed for progress (set_mpi_progress_interval); nothing sends it
+// probed for progress (set_mpi_progress_interval); nothing sends it
+constexpr int kProgressTag = 4711;
 double g_progress_interval_s = 500e-6;
 // Raw requests in flight in this process (MpiCommunicator::Request, alive from issue until observed
 // complete). Only the rank's own thread touches it (MPI_THREAD_FUNNELED).
@@ -77,8 +79,9 @@ struct Where {
 
 void check_mpi(int rc, const char* call, const Where& w, const char* file, int line) {
   if (rc == MPI_SUCCESS) return;
-  throw Error(ErrorKind::failure, file, line,
-              fmt::format("rank {} on {}: {} failed: {}", w.rank, w.host, call, mpi_error_text(rc)));
+  throw Error(
+      ErrorKind::failure, file, line,
+      fmt::format("rank {} on {}: {} failed: {}", w.rank, w.host, call, mpi_error_text(rc)));
 }
 #define LAGA_MPI(where, call) check_mpi((call), #call, (where), __FILE__, __LINE__)
 
@@ -135,7 +138,8 @@ class MpiCommunicator final : public Communicator {
   const std::string& host() const { return where_.host; }
 
   void abort(const std::string& reason) override {
-    std::fprintf(stderr, "laga: rank %d on %s: %s\n", where_.rank, where_.host.c_str(), reason.c_str());
+    std::fprintf(stderr, "laga: rank %d on %s: %s\n", where_.rank, where_.host.c_str(),
+                 reason.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, 1);
     std::_Exit(1);
@@ -158,13 +162,14 @@ class MpiCommunicator final : public Communicator {
     switch (op.kind) {
       case RawKind::all_gather: {
         r->call = "MPI_Iallgather";
-        const bool in_place = op.send == static_cast<const char*>(op.recv) + int64_t(where_.rank) * op.bytes;
+        const bool in_place =
+            op.send == static_cast<const char*>(op.recv) + int64_t(where_.rank) * op.bytes;
         for (int64_t off = 0; off < op.bytes; off += g_max_piece_bytes) {
           const Piece t(std::min(g_max_piece_bytes, op.bytes - off), op.bytes, where_);
           const void* send = in_place ? MPI_IN_PLACE : static_cast<const char*>(op.send) + off;
           char* recv = static_cast<char*>(op.recv) + off;
-          LAGA_MPI(where_, MPI_Iallgather(send, t.count(), t.type(), recv, t.count(), t.type(), comm,
-                                          &r->reqs.emplace_back()));
+          LAGA_MPI(where_, MPI_Iallgather(send, t.count(), t.type(), recv, t.count(), t.type(),
+                                          comm, &r->reqs.emplace_back()));
         }
         break;
       }
@@ -194,10 +199,10 @@ class MpiCommunicator final : public Communicator {
         const int P = size_, next = (where_.rank + 1) % P, prev = (where_.rank + P - 1) % P;
         for (int64_t off = 0; off < op.bytes; off += g_max_piece_bytes) {
           const int len = int(std::min(g_max_piece_bytes, op.bytes - off));
-          LAGA_MPI(where_, MPI_Irecv(static_cast<char*>(op.recv) + off, len, MPI_BYTE, prev, kRingTag, comm,
-                                     &r->reqs.emplace_back()));
-          LAGA_MPI(where_, MPI_Isend(static_cast<const char*>(op.send) + off, len, MPI_BYTE, next, kRingTag, comm,
-                                     &r->reqs.emplace_back()));
+          LAGA_MPI(where_, MPI_Irecv(static_cast<char*>(op.recv) + off, len, MPI_BYTE, prev,
+                                     kRingTag, comm, &r->reqs.emplace_back()));
+          LAGA_MPI(where_, MPI_Isend(static_cast<const char*>(op.send) + off, len, MPI_BYTE, next,
+                                     kRingTag, comm, &r->reqs.emplace_back()));
         }
         break;
       }
@@ -219,7 +224,8 @@ class MpiCommunicator final : public Communicator {
 
   void block_raw(RawRequest& raw) override {
     auto& r = static_cast<Request&>(raw);
-    if (!r.reqs.empty()) LAGA_MPI(where_, MPI_Waitall(int(r.reqs.size()), r.reqs.data(), MPI_STATUSES_IGNORE));
+    if (!r.reqs.empty())
+      LAGA_MPI(where_, MPI_Waitall(int(r.reqs.size()), r.reqs.data(), MPI_STATUSES_IGNORE));
   }
 
   // Polling yields, then sleeps briefly, so oversubscribed ranks leave the cores to the ones still
@@ -233,10 +239,11 @@ class MpiCommunicator final : public Communicator {
 
   [[noreturn]] void timed_out(RawRequest& raw) override {
     auto& r = static_cast<Request&>(raw);
-    throw Error(ErrorKind::failure, __FILE__, __LINE__,
-                fmt::format("rank {}: {} timed out after {:g} s waiting for the other ranks ({} on {}; MPI "
-                            "cannot tell which ranks are missing)",
-                            where_.rank, r.what, timeout_s_, r.call, where_.host));
+    throw Error(
+        ErrorKind::failure, __FILE__, __LINE__,
+        fmt::format("rank {}: {} timed out after {:g} s waiting for the other ranks ({} on {}; MPI "
+                    "cannot tell which ranks are missing)",
+                    where_.rank, r.what, timeout_s_, r.call, where_.host));
   }
 
   std::unique_ptr<Communicator> split_of(int color, int key, int, int) override {
@@ -280,26 +287,34 @@ int local_size(MPI_Comm comm, const Where& w) {
 
 namespace detail {
 void set_mpi_max_piece_bytes(int64_t bytes) {
-  LAGA_CHECK(bytes >= 1 && bytes <= INT_MAX, "MPI piece size {} bytes is outside 1 .. {}", bytes, INT_MAX);
+  LAGA_CHECK(bytes >= 1 && bytes <= INT_MAX, "MPI piece size {} bytes is outside 1 .. {}", bytes,
+             INT_MAX);
   g_max_piece_bytes = bytes;
 }
 }  // namespace detail
 
 void set_mpi_progress_interval(double seconds) {
-  LAGA_CHECK(seconds >= 0 && std::isfinite(seconds),
-             "MPI progress interval {} s must be finite and ≥ 0 (0: progress only inside MPI calls)", seconds);
+  LAGA_CHECK(
+      seconds >= 0 && std::isfinite(seconds),
+      "MPI progress interval {} s must be finite and ≥ 0 (0: progress only inside MPI calls)",
+      seconds);
   g_progress_interval_s = seconds;
 }
 double mpi_progress_interval() { return g_progress_interval_s; }
 
-bool under_mpi() { return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr; }
+bool under_mpi() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMIX_RANK") != nullptr;
+}
 
 int run_mpi(const std::function<void(Communicator&)>& fn, double timeout_s) {
-  LAGA_CHECK(timeout_s >= 0, "run_mpi: timeout {} s is negative; try 0 (wait forever) or a positive count", timeout_s);
+  LAGA_CHECK(timeout_s >= 0,
+             "run_mpi: timeout {} s is negative; try 0 (wait forever) or a positive count",
+             timeout_s);
   int initialized = 0, finalized = 0;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
-  LAGA_CHECK(!initialized && !finalized, "run_mpi: MPI was already initialised in this process; it runs once");
+  LAGA_CHECK(!initialized && !finalized,
+             "run_mpi: MPI was already initialised in this process; it runs once");
   Where where{-1, host_name()};
   int provided = 0;
   LAGA_MPI(where, MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided));
@@ -312,21 +327,23 @@ int run_mpi(const std::function<void(Communicator&)>& fn, double timeout_s) {
     LAGA_MPI(where, MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN));
     LAGA_CHECK(provided >= MPI_THREAD_FUNNELED,
                "this MPI library gives thread level {}; laga needs MPI_THREAD_FUNNELED", provided);
-    // Threads per rank: the cores this rank may run on, but no more than its share of the node's (the
-    // ranks MPI places on this node; an unbound rank's mask is the whole machine). A rank bound to one
-    // core (mpirun's default binding at 2 ranks, scripts/link.sh's taskset per namespace, where each
-    // namespace is a "node" of one rank) runs one thread.
+    // Threads per rank: the cores this rank may run on, but no more than its share of the node's
+    // (the ranks MPI places on this node; an unbound rank's mask is the whole machine). A rank
+    // bound to one core (mpirun's default binding at 2 ranks, scripts/link.sh's taskset per
+    // namespace, where each namespace is a "node" of one rank) runs one thread.
     const int online = std::max(1, int(sysconf(_SC_NPROCESSORS_ONLN)));
-    omp_set_num_threads(std::max(1, std::min(usable_cores(), online / local_size(MPI_COMM_WORLD, where))));
+    omp_set_num_threads(
+        std::max(1, std::min(usable_cores(), online / local_size(MPI_COMM_WORLD, where))));
     MpiCommunicator comm(MPI_COMM_WORLD, false);
     comm.set_timeout(timeout_s);
-    // Any MPI call runs OpenMPI's progress engine for every request in flight, on every communicator;
-    // a probe of a tag nothing sends never matches, so it always does.
+    // Any MPI call runs OpenMPI's progress engine for every request in flight, on every
+    // communicator; a probe of a tag nothing sends never matches, so it always does.
     ProgressHook progress(
         [&where] {
           if (g_raw_in_flight == 0) return;
           int flag = 0;
-          LAGA_MPI(where, MPI_Iprobe(MPI_ANY_SOURCE, kProgressTag, MPI_COMM_WORLD, &flag, MPI_STATUS_IGNORE));
+          LAGA_MPI(where, MPI_Iprobe(MPI_ANY_SOURCE, kProgressTag, MPI_COMM_WORLD, &flag,
+                                     MPI_STATUS_IGNORE));
         },
         g_progress_interval_s);
     fn(comm);
@@ -341,7 +358,8 @@ int run_mpi(const std::function<void(Communicator&)>& fn, double timeout_s) {
     message = "an exception that is not a std::exception";
   }
   if (status != 0) {
-    std::fprintf(stderr, "laga: rank %d on %s: %s\n", where.rank, where.host.c_str(), message.c_str());
+    std::fprintf(stderr, "laga: rank %d on %s: %s\n", where.rank, where.host.c_str(),
+                 message.c_str());
     std::fflush(stderr);
     MPI_Abort(MPI_COMM_WORLD, status);
     std::_Exit(status);

@@ -34,14 +34,18 @@ Tensor InFlight::wait() {
   return out;
 }
 
-InFlight scatter_heads_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
-  LAGA_CHECK(x.rank() == 4 && x.dim(2) % comm.size() == 0, "scatter_heads of '{}': {} is not [N, B, H, d] with P = {} "
-             "dividing H", name, shape_str(x.shape()), comm.size());
+InFlight scatter_heads_start(Communicator& comm, Tensor x, const std::string& name,
+                             const std::string& tag) {
+  LAGA_CHECK(x.rank() == 4 && x.dim(2) % comm.size() == 0,
+             "scatter_heads of '{}': {} is not [N, B, H, d] with P = {} "
+             "dividing H",
+             name, shape_str(x.shape()), comm.size());
   const int64_t P = comm.size(), N = x.dim(0), B = x.dim(1), H = x.dim(2), d = x.dim(3), Hr = H / P;
   const DType dt = x.dtype();
   // send [P, N, B, Hr, d]: chunk j holds rank j's heads of every local token.
   Tensor send = Tensor::empty({P, N, B, Hr, d}, dt, "comm.send");
-  for (int64_t j = 0; j < P; ++j) copy_rows(dt, N * B, Hr * d, at(x, j * Hr * d), H * d, at(send, j * N * B * Hr * d), Hr * d);
+  for (int64_t j = 0; j < P; ++j)
+    copy_rows(dt, N * B, Hr * d, at(x, j * Hr * d), H * d, at(send, j * N * B * Hr * d), Hr * d);
   x = Tensor();                                            // packed: no longer read
   Tensor out = Tensor::empty({P * N, B, Hr, d}, dt, tag);  // chunk j = rank j's tokens
   InFlight f;
@@ -52,10 +56,14 @@ InFlight scatter_heads_start(Communicator& comm, Tensor x, const std::string& na
   return f;
 }
 
-InFlight gather_heads_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
-  LAGA_CHECK(x.rank() == 4 && x.dim(0) % comm.size() == 0, "gather_heads of '{}': {} is not [T, B, Hr, d] with P = {} "
-             "dividing T", name, shape_str(x.shape()), comm.size());
-  const int64_t P = comm.size(), N = x.dim(0) / P, B = x.dim(1), Hr = x.dim(2), d = x.dim(3), H = Hr * P;
+InFlight gather_heads_start(Communicator& comm, Tensor x, const std::string& name,
+                            const std::string& tag) {
+  LAGA_CHECK(x.rank() == 4 && x.dim(0) % comm.size() == 0,
+             "gather_heads of '{}': {} is not [T, B, Hr, d] with P = {} "
+             "dividing T",
+             name, shape_str(x.shape()), comm.size());
+  const int64_t P = comm.size(), N = x.dim(0) / P, B = x.dim(1), Hr = x.dim(2), d = x.dim(3),
+                H = Hr * P;
   const DType dt = x.dtype();
   // x's chunk j (rank j's tokens) goes to rank j; recv [P, N, B, Hr, d]: chunk j = rank j's heads.
   Tensor recv = Tensor::empty({P, N, B, Hr, d}, dt, "comm.recv");
@@ -65,14 +73,18 @@ InFlight gather_heads_start(Communicator& comm, Tensor x, const std::string& nam
   f.keep_ = {std::move(x)};
   f.finish_ = [recv = std::move(recv), N, B, Hr, d, H, P, dt, tag] {
     Tensor out = Tensor::empty({N, B, H, d}, dt, tag);
-    for (int64_t j = 0; j < P; ++j) copy_rows(dt, N * B, Hr * d, at(recv, j * N * B * Hr * d), Hr * d, at(out, j * Hr * d), H * d);
+    for (int64_t j = 0; j < P; ++j)
+      copy_rows(dt, N * B, Hr * d, at(recv, j * N * B * Hr * d), Hr * d, at(out, j * Hr * d),
+                H * d);
     return out;
   };
   return f;
 }
 
-InFlight all_gather_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
-  LAGA_CHECK(x.rank() == 3, "all_gather_tokens of '{}': {} is not [N, B, d]", name, shape_str(x.shape()));
+InFlight all_gather_tokens_start(Communicator& comm, Tensor x, const std::string& name,
+                                 const std::string& tag) {
+  LAGA_CHECK(x.rank() == 3, "all_gather_tokens of '{}': {} is not [N, B, d]", name,
+             shape_str(x.shape()));
   Tensor out = Tensor::empty({comm.size() * x.dim(0), x.dim(1), x.dim(2)}, x.dtype(), tag);
   InFlight f;
   f.comm_ = &comm;
@@ -82,20 +94,27 @@ InFlight all_gather_tokens_start(Communicator& comm, Tensor x, const std::string
   return f;
 }
 
-InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
+InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name,
+                                     const std::string& tag) {
   const DType dt = x.dtype();
   return reduce_scatter_tokens_start(comm, std::move(x), name, tag, dt);
 }
 
-InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag,
-                                     DType out_dtype) {
-  LAGA_CHECK(x.rank() == 3 && x.dim(0) % comm.size() == 0, "reduce_scatter_tokens of '{}': {} is not [T, B, d] with "
-             "P = {} dividing T", name, shape_str(x.shape()), comm.size());
+InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name,
+                                     const std::string& tag, DType out_dtype) {
+  LAGA_CHECK(x.rank() == 3 && x.dim(0) % comm.size() == 0,
+             "reduce_scatter_tokens of '{}': {} is not [T, B, d] with "
+             "P = {} dividing T",
+             name, shape_str(x.shape()), comm.size());
   const bool round_after = out_dtype != x.dtype();
-  LAGA_CHECK(!round_after || x.dtype() == DType::f32, "reduce_scatter_tokens of '{}' from {} to {}: rounding after "
-             "the sum needs fp32 partials", name, dtype_name(x.dtype()), dtype_name(out_dtype));
-  // Rounding after the sum: the fp32 sums land in tag + "_sum" and are rounded once to out_dtype at wait().
-  Tensor out = Tensor::empty({x.dim(0) / comm.size(), x.dim(1), x.dim(2)}, x.dtype(), round_after ? tag + "_sum" : tag);
+  LAGA_CHECK(!round_after || x.dtype() == DType::f32,
+             "reduce_scatter_tokens of '{}' from {} to {}: rounding after "
+             "the sum needs fp32 partials",
+             name, dtype_name(x.dtype()), dtype_name(out_dtype));
+  // Rounding after the sum: the fp32 sums land in tag + "_sum" and are rounded once to out_dtype at
+  // wait().
+  Tensor out = Tensor::empty({x.dim(0) / comm.size(), x.dim(1), x.dim(2)}, x.dtype(),
+                             round_after ? tag + "_sum" : tag);
   InFlight f;
   f.comm_ = &comm;
   f.handle_ = comm.reduce_scatter_start(x.raw(), out.raw(), out.numel(), x.dtype(), name);
@@ -107,7 +126,8 @@ InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::st
   return f;
 }
 
-InFlight ring_shift_start(Communicator& comm, Tensor x, const std::string& name, const std::string& tag) {
+InFlight ring_shift_start(Communicator& comm, Tensor x, const std::string& name,
+                          const std::string& tag) {
   Tensor out = Tensor::empty(x.shape(), x.dtype(), tag);
   InFlight f;
   f.comm_ = &comm;
@@ -117,21 +137,25 @@ InFlight ring_shift_start(Communicator& comm, Tensor x, const std::string& name,
   return f;
 }
 
-Tensor scatter_heads(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+Tensor scatter_heads(Communicator& comm, const Tensor& x, const std::string& name,
+                     const std::string& tag) {
   return scatter_heads_start(comm, x, name, tag).wait();
 }
-Tensor gather_heads(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+Tensor gather_heads(Communicator& comm, const Tensor& x, const std::string& name,
+                    const std::string& tag) {
   return gather_heads_start(comm, x, name, tag).wait();
 }
-Tensor all_gather_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+Tensor all_gather_tokens(Communicator& comm, const Tensor& x, const std::string& name,
+                         const std::string& tag) {
   return all_gather_tokens_start(comm, x, name, tag).wait();
 }
-Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag) {
+Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name,
+                             const std::string& tag) {
   return reduce_scatter_tokens_start(comm, x, name, tag).wait();
 }
 
-Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name, const std::string& tag,
-                             DType out) {
+Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name,
+                             const std::string& tag, DType out) {
   return reduce_scatter_tokens_start(comm, x, name, tag, out).wait();
 }
 

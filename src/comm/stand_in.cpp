@@ -12,12 +12,13 @@
 namespace laga {
 
 NoPeersCommunicator::NoPeersCommunicator(int rank, int size) : rank_(rank), size_(size) {
-  LAGA_CHECK(size >= 1 && rank >= 0 && rank < size, "rank {} of {} ranks (no peers); the rank must be in 0 .. {}",
-             rank, size, size - 1);
+  LAGA_CHECK(size >= 1 && rank >= 0 && rank < size,
+             "rank {} of {} ranks (no peers); the rank must be in 0 .. {}", rank, size, size - 1);
 }
 
 void NoPeersCommunicator::abort(const std::string& reason) {
-  throw Error(ErrorKind::failure, __FILE__, __LINE__, fmt::format("rank {} ({}) aborted: {}", rank_, backend(), reason));
+  throw Error(ErrorKind::failure, __FILE__, __LINE__,
+              fmt::format("rank {} ({}) aborted: {}", rank_, backend(), reason));
 }
 
 std::unique_ptr<Communicator::RawRequest> NoPeersCommunicator::start_raw(const RawOp& op) {
@@ -26,7 +27,8 @@ std::unique_ptr<Communicator::RawRequest> NoPeersCommunicator::start_raw(const R
 }
 
 void NoPeersCommunicator::timed_out(RawRequest& r) {
-  LAGA_ASSERT(false, "rank {} ({}): {} timed out, but it has no peers to wait for", rank_, backend(), r.what);
+  LAGA_ASSERT(false, "rank {} ({}): {} timed out, but it has no peers to wait for", rank_,
+              backend(), r.what);
   std::abort();  // unreachable
 }
 
@@ -65,7 +67,8 @@ void StandInCommunicator::fill(const RawOp& op) {
       std::memcpy(o, op.send, size_t(b));
       break;
     case RawKind::broadcast:  // the root's bytes stand in as this rank's own
-    case RawKind::barrier: break;
+    case RawKind::barrier:
+      break;
   }
 }
 

@@ -1,10 +1,11 @@
 // The threads backend: P ranks as std::threads of one process, several collectives in flight.
 // Each rank's k-th raw operation on a lane meets the other ranks' k-th in slot k of that lane: a
-// rank posts its buffers there when it issues the operation; the slot is ready once all P ranks have
-// posted; then each rank copies its own data straight out of its peers' posted send buffers (a pull:
-// a rank writes only its own output). A rank's operation is complete when it has read its data AND
-// all P ranks have finished reading from the slot, so its send buffer is no longer needed. Not here:
-// recording, reductions and the wait loop (communicator.cpp) and the MPI backend (mpi.cpp).
+// rank posts its buffers there when it issues the operation; the slot is ready once all P ranks
+// have posted; then each rank copies its own data straight out of its peers' posted send buffers (a
+// pull: a rank writes only its own output). A rank's operation is complete when it has read its
+// data AND all P ranks have finished reading from the slot, so its send buffer is no longer needed.
+// Not here: recording, reductions and the wait loop (communicator.cpp) and the MPI backend
+// (mpi.cpp).
 //
 // Progress in every wait: any test (so any wait) first does this rank's pending reads for every
 // slot it issued that is ready, on both lanes, in slot order — not only the awaited one — and the
@@ -16,8 +17,8 @@
 // every rank issues that second phase in its waits, and likewise the lowest incomplete second-lane
 // slot is posted by every rank. So the lowest incomplete slot of either lane is fully posted, every
 // blocked rank does its reads for it (they are bounded memcpys), and then it is complete on every
-// rank — a contradiction. Mismatched slots (ranks disagree on kind, bytes or root) are detected when
-// the slot fills; nobody reads them, and every rank that waits on one fails naming both sides.
+// rank — a contradiction. Mismatched slots (ranks disagree on kind, bytes or root) are detected
+// when the slot fills; nobody reads them, and every rank that waits on one fails naming both sides.
 //
 // Failure: abort() marks the group dead and wakes every waiter; every pending and later operation
 // throws. Before a rank leaves a wait with an error it waits until no peer is in the middle of a
@@ -51,11 +52,16 @@ enum class Kind { all_gather, all_to_all, broadcast, barrier, send_recv };
 
 const char* kind_name(Kind k) {
   switch (k) {
-    case Kind::all_gather: return "all_gather";
-    case Kind::all_to_all: return "all_to_all";
-    case Kind::broadcast: return "broadcast";
-    case Kind::barrier: return "barrier";
-    case Kind::send_recv: return "send_recv";
+    case Kind::all_gather:
+      return "all_gather";
+    case Kind::all_to_all:
+      return "all_to_all";
+    case Kind::broadcast:
+      return "broadcast";
+    case Kind::barrier:
+      return "barrier";
+    case Kind::send_recv:
+      return "send_recv";
   }
   return "unknown";
 }
@@ -86,9 +92,9 @@ constexpr int kLanes = 2;
 struct Group;
 
 // What a group and every sub-group split from it (and theirs) share: one lock, one condition
-// variable and one abort flag. An abort anywhere — the world or any sub-group — marks the family dead
-// and wakes every waiter of every group, so a rank blocked in one ring group leaves when a rank of
-// another group (or of the parent) fails, and no rank hangs.
+// variable and one abort flag. An abort anywhere — the world or any sub-group — marks the family
+// dead and wakes every waiter of every group, so a rank blocked in one ring group leaves when a
+// rank of another group (or of the parent) fails, and no rank hangs.
 struct Family {
   std::mutex m;
   std::condition_variable cv;
@@ -134,10 +140,13 @@ class ThreadsCommunicator final : public Communicator {
     const auto id = std::make_tuple(static_cast<const Group*>(g_.get()), splits_++, color);
     auto it = f_.forming.find(id);
     if (it == f_.forming.end())
-      it = f_.forming.emplace(id, std::make_pair(std::make_shared<Group>(sub_size, g_->f), sub_size)).first;
+      it =
+          f_.forming.emplace(id, std::make_pair(std::make_shared<Group>(sub_size, g_->f), sub_size))
+              .first;
     std::shared_ptr<Group> sub = it->second.first;
-    LAGA_ASSERT(sub->P == sub_size, "rank {}: split of color {} into {} ranks, but another rank made it {}", world_rank_,
-                color, sub_size, sub->P);
+    LAGA_ASSERT(sub->P == sub_size,
+                "rank {}: split of color {} into {} ranks, but another rank made it {}",
+                world_rank_, color, sub_size, sub->P);
     if (--it->second.second == 0) f_.forming.erase(it);
     return std::make_unique<ThreadsCommunicator>(std::move(sub), sub_rank, world_rank_);
   }
@@ -156,8 +165,8 @@ class ThreadsCommunicator final : public Communicator {
   };
 
   std::unique_ptr<RawRequest> start_raw(const RawOp& op) override {
-    static constexpr Kind kinds[] = {Kind::all_gather, Kind::all_to_all, Kind::broadcast, Kind::barrier,
-                                     Kind::send_recv};
+    static constexpr Kind kinds[] = {Kind::all_gather, Kind::all_to_all, Kind::broadcast,
+                                     Kind::barrier, Kind::send_recv};
     auto r = std::make_unique<Request>();
     r->what = op.what;
     r->lane = op.lane;
@@ -165,7 +174,8 @@ class ThreadsCommunicator final : public Communicator {
     if (f_.aborted) throw_aborted(op.what);
     r->slot = g_->issued[op.lane][size_t(rank_)]++;
     Slot& s = g_->slots[op.lane].try_emplace(r->slot, g_->P).first->second;
-    s.posts[size_t(rank_)] = Post{op.send, op.recv, kinds[int(op.kind)], op.bytes, op.root, op.what};
+    s.posts[size_t(rank_)] =
+        Post{op.send, op.recv, kinds[int(op.kind)], op.bytes, op.root, op.what};
     ++s.posted;
     changed();
     return r;
@@ -196,9 +206,10 @@ class ThreadsCommunicator final : public Communicator {
     std::unique_lock lk(f_.m);
     auto changed = [&] { return f_.version != seen_ || f_.aborted; };
     if (max_s > 0)
-      f_.cv.wait_for(lk, std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                              std::chrono::duration<double>(max_s)),
-                      changed);
+      f_.cv.wait_for(lk,
+                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                         std::chrono::duration<double>(max_s)),
+                     changed);
     else
       f_.cv.wait(lk, changed);
   }
@@ -218,8 +229,8 @@ class ThreadsCommunicator final : public Communicator {
       doing = " to take its data";
     }
     const std::string message =
-        fmt::format("rank {}: {} timed out after {:g} s waiting for rank{} {}{}", rank_, r.what, timeout_s_,
-                    missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), doing);
+        fmt::format("rank {}: {} timed out after {:g} s waiting for rank{} {}{}", rank_, r.what,
+                    timeout_s_, missing.size() > 1 ? "s" : "", fmt::join(missing, ", "), doing);
     // Abort under the same lock: no late rank may start reading our buffers after we have left.
     mark_aborted(message);
     f_.cv.wait(lk, [&] { return f_.reading == 0; });
@@ -248,7 +259,8 @@ class ThreadsCommunicator final : public Communicator {
 
   [[noreturn]] void throw_aborted(const std::string& what) const {
     throw Error(ErrorKind::failure, __FILE__, __LINE__,
-                fmt::format("rank {}: {} aborted: rank {} failed: {}", world_rank_, what, f_.failed_rank, f_.reason));
+                fmt::format("rank {}: {} aborted: rank {} failed: {}", world_rank_, what,
+                            f_.failed_rank, f_.reason));
   }
 
   // The group is aborted: wait out the copies in progress (bounded), then throw.
@@ -266,9 +278,11 @@ class ThreadsCommunicator final : public Communicator {
       const Post& p = s.posts[size_t(q)];
       if (p.kind != p0.kind || p.bytes != p0.bytes || p.root != p0.root)
         s.mismatch = fmt::format(
-            "ranks disagree on the collective: rank 0 runs {} ({}, {} bytes, root {}), rank {} runs {} ({}, {} bytes, "
+            "ranks disagree on the collective: rank 0 runs {} ({}, {} bytes, root {}), rank {} "
+            "runs {} ({}, {} bytes, "
             "root {})",
-            p0.what, kind_name(p0.kind), p0.bytes, p0.root, q, p.what, kind_name(p.kind), p.bytes, p.root);
+            p0.what, kind_name(p0.kind), p0.bytes, p0.root, q, p.what, kind_name(p.kind), p.bytes,
+            p.root);
     }
   }
 
@@ -312,7 +326,8 @@ class ThreadsCommunicator final : public Communicator {
       case Kind::all_to_all:
         for (int q = 0; q < g_->P; ++q)
           std::memcpy(static_cast<char*>(me.recv) + int64_t(q) * b,
-                      static_cast<const char*>(s.posts[size_t(q)].send) + int64_t(rank_) * b, size_t(b));
+                      static_cast<const char*>(s.posts[size_t(q)].send) + int64_t(rank_) * b,
+                      size_t(b));
         break;
       case Kind::broadcast:
         if (rank_ != me.root) std::memcpy(me.recv, s.posts[size_t(me.root)].send, size_t(b));
@@ -320,15 +335,17 @@ class ThreadsCommunicator final : public Communicator {
       case Kind::send_recv:  // from the rank before this one on the ring (itself at P = 1)
         std::memcpy(me.recv, s.posts[size_t((rank_ + g_->P - 1) % g_->P)].send, size_t(b));
         break;
-      case Kind::barrier: break;
+      case Kind::barrier:
+        break;
     }
   }
 
   std::shared_ptr<Group> g_;
-  Family& f_;       // g_->f's: kept alive by g_
+  Family& f_;  // g_->f's: kept alive by g_
   int rank_;
   int world_rank_;  // this rank in the run_threads group (names the failing rank)
-  uint64_t splits_ = 0;  // splits of this communicator so far: every rank of it splits in the same order
+  // splits of this communicator so far: every rank of it splits in the same order
+  uint64_t splits_ = 0;
   uint64_t read_upto_[kLanes] = {0, 0};  // this rank's next slot to read, per lane
   uint64_t seen_ = 0;                    // f_.version at this rank's last test
 };
@@ -337,7 +354,8 @@ class ThreadsCommunicator final : public Communicator {
 
 void run_threads(int P, const std::function<void(Communicator&)>& fn, double timeout_s) {
   LAGA_CHECK(P >= 1, "run_threads: {} ranks; try 1, 2, 4, 8", P);
-  LAGA_CHECK(timeout_s >= 0, "run_threads: timeout {} s is negative; try 0 (wait forever) or a positive count",
+  LAGA_CHECK(timeout_s >= 0,
+             "run_threads: timeout {} s is negative; try 0 (wait forever) or a positive count",
              timeout_s);
   auto group = std::make_shared<Group>(P, std::make_shared<Family>());
   Family& family = *group->f;
@@ -363,12 +381,14 @@ void run_threads(int P, const std::function<void(Communicator&)>& fn, double tim
   }
   for (auto& t : threads) t.join();
   // The first rank to fail caused the others' "aborted" errors: rethrow its own.
-  if (family.failed_rank >= 0 && errors[family.failed_rank]) std::rethrow_exception(errors[family.failed_rank]);
+  if (family.failed_rank >= 0 && errors[family.failed_rank])
+    std::rethrow_exception(errors[family.failed_rank]);
   for (auto& e : errors)
     if (e) std::rethrow_exception(e);
   if (family.aborted)
     throw Error(ErrorKind::failure, __FILE__, __LINE__,
-                fmt::format("run_threads: rank {} aborted the group: {}", family.failed_rank, family.reason));
+                fmt::format("run_threads: rank {} aborted the group: {}", family.failed_rank,
+                            family.reason));
 }
 
 }  // namespace laga

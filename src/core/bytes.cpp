@@ -11,7 +11,8 @@ namespace laga {
 
 int64_t parse_bytes(const std::string& text) {
   size_t i = 0;
-  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.')) ++i;
+  while (i < text.size() && (std::isdigit(static_cast<unsigned char>(text[i])) || text[i] == '.'))
+    ++i;
   std::string number = text.substr(0, i), unit = text.substr(i);
   while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
   double v = 0;
@@ -26,9 +27,16 @@ int64_t parse_bytes(const std::string& text) {
     }
   }
   double scale = 0;
-  const std::pair<const char*, double> units[] = {
-      {"", 1},           {"B", 1},          {"KB", 1e3},       {"MB", 1e6},       {"GB", 1e9},
-      {"TB", 1e12},      {"KiB", 1024.0},   {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+  const std::pair<const char*, double> units[] = {{"", 1},
+                                                  {"B", 1},
+                                                  {"KB", 1e3},
+                                                  {"MB", 1e6},
+                                                  {"GB", 1e9},
+                                                  {"TB", 1e12},
+                                                  {"KiB", 1024.0},
+                                                  {"MiB", 1048576.0},
+                                                  {"GiB", 1073741824.0},
+                                                  {"TiB", 1099511627776.0}};
   for (const auto& [name, s] : units)
     if (unit == name) scale = s;
   LAGA_CHECK(ok && scale > 0 && std::isfinite(v * scale) && v * scale < 9.2e18,
@@ -37,8 +45,8 @@ int64_t parse_bytes(const std::string& text) {
 }
 
 namespace {
-// The field `key` ("VmHWM:") of a /proc file of "Key: N kB" lines, in bytes; −1 when it is absent or the
-// file cannot be read.
+// The field `key` ("VmHWM:") of a /proc file of "Key: N kB" lines, in bytes; −1 when it is absent
+// or the file cannot be read.
 int64_t proc_kib_field(const char* path, const std::string& key) {
   std::ifstream in(path);
   std::string word;
@@ -57,7 +65,9 @@ int64_t proc_kib_field(const char* path, const std::string& key) {
 int64_t available_memory_bytes() {
   const int64_t bytes = proc_kib_field("/proc/meminfo", "MemAvailable:");
   if (bytes >= 0) return bytes;
-  LAGA_FAIL_USAGE("cannot read MemAvailable from /proc/meminfo; give --mem-limit explicitly, e.g. --mem-limit 16GiB");
+  LAGA_FAIL_USAGE(
+      "cannot read MemAvailable from /proc/meminfo; give --mem-limit explicitly, e.g. --mem-limit "
+      "16GiB");
 }
 
 int64_t peak_rss_bytes() {
@@ -66,6 +76,8 @@ int64_t peak_rss_bytes() {
   return bytes;
 }
 
-int64_t anon_huge_page_bytes() { return proc_kib_field("/proc/self/smaps_rollup", "AnonHugePages:"); }
+int64_t anon_huge_page_bytes() {
+  return proc_kib_field("/proc/self/smaps_rollup", "AnonHugePages:");
+}
 
 }  // namespace laga

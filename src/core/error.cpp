@@ -16,22 +16,30 @@ static const char* short_file(const char* file) {
 }
 
 Error::Error(ErrorKind kind, const char* file, int line, const std::string& message)
-    : std::runtime_error(kind == ErrorKind::usage ? message
-                                                  : fmt::format("{} ({}:{})", message, short_file(file), line)),
-      kind_(kind), file_(short_file(file)), line_(line), message_(message) {}
+    : std::runtime_error(kind == ErrorKind::usage
+                             ? message
+                             : fmt::format("{} ({}:{})", message, short_file(file), line)),
+      kind_(kind),
+      file_(short_file(file)),
+      line_(line),
+      message_(message) {}
 
 int Error::exit_status() const {
   switch (kind_) {
-    case ErrorKind::usage: return 2;
-    case ErrorKind::failure: return 1;
-    case ErrorKind::internal: return 3;
+    case ErrorKind::usage:
+      return 2;
+    case ErrorKind::failure:
+      return 1;
+    case ErrorKind::internal:
+      return 3;
   }
   return 3;
 }
 
 std::string divisors_str(int64_t n) {
-  // Searching 1..n took as many steps as n when n has few divisors: a hang for --seq 13333333333333333
-  // (found by fuzz_cli). The search stops at kSearch; a larger n is then listed after its small divisors.
+  // Searching 1..n took as many steps as n when n has few divisors: a hang for --seq
+  // 13333333333333333 (found by fuzz_cli). The search stops at kSearch; a larger n is then listed
+  // after its small divisors.
   constexpr int64_t kSearch = int64_t(1) << 20;
   std::string out;
   int shown = 0;

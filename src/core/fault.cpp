@@ -14,7 +14,8 @@ namespace laga {
 namespace {
 std::atomic<int> g_rank{-1};
 std::atomic<int> g_place{0};  // 0 none, else 1 + index in kPlaces
-constexpr const char* kPlaces[] = {"forward", "backward", "nan-x", "nan-dy", "inf-wkv_b", "stall", "kill", "slow"};
+constexpr const char* kPlaces[] = {"forward",   "backward", "nan-x", "nan-dy",
+                                   "inf-wkv_b", "stall",    "kill",  "slow"};
 int place_id(const char* p) {
   for (int i = 0; i < int(std::size(kPlaces)); ++i)
     if (std::strcmp(p, kPlaces[i]) == 0) return i + 1;
@@ -32,13 +33,16 @@ void set_injected_fault(const std::string& spec) {
     rank = -1;
   }
   LAGA_CHECK(rank >= 0 && place_id(place.c_str()) != 0,
-             "--inject-fault '{}' is not RANK:PLACE; PLACE is forward, backward, stall, slow, kill, nan-x, nan-dy or inf-wkv_b (e.g. 2:forward)", spec);
+             "--inject-fault '{}' is not RANK:PLACE; PLACE is forward, backward, stall, slow, "
+             "kill, nan-x, nan-dy or inf-wkv_b (e.g. 2:forward)",
+             spec);
   g_rank = rank;
   g_place = place_id(place.c_str());
 }
 
 bool poison_point(const char* place, int rank) {
-  return g_rank.load(std::memory_order_relaxed) == rank && g_place.load(std::memory_order_relaxed) == place_id(place);
+  return g_rank.load(std::memory_order_relaxed) == rank &&
+         g_place.load(std::memory_order_relaxed) == place_id(place);
 }
 
 void fault_point(const char* place, int rank) {
@@ -48,14 +52,18 @@ void fault_point(const char* place, int rank) {
     return;
   }
   if (std::strcmp(place, "forward") == 0 && poison_point("slow", rank)) {
-    // A rank the host slows: 50 ms more in each layer's forward, which the others wait for in their next
-    // collective (bench's skew column).
+    // A rank the host slows: 50 ms more in each layer's forward, which the others wait for in their
+    // next collective (bench's skew column).
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     return;
   }
-  if (std::strcmp(place, "forward") == 0 && poison_point("kill", rank)) std::raise(SIGKILL);  // as if the OOM killer came
-  if (g_rank.load(std::memory_order_relaxed) != rank || g_place.load(std::memory_order_relaxed) != place_id(place)) return;
-  throw Error(ErrorKind::failure, __FILE__, __LINE__, fmt::format("injected fault in {} on rank {}", place, rank));
+  // as if the OOM killer came
+  if (std::strcmp(place, "forward") == 0 && poison_point("kill", rank)) std::raise(SIGKILL);
+  if (g_rank.load(std::memory_order_relaxed) != rank ||
+      g_place.load(std::memory_order_relaxed) != place_id(place))
+    return;
+  throw Error(ErrorKind::failure, __FILE__, __LINE__,
+              fmt::format("injected fault in {} on rank {}", place, rank));
 }
 
 }  // namespace laga

@@ -23,8 +23,8 @@ void check_finite(const Tensor& t, const std::string& name, const std::string& s
   });
   if (first < 0) return;
   throw Error(ErrorKind::failure, __FILE__, __LINE__,
-              fmt::format("non-finite value in {} at {}: element {} of {} {} is {}", name, step, first,
-                          shape_str(t.shape()), t.tag(), t.get(first)));
+              fmt::format("non-finite value in {} at {}: element {} of {} {} is {}", name, step,
+                          first, shape_str(t.shape()), t.tag(), t.get(first)));
 }
 
 }  // namespace laga

@@ -21,8 +21,10 @@ std::string read_cap() {
   const char* env = std::getenv("LAGA_MAX_ISA");
   if (!env || !*env) return "";
   const std::string v = env;
-  LAGA_CHECK(v == "avx2" || v == "avx512", "LAGA_MAX_ISA='{}' names no ISA; valid: avx2 or avx512 (unset: the best "
-             "the CPU has)", v);
+  LAGA_CHECK(v == "avx2" || v == "avx512",
+             "LAGA_MAX_ISA='{}' names no ISA; valid: avx2 or avx512 (unset: the best "
+             "the CPU has)",
+             v);
   return v;
 }
 
@@ -59,16 +61,19 @@ void apply_isa_cap() {
     const std::string cap = isa_cap();
     if (cap.empty()) return;
     const int64_t above = targets_above(cap);
-    LAGA_CHECK((HWY_STATIC_TARGET & above) == 0,
-               "LAGA_MAX_ISA={} is below this build's baseline ({}, from -march); build with the default "
-               "-DLAGA_ARCH=x86-64-v3 to run capped", cap, hwy::TargetName(HWY_STATIC_TARGET));
+    LAGA_CHECK(
+        (HWY_STATIC_TARGET & above) == 0,
+        "LAGA_MAX_ISA={} is below this build's baseline ({}, from -march); build with the default "
+        "-DLAGA_ARCH=x86-64-v3 to run capped",
+        cap, hwy::TargetName(HWY_STATIC_TARGET));
     if (above) hwy::DisableTargets(above);
 #if HWY_ARCH_X86
     const dnnl::cpu_isa isa = cap == "avx2" ? dnnl::cpu_isa::avx2 : dnnl::cpu_isa::avx512_core_bf16;
     try {
       dnnl::set_max_cpu_isa(isa);
     } catch (const dnnl::error& e) {
-      LAGA_ASSERT(false, "oneDNN refused LAGA_MAX_ISA={} (it must be set before any primitive): {}", cap, e.what());
+      LAGA_ASSERT(false, "oneDNN refused LAGA_MAX_ISA={} (it must be set before any primitive): {}",
+                  cap, e.what());
     }
 #endif
   });
@@ -105,15 +110,24 @@ namespace {
 
 const char* dnnl_isa_name(dnnl::cpu_isa isa) {
   switch (isa) {
-    case dnnl::cpu_isa::sse41: return "sse41";
-    case dnnl::cpu_isa::avx: return "avx";
-    case dnnl::cpu_isa::avx2: return "avx2";
-    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
-    case dnnl::cpu_isa::avx512_core: return "avx512_core";
-    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
-    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
-    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
-    default: return "other";
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "other";
   }
 }
 
@@ -137,7 +151,9 @@ std::string IsaInfo::line() const {
 }
 
 nlohmann::json IsaInfo::to_json() const {
-  return {{"rows", rows}, {"matmul", matmul}, {"bf16_matmul", bf16_native ? "native" : "widened"},
+  return {{"rows", rows},
+          {"matmul", matmul},
+          {"bf16_matmul", bf16_native ? "native" : "widened"},
           {"max_isa", cap.empty() ? nlohmann::json(nullptr) : nlohmann::json(cap)}};
 }
 

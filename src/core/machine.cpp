@@ -56,13 +56,14 @@ int usable_cores() {
 }
 
 std::string MachineInfo::line() const {
-  const std::string n = cores < online ? fmt::format("{} of {}", cores, online) : std::to_string(cores);
+  const std::string n =
+      cores < online ? fmt::format("{} of {}", cores, online) : std::to_string(cores);
   return fmt::format("{}, {} ({} cores; {}), ISA: {}, commit {}", host, cpu_model, n,
                      features.empty() ? "no avx512" : features, isa.line(), commit);
 }
 
 nlohmann::json MachineInfo::to_json() const {
-  return {{"host", host},         {"cpu_model", cpu_model}, {"cores", cores},
+  return {{"host", host},           {"cpu_model", cpu_model}, {"cores", cores},
           {"online_cores", online}, {"features", features},   {"commit", commit},
           {"isa", isa.to_json()}};
 }

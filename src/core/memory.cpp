@@ -37,34 +37,37 @@ namespace {
 constexpr int64_t kAlignment = 64;
 thread_local MemoryTracker* tls_tracker = nullptr;
 
-// The caching allocator. Poolable blocks (≥ kPoolMinBytes) are rounded up to kPoolGranule and a cached
-// block is reused for a request of at most its size and at least 7/8 of it (best fit), so a block is
-// never much larger than what uses it. What it holds is bounded (pool_bound): before a miss takes a
-// new block from the OS, the least recently released cached blocks go back until the new block fits
-// within pool_bound: max(cap, 3/2 × the most this process ever had in use at once). A training step
-// that allocates the same blocks each time keeps them all, and a stream of ever-new sizes gives back
-// the oldest first.
+// The caching allocator. Poolable blocks (≥ kPoolMinBytes) are rounded up to kPoolGranule and a
+// cached block is reused for a request of at most its size and at least 7/8 of it (best fit), so a
+// block is never much larger than what uses it. What it holds is bounded (pool_bound): before a
+// miss takes a new block from the OS, the least recently released cached blocks go back until the
+// new block fits within pool_bound: max(cap, 3/2 × the most this process ever had in use at once).
+// A training step that allocates the same blocks each time keeps them all, and a stream of ever-new
+// sizes gives back the oldest first.
 constexpr int64_t kPoolGranule = int64_t(1) << 16;
 
 // A block from the OS. One of kHugePageBytes or more starts on a huge-page boundary and is advised
-// MADV_HUGEPAGE, so that every whole 2 MiB of it can be one transparent huge page (the kernel's THP mode
-// "madvise", Debian's default, gives huge pages to advised ranges only): one TLB entry and one page
-// fault where 4 KiB pages take 512. The attention kernels read a head's K/V rows strided by every
-// head's width, over thousands of 4 KiB pages at T in the thousands (docs/architecture.md §2); the block's
-// size is what was asked (its last partial 2 MiB stays in small pages), so nothing changes in what
-// the allocator counts. LAGA_HUGE_PAGES=off leaves every block in small pages. Freed with std::free.
+// MADV_HUGEPAGE, so that every whole 2 MiB of it can be one transparent huge page (the kernel's THP
+// mode "madvise", Debian's default, gives huge pages to advised ranges only): one TLB entry and one
+// page fault where 4 KiB pages take 512. The attention kernels read a head's K/V rows strided by
+// every head's width, over thousands of 4 KiB pages at T in the thousands (docs/architecture.md
+// §2); the block's size is what was asked (its last partial 2 MiB stays in small pages), so nothing
+// changes in what the allocator counts. LAGA_HUGE_PAGES=off leaves every block in small pages.
+// Freed with std::free.
 void* os_allocate(size_t bytes) {
-  if (!huge_pages_enabled() || int64_t(bytes) < kHugePageBytes) return std::aligned_alloc(kAlignment, bytes);
+  if (!huge_pages_enabled() || int64_t(bytes) < kHugePageBytes)
+    return std::aligned_alloc(kAlignment, bytes);
   void* p = nullptr;
   if (posix_memalign(&p, size_t(kHugePageBytes), bytes) != 0) return nullptr;
-  madvise(p, bytes, MADV_HUGEPAGE);  // a hint: where THP is off or unsupported the block keeps small pages
+  // a hint: where THP is off or unsupported the block keeps small pages
+  madvise(p, bytes, MADV_HUGEPAGE);
   return p;
 }
 
 class Pool {
  public:
-  // Never destroyed: tensors of static lifetime may be released after every static destructor has run,
-  // and the cached blocks stay reachable from here (no leak reported at exit).
+  // Never destroyed: tensors of static lifetime may be released after every static destructor has
+  // run, and the cached blocks stay reachable from here (no leak reported at exit).
   static Pool& get() {
     static Pool* pool = new Pool;
     return *pool;
@@ -77,7 +80,8 @@ class Pool {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       auto it = by_size_.lower_bound(size);
-      static_assert(kPoolFitNum == 8 && kPoolFitDen == 7, "a request takes a cached block of at most 8/7 its size");
+      static_assert(kPoolFitNum == 8 && kPoolFitDen == 7,
+                    "a request takes a cached block of at most 8/7 its size");
       if (it != by_size_.end() && it->first - it->first / 8 <= size) {
         void* p = it->second->p;
         take(p, it->first);
@@ -133,7 +137,8 @@ class Pool {
   }
   PoolStats stats() {
     std::lock_guard<std::mutex> lock(mutex_);
-    return {enabled_, reserved_, cached_bytes_, peak_reserved_, in_use_bytes_, peak_in_use_, hits_, misses_, cap_};
+    return {enabled_, reserved_, cached_bytes_, peak_reserved_, in_use_bytes_, peak_in_use_,
+            hits_,    misses_,   cap_};
   }
 
  private:
@@ -146,7 +151,9 @@ class Pool {
     const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     cap_ = pages > 0 && page > 0 ? int64_t(pages) * page / 8 : int64_t(2) << 30;
   }
-  static size_t round(size_t bytes) { return (bytes + kPoolGranule - 1) / kPoolGranule * kPoolGranule; }
+  static size_t round(size_t bytes) {
+    return (bytes + kPoolGranule - 1) / kPoolGranule * kPoolGranule;
+  }
   void take(void* p, size_t size) {  // under mutex_
     in_use_[p] = size;
     in_use_bytes_ += int64_t(size);
@@ -168,8 +175,10 @@ class Pool {
   bool enabled_ = true;
   int64_t cap_ = 0;
   std::mutex mutex_;
-  std::list<Cached> lru_;                                          // cached blocks, least recently released first
-  std::multimap<size_t, std::list<Cached>::iterator> by_size_;     // the same blocks by size (best fit)
+  // cached blocks, least recently released first
+  std::list<Cached> lru_;
+  // the same blocks by size (best fit)
+  std::multimap<size_t, std::list<Cached>::iterator> by_size_;
   std::unordered_map<void*, size_t> in_use_;
   int64_t reserved_ = 0, cached_bytes_ = 0, peak_reserved_ = 0, in_use_bytes_ = 0, peak_in_use_ = 0;
   int64_t hits_ = 0, misses_ = 0;
@@ -183,13 +192,13 @@ void release_free_memory() {
 
 PoolStats pool_stats() { return Pool::get().stats(); }
 
-
 std::string transparent_huge_pages_mode() {
   std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");  // "always [madvise] never"
   std::string line;
   if (!std::getline(f, line)) return "unknown";
   const size_t a = line.find('['), b = line.find(']');
-  return a != std::string::npos && b != std::string::npos && b > a ? line.substr(a + 1, b - a - 1) : "unknown";
+  return a != std::string::npos && b != std::string::npos && b > a ? line.substr(a + 1, b - a - 1)
+                                                                   : "unknown";
 }
 
 void* pool_allocate(size_t bytes) {
@@ -218,8 +227,8 @@ void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
   }
   if (rounded && !ptr && !meta_)
     throw Error(ErrorKind::usage, __FILE__, __LINE__,
-                fmt::format("out of memory allocating {} bytes for '{}' ({} bytes already live)", bytes, tag,
-                            live_bytes()));
+                fmt::format("out of memory allocating {} bytes for '{}' ({} bytes already live)",
+                            bytes, tag, live_bytes()));
   count(bytes, tag);
   std::lock_guard<std::mutex> lock(mutex_);
   ++allocations_;
@@ -229,8 +238,8 @@ void* MemoryTracker::allocate(int64_t bytes, const std::string& tag) {
 void MemoryTracker::count(int64_t bytes, const std::string& tag) {
   std::lock_guard<std::mutex> lock(mutex_);
   live_ += bytes;
-  // A zero-byte tensor holds nothing, so it leaves no entry: two of them under one tag would otherwise
-  // share an entry of 0 that the first release erases and the second cannot find.
+  // A zero-byte tensor holds nothing, so it leaves no entry: two of them under one tag would
+  // otherwise share an entry of 0 that the first release erases and the second cannot find.
   if (bytes > 0) live_by_tag_[tag] += bytes;
   if (live_ > peak_) {
     peak_ = live_;
@@ -243,7 +252,8 @@ void MemoryTracker::uncount(int64_t bytes, const std::string& tag) {
   std::lock_guard<std::mutex> lock(mutex_);
   live_ -= bytes;
   auto it = live_by_tag_.find(tag);
-  LAGA_ASSERT(it != live_by_tag_.end() && it->second >= bytes, "release of untracked tag '{}'", tag);
+  LAGA_ASSERT(it != live_by_tag_.end() && it->second >= bytes, "release of untracked tag '{}'",
+              tag);
   if ((it->second -= bytes) == 0) live_by_tag_.erase(it);
 }
 
@@ -255,15 +265,31 @@ void MemoryTracker::hand_over(int64_t bytes, const std::string& tag, MemoryTrack
 }
 
 void MemoryTracker::release(void* ptr, int64_t bytes, const std::string& tag) {
-  if (!meta_ && ptr) Pool::get().release(ptr, size_t((bytes + kAlignment - 1) / kAlignment * kAlignment));
+  if (!meta_ && ptr)
+    Pool::get().release(ptr, size_t((bytes + kAlignment - 1) / kAlignment * kAlignment));
   uncount(bytes, tag);
 }
 
-int64_t MemoryTracker::live_bytes() const { std::lock_guard<std::mutex> l(mutex_); return live_; }
-int64_t MemoryTracker::peak_bytes() const { std::lock_guard<std::mutex> l(mutex_); return peak_; }
-int64_t MemoryTracker::allocations() const { std::lock_guard<std::mutex> l(mutex_); return allocations_; }
-std::map<std::string, int64_t> MemoryTracker::live_by_tag() const { std::lock_guard<std::mutex> l(mutex_); return live_by_tag_; }
-std::map<std::string, int64_t> MemoryTracker::peak_by_tag() const { std::lock_guard<std::mutex> l(mutex_); return peak_by_tag_; }
+int64_t MemoryTracker::live_bytes() const {
+  std::lock_guard<std::mutex> l(mutex_);
+  return live_;
+}
+int64_t MemoryTracker::peak_bytes() const {
+  std::lock_guard<std::mutex> l(mutex_);
+  return peak_;
+}
+int64_t MemoryTracker::allocations() const {
+  std::lock_guard<std::mutex> l(mutex_);
+  return allocations_;
+}
+std::map<std::string, int64_t> MemoryTracker::live_by_tag() const {
+  std::lock_guard<std::mutex> l(mutex_);
+  return live_by_tag_;
+}
+std::map<std::string, int64_t> MemoryTracker::peak_by_tag() const {
+  std::lock_guard<std::mutex> l(mutex_);
+  return peak_by_tag_;
+}
 
 void MemoryTracker::reset_peak() {
   std::lock_guard<std::mutex> l(mutex_);
@@ -278,7 +304,9 @@ MemoryTracker& default_tracker() {
 
 MemoryTracker& current_tracker() { return tls_tracker ? *tls_tracker : default_tracker(); }
 
-TrackerScope::TrackerScope(MemoryTracker& tracker) : previous_(tls_tracker) { tls_tracker = &tracker; }
+TrackerScope::TrackerScope(MemoryTracker& tracker) : previous_(tls_tracker) {
+  tls_tracker = &tracker;
+}
 TrackerScope::~TrackerScope() { tls_tracker = previous_; }
 
 }  // namespace laga

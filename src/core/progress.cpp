@@ -36,10 +36,11 @@ void progress_point() {
 
 ProgressHook::ProgressHook(std::function<void()> fn, double interval_s) : prev_(g_hook) {
   if (interval_s <= 0) return;
-  g_hook = new detail::ProgressState{std::move(fn),
-                     std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                         std::chrono::duration<double>(interval_s)),
-                     std::chrono::steady_clock::now()};
+  g_hook =
+      new detail::ProgressState{std::move(fn),
+                                std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                                    std::chrono::duration<double>(interval_s)),
+                                std::chrono::steady_clock::now()};
   installed_ = true;
 }
 

@@ -29,11 +29,13 @@ double normal(uint64_t seed, uint64_t stream, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
 }
 
-void fill_normal(Tensor& t, uint64_t seed, std::string_view name, double std, double mean, int64_t offset) {
+void fill_normal(Tensor& t, uint64_t seed, std::string_view name, double std, double mean,
+                 int64_t offset) {
   if (t.is_meta()) return;
   uint64_t s = stream_id(name);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < t.numel(); ++i) t.set(i, float(mean + std * normal(seed, s, uint64_t(offset + i))));
+  for (int64_t i = 0; i < t.numel(); ++i)
+    t.set(i, float(mean + std * normal(seed, s, uint64_t(offset + i))));
 }
 
 }  // namespace laga

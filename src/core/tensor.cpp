@@ -18,7 +18,10 @@ int64_t shape_numel(const Shape& s) {
 }
 
 Storage::Storage(int64_t bytes, std::string tag, MemoryTracker& tracker)
-    : data_(tracker.allocate(bytes, tag)), bytes_(bytes), tag_(std::move(tag)), tracker_(&tracker) {}
+    : data_(tracker.allocate(bytes, tag)),
+      bytes_(bytes),
+      tag_(std::move(tag)),
+      tracker_(&tracker) {}
 
 Storage::~Storage() { tracker_->release(data_, bytes_, tag_); }
 
@@ -33,11 +36,13 @@ void Tensor::hand_over(MemoryTracker& to) {
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const std::string& tag) {
-  for (int64_t d : shape) LAGA_CHECK(d >= 0, "tensor '{}' has a negative dimension in {}", tag, shape_str(shape));
+  for (int64_t d : shape)
+    LAGA_CHECK(d >= 0, "tensor '{}' has a negative dimension in {}", tag, shape_str(shape));
   Tensor t;
   t.shape_ = shape;
   t.dtype_ = dtype;
-  t.storage_ = std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), tag, current_tracker());
+  t.storage_ =
+      std::make_shared<Storage>(shape_numel(shape) * dtype_size(dtype), tag, current_tracker());
   return t;
 }
 
@@ -47,9 +52,10 @@ Tensor Tensor::zeros(const Shape& shape, DType dtype, const std::string& tag) {
   return t;
 }
 
-Tensor Tensor::from_floats(const Shape& shape, DType dtype, const std::vector<float>& values, const std::string& tag) {
-  LAGA_CHECK(int64_t(values.size()) == shape_numel(shape), "tensor '{}': {} values for shape {}", tag, values.size(),
-             shape_str(shape));
+Tensor Tensor::from_floats(const Shape& shape, DType dtype, const std::vector<float>& values,
+                           const std::string& tag) {
+  LAGA_CHECK(int64_t(values.size()) == shape_numel(shape), "tensor '{}': {} values for shape {}",
+             tag, values.size(), shape_str(shape));
   Tensor t = empty(shape, dtype, tag);
   for (int64_t i = 0; i < t.numel(); ++i) t.set(i, values[size_t(i)]);
   return t;
@@ -73,16 +79,16 @@ void* Tensor::raw() const {
 }
 
 Tensor Tensor::reshape(const Shape& shape) const {
-  LAGA_ASSERT(shape_numel(shape) == numel(), "reshape of '{}' from {} to {}", tag(), shape_str(shape_),
-              shape_str(shape));
+  LAGA_ASSERT(shape_numel(shape) == numel(), "reshape of '{}' from {} to {}", tag(),
+              shape_str(shape_), shape_str(shape));
   Tensor t = *this;
   t.shape_ = shape;
   return t;
 }
 
 Tensor Tensor::rows(int64_t begin, int64_t end) const {
-  LAGA_ASSERT(rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0], "rows [{}, {}) of '{}' with shape {}",
-              begin, end, tag(), shape_str(shape_));
+  LAGA_ASSERT(rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0],
+              "rows [{}, {}) of '{}' with shape {}", begin, end, tag(), shape_str(shape_));
   Tensor t = *this;
   int64_t row = numel() / (shape_[0] ? shape_[0] : 1);
   t.offset_bytes_ += begin * row * dtype_size(dtype_);
@@ -92,13 +98,16 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 
 float Tensor::get(int64_t i) const {
   LAGA_ASSERT(!is_meta(), "element access to meta tensor '{}' (it has no storage)", tag());
-  return dtype_ == DType::f32 ? static_cast<const float*>(raw())[i] : to_float(static_cast<const bf16*>(raw())[i]);
+  return dtype_ == DType::f32 ? static_cast<const float*>(raw())[i]
+                              : to_float(static_cast<const bf16*>(raw())[i]);
 }
 
 void Tensor::set(int64_t i, float v) {
   LAGA_ASSERT(!is_meta(), "element access to meta tensor '{}' (it has no storage)", tag());
-  if (dtype_ == DType::f32) static_cast<float*>(raw())[i] = v;
-  else static_cast<bf16*>(raw())[i] = to_bf16(v);
+  if (dtype_ == DType::f32)
+    static_cast<float*>(raw())[i] = v;
+  else
+    static_cast<bf16*>(raw())[i] = to_bf16(v);
 }
 
 std::vector<float> Tensor::to_floats() const {
@@ -113,8 +122,8 @@ void Tensor::fill(float v) {
 }
 
 void Tensor::copy_from(const Tensor& src) {
-  LAGA_ASSERT(src.shape_ == shape_, "copy into '{}' {} from '{}' {}", tag(), shape_str(shape_), src.tag(),
-              shape_str(src.shape_));
+  LAGA_ASSERT(src.shape_ == shape_, "copy into '{}' {} from '{}' {}", tag(), shape_str(shape_),
+              src.tag(), shape_str(src.shape_));
   if (is_meta()) return;
   if (src.dtype_ == dtype_) {
     if (nbytes()) std::memmove(raw(), src.raw(), size_t(nbytes()));
@@ -144,12 +153,13 @@ Tensor Tensor::to(DType dtype, const std::string& tag) const {
 
 void check_shape(const Tensor& t, const Shape& expected, const char* name) {
   LAGA_CHECK(t.defined(), "tensor {} is undefined; expected shape {}", name, shape_str(expected));
-  LAGA_CHECK(t.shape() == expected, "tensor {} has shape {}; expected {}", name, shape_str(t.shape()),
-             shape_str(expected));
+  LAGA_CHECK(t.shape() == expected, "tensor {} has shape {}; expected {}", name,
+             shape_str(t.shape()), shape_str(expected));
 }
 
 void check_dtype(const Tensor& t, DType expected, const char* name) {
-  LAGA_CHECK(t.dtype() == expected, "tensor {} is {}; expected {}", name, dtype_name(t.dtype()), dtype_name(expected));
+  LAGA_CHECK(t.dtype() == expected, "tensor {} is {}; expected {}", name, dtype_name(t.dtype()),
+             dtype_name(expected));
 }
 
 }  // namespace laga

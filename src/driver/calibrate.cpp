@@ -26,7 +26,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
 
 Tensor random(const Shape& s, DType dt, uint64_t seed, const char* name) {
   Tensor t = Tensor::empty(s, dt, name);
@@ -61,7 +63,6 @@ struct AttentionCase {
   int64_t Dv_counted;
 };
 
-
 // The `small` preset (DeepSeek's head dims, D 1024, H 16) on P ranks: each rate is measured at its
 // shapes, at E = T/P local rows.
 struct CalShape {
@@ -69,16 +70,23 @@ struct CalShape {
   int64_t P, D, H, Lq, Lkv, Dr, Dqk, Dv, Dl;
   int64_t Hr;  // 2 heads (1 where H/P is 1): the rate per head is what counts
   explicit CalShape(int64_t P_)
-      : P(P_), D(small.hidden_size), H(small.num_attention_heads), Lq(small.q_lora_rank), Lkv(small.kv_lora_rank),
-        Dr(small.qk_rope_head_dim), Dqk(small.qk_head_dim()), Dv(small.v_head_dim), Dl(small.latent_dim()),
+      : P(P_),
+        D(small.hidden_size),
+        H(small.num_attention_heads),
+        Lq(small.q_lora_rank),
+        Lkv(small.kv_lora_rank),
+        Dr(small.qk_rope_head_dim),
+        Dqk(small.qk_head_dim()),
+        Dv(small.v_head_dim),
+        Dl(small.latent_dim()),
         Hr(std::max<int64_t>(1, std::min<int64_t>(2, H / P_))) {}
 };
 
 // Every reading is a Measurement: its time (seconds, the median of opt.reps repeats on all ranks
-// at once), its work (FLOPs or bytes) and where its rate goes. All are read in two rounds, the second
-// after the whole first, so a slow spell of the shared machine (seconds to minutes) hits one reading of
-// an entry, not both; an entry whose two readings differ by more than opt.agree is read a third time.
-// Each entry keeps the median of its readings (two agreeing: their mean).
+// at once), its work (FLOPs or bytes) and where its rate goes. All are read in two rounds, the
+// second after the whole first, so a slow spell of the shared machine (seconds to minutes) hits one
+// reading of an entry, not both; an entry whose two readings differ by more than opt.agree is read
+// a third time. Each entry keeps the median of its readings (two agreeing: their mean).
 enum class Unit { tflops, GBps };  // the file's rates: TFLOP/s (FLOPs), GB/s (bytes)
 struct Measurement {
   std::string what;  // "bf16 T 2048 matmul", for the progress line and the notes
@@ -86,11 +94,11 @@ struct Measurement {
   std::function<double()> seconds;
   std::function<void(double)> store;  // the rate (work / seconds, in unit)
   Unit unit;
-  std::vector<double> readings;       // seconds, one per round
+  std::vector<double> readings;  // seconds, one per round
 };
 
-// What the measurements of one dtype at one T are added with: the shapes, where the rates go (cs, in
-// hw), and the progress-line prefix.
+// What the measurements of one dtype at one T are added with: the shapes, where the rates go (cs,
+// in hw), and the progress-line prefix.
 struct At {
   const CalShape& s;
   const CalibrationOptions& opt;
@@ -107,16 +115,28 @@ nlohmann::json calibration_notes(const CalibrationOptions& opt, const CalShape& 
       {"kind", "achieved rates (laga's own kernels on this machine), not peaks"},
       {"ranks", s.P},
       {"threads_per_rank", "max(1, cores / P), as laga bench"},
-      {"seq", fmt::format("each rate measured at T {} (read between them in log T, held beyond)", seq_list)},
-      {"matmul", "linear forward + backward of small's projections at T/P rows (and the up-projection at T rows): "
-                 "total FLOPs / total time"},
-      {"attention", fmt::format("T, B 1, {} query heads, causal; dense 192/128, latent 576/512 per head (fused: V padded to "
-                                "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP counting; laga_fused: the latent kernel "
-                                "of laga-fused, its FLOPs the attention's plus the up-projection it executes", s.Hr)},
-      {"elementwise", fmt::format("rmsnorm forward/backward and rope over [T/P, {}]: bytes read + written / time", s.D)},
-      {"accumulate", fmt::format("fp32 streams of the ring forms over [T/P, {} heads, {}]: a zeroed accumulator, an add "
-                                 "into it, a log-sum-exp merge of [T/P, {}, {}], a rounding to bf16: bytes read + "
-                                 "written / time; the same in both dtypes' sections", s.H, s.Dqk, s.H, s.Dv)}};
+      {"seq", fmt::format("each rate measured at T {} (read between them in log T, held beyond)",
+                          seq_list)},
+      {"matmul",
+       "linear forward + backward of small's projections at T/P rows (and the up-projection at T "
+       "rows): "
+       "total FLOPs / total time"},
+      {"attention",
+       fmt::format("T, B 1, {} query heads, causal; dense 192/128, latent 576/512 per head (fused: "
+                   "V padded to "
+                   "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP "
+                   "counting; laga_fused: the latent kernel "
+                   "of laga-fused, its FLOPs the attention's plus the up-projection it executes",
+                   s.Hr)},
+      {"elementwise",
+       fmt::format("rmsnorm forward/backward and rope over [T/P, {}]: bytes read + written / time",
+                   s.D)},
+      {"accumulate",
+       fmt::format(
+           "fp32 streams of the ring forms over [T/P, {} heads, {}]: a zeroed accumulator, an add "
+           "into it, a log-sum-exp merge of [T/P, {}, {}], a rounding to bf16: bytes read + "
+           "written / time; the same in both dtypes' sections",
+           s.H, s.Dqk, s.H, s.Dv)}};
 }
 
 // matmul: the projections' linear forward + backward ([rows, in] · [out, in]ᵀ)
@@ -124,17 +144,26 @@ void add_matmul(const At& a, std::vector<Measurement>& ms) {
   const CalShape& s = a.s;
   const int64_t E = a.E, T = a.T, P = s.P;
   const DType dt = a.dt;
-  struct Lin { int64_t rows, in, out; };
-  const std::vector<Lin> lins = {{E, s.D, s.Lq}, {E, s.Lq, s.H * s.Dqk}, {E, s.D, s.Lkv + s.Dr},
-                                 {T, s.Lkv, s.Hr * (s.Dqk - s.Dr + s.Dv)}, {E, s.H * s.Dv, s.D}};
+  struct Lin {
+    int64_t rows, in, out;
+  };
+  const std::vector<Lin> lins = {{E, s.D, s.Lq},
+                                 {E, s.Lq, s.H * s.Dqk},
+                                 {E, s.D, s.Lkv + s.Dr},
+                                 {T, s.Lkv, s.Hr * (s.Dqk - s.Dr + s.Dv)},
+                                 {E, s.H * s.Dv, s.D}};
   double flops = 0;
   for (const Lin& l : lins) flops += 6.0 * double(l.rows) * double(l.in) * double(l.out);
-  ms.push_back({fmt::format("{} T {} matmul", a.dn, T), flops, [=, &opt = a.opt] {
+  ms.push_back({fmt::format("{} T {} matmul", a.dn, T),
+                flops,
+                [=, &opt = a.opt] {
                   double secs = 0;
                   for (const Lin& l : lins)
                     secs += timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
-                      Tensor x = random({l.rows, l.in}, dt, 1, "cal.x"), w = random({l.out, l.in}, dt, 2, "cal.w");
-                      Tensor dy = random({l.rows, l.out}, dt, 3, "cal.dy"), dx = Tensor::empty({l.rows, l.in}, dt, "cal.dx");
+                      Tensor x = random({l.rows, l.in}, dt, 1, "cal.x"),
+                             w = random({l.out, l.in}, dt, 2, "cal.w");
+                      Tensor dy = random({l.rows, l.out}, dt, 3, "cal.dy"),
+                             dx = Tensor::empty({l.rows, l.in}, dt, "cal.dx");
                       Tensor dw = Tensor::zeros({l.out, l.in}, DType::f32, "cal.dw");
                       return [x, w, dy, dx, dw]() mutable {
                         Tensor y = linear_forward(x, w, "cal.y");
@@ -143,20 +172,27 @@ void add_matmul(const At& a, std::vector<Measurement>& ms) {
                     });
                   return secs;
                 },
-                [&cs = a.cs, T](double r) { cs.matmul_tflops.by_seq[T] = r; }, Unit::tflops, {}});
+                [&cs = a.cs, T](double r) { cs.matmul_tflops.by_seq[T] = r; },
+                Unit::tflops,
+                {}});
 }
 
 // An attention kernel's rates at T under `key`: forward and backward, each its own measurement on
 // fresh buffers from make(backward), their FLOPs as the model's phases count them.
 using Maker = std::function<std::function<std::function<void()>()>(bool)>;
-void add_attention_rates(const At& a, const std::string& key, double fwd_flops, double bwd_flops, const Maker& make,
-                         std::vector<Measurement>& ms) {
+void add_attention_rates(const At& a, const std::string& key, double fwd_flops, double bwd_flops,
+                         const Maker& make, std::vector<Measurement>& ms) {
   for (bool backward : {false, true}) {
     const std::string name = key + (backward ? "_bwd_tflops" : "_fwd_tflops");
-    ms.push_back({fmt::format("{} T {} {} {}", a.dn, a.T, key, backward ? "backward" : "forward"),
-                  backward ? bwd_flops : fwd_flops,
-                  [P = a.s.P, reps = a.opt.reps, work = make(backward)] { return timed_on_ranks(P, reps, work); },
-                  [&cs = a.cs, name, T = a.T](double r) { cs.attention_tflops[name].by_seq[T] = r; }, Unit::tflops, {}});
+    ms.push_back(
+        {fmt::format("{} T {} {} {}", a.dn, a.T, key, backward ? "backward" : "forward"),
+         backward ? bwd_flops : fwd_flops,
+         [P = a.s.P, reps = a.opt.reps, work = make(backward)] {
+           return timed_on_ranks(P, reps, work);
+         },
+         [&cs = a.cs, name, T = a.T](double r) { cs.attention_tflops[name].by_seq[T] = r; },
+         Unit::tflops,
+         {}});
   }
 }
 
@@ -172,21 +208,27 @@ void add_attention(const At& at, std::vector<Measurement>& ms) {
                                  {"mqa_attention", Kernel::fused, 1, s.Dl, s.Lkv, s.Lkv},
                                  {"eager_mqa_attention", Kernel::eager, 1, s.Dl, s.Lkv, s.Lkv}};
   for (const AttentionCase& a : cases) {
-    // Each rank its own tensors; a backward needs a forward's saved state, so it is timed after one.
+    // Each rank its own tensors; a backward needs a forward's saved state, so it is timed after
+    // one.
     auto make = [=, scale = float(s.small.softmax_scale())](bool backward) {
       return [=]() -> std::function<void()> {
         auto t = std::make_shared<std::vector<Tensor>>();
-        Tensor q = random({T, 1, Hr, a.Dqk}, dt, 4, "cal.q"), k = random({T, 1, a.Hkv, a.Dqk}, dt, 5, "cal.k");
-        Tensor v = random({T, 1, a.Hkv, a.Dv}, dt, 6, "cal.v"), o = Tensor::empty({T, 1, Hr, a.Dv}, dt, "cal.o");
+        Tensor q = random({T, 1, Hr, a.Dqk}, dt, 4, "cal.q"),
+               k = random({T, 1, a.Hkv, a.Dqk}, dt, 5, "cal.k");
+        Tensor v = random({T, 1, a.Hkv, a.Dv}, dt, 6, "cal.v"),
+               o = Tensor::empty({T, 1, Hr, a.Dv}, dt, "cal.o");
         Tensor dout = random({T, 1, Hr, a.Dv}, dt, 7, "cal.do");
-        Tensor dq = Tensor::empty(q.shape(), dt, "cal.dq"), dk = Tensor::empty(k.shape(), dt, "cal.dk");
+        Tensor dq = Tensor::empty(q.shape(), dt, "cal.dq"),
+               dk = Tensor::empty(k.shape(), dt, "cal.dk");
         Tensor dv = Tensor::empty(v.shape(), dt, "cal.dv");
         *t = {q, k, v, o, dout, dq, dk, dv};
         AttentionFwdParams p;
         p.B = 1, p.T = T, p.Hq = Hr, p.Hkv = a.Hkv, p.Dqk = a.Dqk, p.Dv = a.Dv, p.dtype = dt;
         p.scale = scale, p.causal = true;
-        p.q = q.raw(), p.q_stride = dense_strides(1, Hr, a.Dqk), p.k = k.raw(), p.k_stride = dense_strides(1, a.Hkv, a.Dqk);
-        p.v = v.raw(), p.v_stride = dense_strides(1, a.Hkv, a.Dv), p.o = o.raw(), p.o_stride = dense_strides(1, Hr, a.Dv);
+        p.q = q.raw(), p.q_stride = dense_strides(1, Hr, a.Dqk), p.k = k.raw(),
+        p.k_stride = dense_strides(1, a.Hkv, a.Dqk);
+        p.v = v.raw(), p.v_stride = dense_strides(1, a.Hkv, a.Dv), p.o = o.raw(),
+        p.o_stride = dense_strides(1, Hr, a.Dv);
         AttentionBwdParams b;
         static_cast<AttentionFwdParams&>(b) = p;
         b.dout = dout.raw(), b.dout_stride = p.o_stride, b.dq = dq.raw(), b.dq_stride = p.q_stride;
@@ -208,7 +250,8 @@ void add_laga_fused(const At& at, std::vector<Measurement>& ms) {
   const int64_t T = at.T, Hr = s.Hr, Dl = s.Dl, Lkv = s.Lkv, Dqk = s.Dqk, Dv = s.Dv;
   const DType dt = at.dt;
   LatentAttentionParams dims;  // the shapes; make adds each rank's buffers
-  dims.B = 1, dims.T = T, dims.H = Hr, dims.Lkv = Lkv, dims.Dr = s.Dr, dims.Dn = Dqk - s.Dr, dims.Dv = Dv, dims.dtype = dt;
+  dims.B = 1, dims.T = T, dims.H = Hr, dims.Lkv = Lkv, dims.Dr = s.Dr, dims.Dn = Dqk - s.Dr,
+  dims.Dv = Dv, dims.dtype = dt;
   dims.scale = float(s.small.softmax_scale());
   const int64_t Dn = dims.Dn;
   MlaConfig at_dt = s.small;  // dlatent as laga-fused writes it under small's --dlatent-sum
@@ -217,8 +260,10 @@ void add_laga_fused(const At& at, std::vector<Measurement>& ms) {
   auto make = [=](bool backward) {
     return [=]() -> std::function<void()> {
       auto t = std::make_shared<std::vector<Tensor>>();
-      Tensor latent = random({T, 1, Dl}, dt, 4, "cal.latent"), wkv = random({Hr, Dn + Dv, Lkv}, dt, 5, "cal.wkv");
-      Tensor q = random({T, 1, Hr, Dqk}, dt, 6, "cal.q"), o = Tensor::empty({T, 1, Hr, Dv}, dt, "cal.o");
+      Tensor latent = random({T, 1, Dl}, dt, 4, "cal.latent"),
+             wkv = random({Hr, Dn + Dv, Lkv}, dt, 5, "cal.wkv");
+      Tensor q = random({T, 1, Hr, Dqk}, dt, 6, "cal.q"),
+             o = Tensor::empty({T, 1, Hr, Dv}, dt, "cal.o");
       Tensor dout = random({T, 1, Hr, Dv}, dt, 7, "cal.do");
       Tensor dlatent = Tensor::empty({T, 1, Dl}, dlatent_dt, "cal.dlatent");
       Tensor dwkv = Tensor::zeros({Hr, Dn + Dv, Lkv}, DType::f32, "cal.dwkv");
@@ -235,24 +280,31 @@ void add_laga_fused(const At& at, std::vector<Measurement>& ms) {
   };
   // FLOPs as the model's phases count them: forward the attention and one up-projection U,
   // backward 2.5× the attention, U again (recomputed) and 2U (its dlatent and dwkv products).
-  const double fl = attention_forward_flops(1, Hr, T, Dqk, Dv, true), up = latent_up_projection_flops(dims);
+  const double fl = attention_forward_flops(1, Hr, T, Dqk, Dv, true),
+               up = latent_up_projection_flops(dims);
   add_attention_rates(at, "laga_fused_attention", fl + up, 2.5 * fl + 3 * up, make, ms);
 }
 
-// elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in place
+// elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in
+// place
 void add_elementwise(const At& a, std::vector<Measurement>& ms) {
   const CalShape& s = a.s;
   const int64_t E = a.E, D = s.D, H = s.H, Dr = s.Dr, P = s.P, T = a.T;
   const DType dt = a.dt;
   const double bytes = double(dtype_size(dt)) * (2.0 * E * D + 3.0 * E * D + 4.0 * E * H * Dr);
   const RopeParams rope = rope_params(s.small.rope(), dt);
-  ms.push_back({fmt::format("{} T {} elementwise", a.dn, T), bytes, [=, &opt = a.opt] {
+  ms.push_back({fmt::format("{} T {} elementwise", a.dn, T),
+                bytes,
+                [=, &opt = a.opt] {
                   return timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
-                    Tensor x = random({E, D}, dt, 8, "cal.x"), w = random({D}, dt, 9, "cal.w"), dy = random({E, D}, dt, 10, "cal.dy");
-                    Tensor dx = Tensor::empty({E, D}, dt, "cal.dx"), dw = Tensor::zeros({D}, DType::f32, "cal.dw");
+                    Tensor x = random({E, D}, dt, 8, "cal.x"), w = random({D}, dt, 9, "cal.w"),
+                           dy = random({E, D}, dt, 10, "cal.dy");
+                    Tensor dx = Tensor::empty({E, D}, dt, "cal.dx"),
+                           dw = Tensor::zeros({D}, DType::f32, "cal.dw");
                     Tensor qpe = random({E, H, Dr}, dt, 11, "cal.qpe");
                     RopeParams rp = rope;
-                    rp.x = qpe.raw(), rp.T = E, rp.inner = H, rp.t_stride = H * Dr, rp.inner_stride = Dr, rp.pos0 = 0;
+                    rp.x = qpe.raw(), rp.T = E, rp.inner = H, rp.t_stride = H * Dr,
+                    rp.inner_stride = Dr, rp.pos0 = 0;
                     // qpe is captured by name: rp only points into it.
                     return [x, w, dy, dx, dw, qpe, rp]() mutable {
                       Tensor y = rmsnorm_forward(x, w, 1e-6, "cal.y");
@@ -262,19 +314,23 @@ void add_elementwise(const At& a, std::vector<Measurement>& ms) {
                     };
                   });
                 },
-                [&cs = a.cs, T](double r) { cs.elementwise_GBps.by_seq[T] = r; }, Unit::GBps, {}});
+                [&cs = a.cs, T](double r) { cs.elementwise_GBps.by_seq[T] = r; },
+                Unit::GBps,
+                {}});
 }
 
-// accumulate: fp32 streams, the same in a run of either dtype, stored in both dtypes' sections of hw.
-// What the ring forms do to their fp32 buffers every hop, at ring-kv's width (all H heads of E rows): a
-// zeroed accumulator, a partial added into it, a partial attention merged by log-sum-exp, the
-// accumulator rounded to bf16.
+// accumulate: fp32 streams, the same in a run of either dtype, stored in both dtypes' sections of
+// hw. What the ring forms do to their fp32 buffers every hop, at ring-kv's width (all H heads of E
+// rows): a zeroed accumulator, a partial added into it, a partial attention merged by log-sum-exp,
+// the accumulator rounded to bf16.
 void add_accumulate(const At& a, HardwareSpec& hw, std::vector<Measurement>& ms) {
   const CalShape& s = a.s;
   const int64_t E = a.E, H = s.H, Dqk = s.Dqk, Dv = s.Dv, P = s.P, T = a.T;
   const double n = double(E) * H * Dqk, o = double(E) * H * Dv;
   const double bytes = 4 * n + 12 * n + 6 * n + 12 * o + 12.0 * E * H;
-  ms.push_back({fmt::format("T {} accumulate", T), bytes, [=, &opt = a.opt] {
+  ms.push_back({fmt::format("T {} accumulate", T),
+                bytes,
+                [=, &opt = a.opt] {
                   return timed_on_ranks(P, opt.reps, [&]() -> std::function<void()> {
                     Tensor part = random({E, 1, H, Dqk}, DType::f32, 12, "cal.part");
                     Tensor o_part = random({E, 1, H, Dv}, DType::f32, 13, "cal.o_part");
@@ -297,28 +353,34 @@ void add_accumulate(const At& a, HardwareSpec& hw, std::vector<Measurement>& ms)
                     acc->by_seq[T] = r;
                   }
                 },
-                Unit::GBps, {}});
+                Unit::GBps,
+                {}});
 }
 
-double rate(const Measurement& m, double secs) { return m.work / secs / (m.unit == Unit::GBps ? 1e9 : 1e12); }
+double rate(const Measurement& m, double secs) {
+  return m.work / secs / (m.unit == Unit::GBps ? 1e9 : 1e12);
+}
 const char* unit(const Measurement& m) { return m.unit == Unit::GBps ? "GB/s" : "TFLOP/s"; }
 
-// Reads every measurement in two rounds, a third where they disagree, and stores each one's rate; the
-// entries read a third time, for the notes.
+// Reads every measurement in two rounds, a third where they disagree, and stores each one's rate;
+// the entries read a third time, for the notes.
 nlohmann::json read_all(std::vector<Measurement>& ms, const CalibrationOptions& opt,
                         const std::function<void(const std::string&)>& say) {
   for (int round = 1; round <= 2; ++round)
     for (Measurement& m : ms) {
       m.readings.push_back(m.seconds());
-      say(fmt::format("round {}: {}: {:.4f} {}", round, m.what, rate(m, m.readings.back()), unit(m)));
+      say(fmt::format("round {}: {}: {:.4f} {}", round, m.what, rate(m, m.readings.back()),
+                      unit(m)));
     }
   nlohmann::json remeasured = nlohmann::json::array();
   for (Measurement& m : ms) {
     const double a = m.readings[0], b = m.readings[1];
     if (std::max(a, b) > (1 + opt.agree) * std::min(a, b)) {
       m.readings.push_back(m.seconds());
-      say(fmt::format("round 3: {}: {:.4f} {} (rounds 1 and 2 read {:.4f} and {:.4f}: {:.0f} % apart)", m.what,
-                      rate(m, m.readings.back()), unit(m), rate(m, a), rate(m, b), 100 * (std::max(a, b) / std::min(a, b) - 1)));
+      say(fmt::format(
+          "round 3: {}: {:.4f} {} (rounds 1 and 2 read {:.4f} and {:.4f}: {:.0f} % apart)", m.what,
+          rate(m, m.readings.back()), unit(m), rate(m, a), rate(m, b),
+          100 * (std::max(a, b) / std::min(a, b) - 1)));
       nlohmann::json rs = nlohmann::json::array();
       for (double s : m.readings) rs.push_back(rate(m, s));
       remeasured.push_back({{"what", m.what}, {"rates", rs}, {"unit", unit(m)}});
@@ -335,21 +397,26 @@ nlohmann::json calibrate_link_notes(const CalibrationOptions& opt, HardwareSpec&
   hw.intra_node = calibrate_threads_link(opt.sp, std::max(opt.reps, 3), &fits);
   nlohmann::json fj;
   for (const auto& [op, f] : fits) {
-    fj[std::string(collective_name(op))] = {{"latency_us", f.latency_s * 1e6}, {"busbw_GBps", f.busbw_GBps},
-                                            {"max_rel_residual", f.max_rel_residual}, {"points", f.points}};
-    say(fmt::format("link {}: latency {:.2f} us, busbw {:.3f} GB/s (max residual {:.1f} %)", collective_name(op),
-                    f.latency_s * 1e6, f.busbw_GBps, 100 * f.max_rel_residual));
+    fj[std::string(collective_name(op))] = {{"latency_us", f.latency_s * 1e6},
+                                            {"busbw_GBps", f.busbw_GBps},
+                                            {"max_rel_residual", f.max_rel_residual},
+                                            {"points", f.points}};
+    say(fmt::format("link {}: latency {:.2f} us, busbw {:.3f} GB/s (max residual {:.1f} %)",
+                    collective_name(op), f.latency_s * 1e6, f.busbw_GBps,
+                    100 * f.max_rel_residual));
   }
-  return {{"how", "laga's threads Communicator, bf16, S = 64 KiB .. 16 MiB, latency + bytes / busbw least "
-                  "squares (relative residuals)"}, {"fits", fj}};
+  return {{"how",
+           "laga's threads Communicator, bf16, S = 64 KiB .. 16 MiB, latency + bytes / busbw least "
+           "squares (relative residuals)"},
+          {"fits", fj}};
 }
 
 }  // namespace
 
 // The median of a measurement's timed repeats (worst[0], the warm-up, left out): bench reports the
 // median of its iterations, so the rates it is compared with are read the same way. The fastest
-// repeat would bias every rate towards a quiet moment of a shared machine (the model then errs low on
-// every row); one slow repeat in three moves the median not at all.
+// repeat would bias every rate towards a quiet moment of a shared machine (the model then errs low
+// on every row); one slow repeat in three moves the median not at all.
 double median_after_warmup(std::vector<double> worst) {
   LAGA_ASSERT(worst.size() >= 2, "a measurement needs a warm-up and a timed repeat");
   return median(std::vector<double>(worst.begin() + 1, worst.end()));
@@ -362,7 +429,8 @@ double median(std::vector<double> xs) {
   return n % 2 ? xs[mid] : (xs[mid - 1] + xs[mid]) / 2;
 }
 
-LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, LatencyBandwidthFit>* fits) {
+LinkSpec calibrate_threads_link(int64_t P, int reps,
+                                std::map<CollectiveOp, LatencyBandwidthFit>* fits) {
   LAGA_CHECK(P >= 2, "calibrating a link needs --sp ≥ 2, got {}", P);
   const DType dt = DType::bf16;
   const int64_t es = dtype_size(dt);
@@ -381,10 +449,18 @@ LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, Late
           comm.barrier();
           const auto t0 = Clock::now();
           for (int k = 0; k < calls; ++k) switch (op) {
-              case CollectiveOp::all_gather: comm.all_gather(in.data(), out.data(), n, dt, "calibrate"); break;
-              case CollectiveOp::reduce_scatter: comm.reduce_scatter(in.data(), out.data(), n, dt, "calibrate"); break;
-              case CollectiveOp::all_to_all: comm.all_to_all(in.data(), out.data(), n, dt, "calibrate"); break;
-              default: comm.all_reduce(in.data(), n, dt, "calibrate"); break;
+              case CollectiveOp::all_gather:
+                comm.all_gather(in.data(), out.data(), n, dt, "calibrate");
+                break;
+              case CollectiveOp::reduce_scatter:
+                comm.reduce_scatter(in.data(), out.data(), n, dt, "calibrate");
+                break;
+              case CollectiveOp::all_to_all:
+                comm.all_to_all(in.data(), out.data(), n, dt, "calibrate");
+                break;
+              default:
+                comm.all_reduce(in.data(), n, dt, "calibrate");
+                break;
             }
           const double s = seconds_since(t0) / calls;
           std::lock_guard<std::mutex> lock(mu);
@@ -403,15 +479,15 @@ LinkSpec calibrate_threads_link(int64_t P, int reps, std::map<CollectiveOp, Late
   return link;
 }
 
-
 HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
   const int64_t P = opt.sp;
   LAGA_CHECK(P >= 1, "--sp {} must be at least 1", P);
   LAGA_CHECK(!opt.seqs.empty(), "calibration needs at least one sequence length T, e.g. 2048");
   for (int64_t T : opt.seqs)
     LAGA_CHECK(T >= 2 * P && T % P == 0 && T <= (int64_t(1) << 17),
-               "calibration at T {} with --sp {}: T must be a multiple of {} between {} and 131072, e.g. 2048", T, P, P,
-               2 * P);
+               "calibration at T {} with --sp {}: T must be a multiple of {} between {} and "
+               "131072, e.g. 2048",
+               T, P, P, 2 * P);
   auto say = [&](const std::string& s) {
     if (opt.progress) opt.progress(s);
   };
@@ -433,9 +509,11 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
       if (dt == DType::f32) add_accumulate(at, hw, ms);
     }
   const nlohmann::json remeasured = read_all(ms, opt, say);
-  notes["rounds"] = fmt::format("every rate read twice, the second round after the whole first; an entry whose two "
-                                "readings differ by more than {:.0f} % read a third time; each keeps the median of its "
-                                "readings (of two, their mean)", 100 * opt.agree);
+  notes["rounds"] = fmt::format(
+      "every rate read twice, the second round after the whole first; an entry whose two "
+      "readings differ by more than {:.0f} % read a third time; each keeps the median of its "
+      "readings (of two, their mean)",
+      100 * opt.agree);
   notes["remeasured"] = remeasured;
   if (opt.link && P >= 2) notes["link"] = calibrate_link_notes(opt, hw, say);
   hw.notes = notes;

@@ -18,7 +18,9 @@ class ThreadsLauncher final : public Launcher {
   LaunchKind kind() const override { return LaunchKind::threads; }
   std::string backend() const override { return "threads"; }
   bool is_root() const override { return true; }
-  void run(int P, const std::function<void(Communicator&)>& fn, double timeout_s) override { run_threads(P, fn, timeout_s); }
+  void run(int P, const std::function<void(Communicator&)>& fn, double timeout_s) override {
+    run_threads(P, fn, timeout_s);
+  }
 };
 
 // One rank of every group, in this thread, on a communicator without peers.
@@ -33,8 +35,10 @@ class SoloLauncher final : public Launcher {
   void run(int P, const std::function<void(Communicator&)>& fn, double timeout_s) override {
     LAGA_CHECK(rank_ < P, "--stand-in {} is not a rank of --sp {}; try 0 .. {}", rank_, P, P - 1);
     std::unique_ptr<Communicator> comm;
-    if (kind_ == LaunchKind::meta) comm = std::make_unique<MetaCommunicator>(rank_, P);
-    else comm = std::make_unique<StandInCommunicator>(rank_, P);
+    if (kind_ == LaunchKind::meta)
+      comm = std::make_unique<MetaCommunicator>(rank_, P);
+    else
+      comm = std::make_unique<StandInCommunicator>(rank_, P);
     comm->set_timeout(timeout_s);
     fn(*comm);
   }
@@ -70,10 +74,14 @@ class MpiLauncher final : public Launcher {
 
 std::string_view launch_kind_name(LaunchKind k) {
   switch (k) {
-    case LaunchKind::threads: return "threads";
-    case LaunchKind::mpi: return "mpi";
-    case LaunchKind::stand_in: return "stand-in";
-    case LaunchKind::meta: return "meta";
+    case LaunchKind::threads:
+      return "threads";
+    case LaunchKind::mpi:
+      return "mpi";
+    case LaunchKind::stand_in:
+      return "stand-in";
+    case LaunchKind::meta:
+      return "meta";
   }
   return "?";
 }
@@ -81,14 +89,18 @@ std::string_view launch_kind_name(LaunchKind k) {
 LaunchKind launch_kind(std::string_view comm) {
   if (comm == "auto") return under_mpi() ? LaunchKind::mpi : LaunchKind::threads;
   if (comm == "mpi") {
-    LAGA_CHECK(under_mpi(), "--comm mpi needs the ranks started by mpirun, e.g. mpirun -np 4 laga run ... --sp 4; "
-               "or use --comm threads");
+    LAGA_CHECK(
+        under_mpi(),
+        "--comm mpi needs the ranks started by mpirun, e.g. mpirun -np 4 laga run ... --sp 4; "
+        "or use --comm threads");
     return LaunchKind::mpi;
   }
   if (comm == "threads") {
     const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
-    LAGA_CHECK(!world || std::atoi(world) <= 1, "--comm threads under mpirun with {} processes would run every "
-               "group {} times; use --comm mpi (or auto), or start one process", world ? world : "", world ? world : "");
+    LAGA_CHECK(!world || std::atoi(world) <= 1,
+               "--comm threads under mpirun with {} processes would run every "
+               "group {} times; use --comm mpi (or auto), or start one process",
+               world ? world : "", world ? world : "");
     return LaunchKind::threads;
   }
   LAGA_FAIL_USAGE("unknown --comm '{}'; valid: auto, threads, mpi", comm);

@@ -28,7 +28,8 @@ std::optional<CollectiveOp> parse_op(std::string_view s) {
 
 std::string op_list() {
   std::string s;
-  for (CollectiveOp op : kModelledOps) s += (s.empty() ? "" : ", ") + std::string(collective_name(op));
+  for (CollectiveOp op : kModelledOps)
+    s += (s.empty() ? "" : ", ") + std::string(collective_name(op));
   return s;
 }
 
@@ -39,39 +40,53 @@ struct Reader {
   [[noreturn]] void fail(const std::string& field, const std::string& what) const {
     LAGA_FAIL_USAGE("hardware file {}: field '{}' {}", path, field, what);
   }
-  const json& child(const json& obj, const std::string& prefix, const char* key, const char* expected) const {
+  const json& child(const json& obj, const std::string& prefix, const char* key,
+                    const char* expected) const {
     const std::string field = prefix.empty() ? key : prefix + "." + key;
     if (!obj.contains(key)) fail(field, fmt::format("is missing; give {}", expected));
     return obj.at(key);
   }
   double positive(const json& v, const std::string& field, const char* unit) const {
-    if (!v.is_number()) fail(field, fmt::format("is {} ({}), not a positive number ({})", v.type_name(), v.dump(), unit));
+    if (!v.is_number())
+      fail(field,
+           fmt::format("is {} ({}), not a positive number ({})", v.type_name(), v.dump(), unit));
     const double x = v.get<double>();
-    if (!(x > 0) || !std::isfinite(x)) fail(field, fmt::format("= {} must be a positive number ({})", v.dump(), unit));
+    if (!(x > 0) || !std::isfinite(x))
+      fail(field, fmt::format("= {} must be a positive number ({})", v.dump(), unit));
     return x;
   }
   // A rate: one positive number for every T, or {"T": positive number, ...} measured at those T.
   SeqRate rate(const json& v, const std::string& field, const char* unit) const {
     if (!v.is_object()) return SeqRate::constant(positive(v, field, unit));
-    if (v.empty()) fail(field, fmt::format("is an empty object; give a positive number ({}) or {{\"T\": rate, ...}}", unit));
+    if (v.empty())
+      fail(field,
+           fmt::format("is an empty object; give a positive number ({}) or {{\"T\": rate, ...}}",
+                       unit));
     SeqRate r;
     for (const auto& [k, x] : v.items()) {
       if (k == "notes" || k == "source") continue;
       int64_t T = 0;
-      const bool digits = !k.empty() && k.size() < 10 && std::all_of(k.begin(), k.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+      const bool digits =
+          !k.empty() && k.size() < 10 &&
+          std::all_of(k.begin(), k.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
       if (digits) T = std::stoll(k);
       if (T < 1)
-        fail(field + "." + k, fmt::format("is not a sequence length; the keys of a rate by T are positive integers "
-                                          "(\"2048\"), each with a positive number ({})", unit));
+        fail(field + "." + k,
+             fmt::format("is not a sequence length; the keys of a rate by T are positive integers "
+                         "(\"2048\"), each with a positive number ({})",
+                         unit));
       r.by_seq[T] = positive(x, field + "." + k, unit);
     }
-    if (r.by_seq.empty()) fail(field, fmt::format("holds no rate; give {{\"T\": rate, ...}} ({})", unit));
+    if (r.by_seq.empty())
+      fail(field, fmt::format("holds no rate; give {{\"T\": rate, ...}} ({})", unit));
     return r;
   }
   double non_negative(const json& v, const std::string& field, const char* unit) const {
-    if (!v.is_number()) fail(field, fmt::format("is {} ({}), not a number ≥ 0 ({})", v.type_name(), v.dump(), unit));
+    if (!v.is_number())
+      fail(field, fmt::format("is {} ({}), not a number ≥ 0 ({})", v.type_name(), v.dump(), unit));
     const double x = v.get<double>();
-    if (!(x >= 0) || !std::isfinite(x)) fail(field, fmt::format("= {} must be a number ≥ 0 ({})", v.dump(), unit));
+    if (!(x >= 0) || !std::isfinite(x))
+      fail(field, fmt::format("= {} must be a number ≥ 0 ({})", v.dump(), unit));
     return x;
   }
   const json& object(const json& v, const std::string& field) const {
@@ -80,7 +95,9 @@ struct Reader {
   }
   std::string string(const json& obj, const std::string& prefix, const char* key) const {
     const json& v = child(obj, prefix, key, "a string");
-    if (!v.is_string()) fail(prefix.empty() ? key : prefix + "." + key, fmt::format("is {}, not a string", v.type_name()));
+    if (!v.is_string())
+      fail(prefix.empty() ? key : prefix + "." + key,
+           fmt::format("is {}, not a string", v.type_name()));
     return v.get<std::string>();
   }
   void only(const json& obj, const std::string& prefix, const std::set<std::string>& known) const {
@@ -88,11 +105,13 @@ struct Reader {
       if (!known.count(k) && k != "notes" && k != "source") {
         std::string valid;
         for (const auto& n : known) valid += (valid.empty() ? "" : ", ") + n;
-        fail(prefix.empty() ? k : prefix + "." + k, fmt::format("is not a known field; valid here: {}, notes, source", valid));
+        fail(prefix.empty() ? k : prefix + "." + k,
+             fmt::format("is not a known field; valid here: {}, notes, source", valid));
       }
   }
   // A number for every op, or one number for all of them.
-  std::map<CollectiveOp, double> per_op(const json& v, const std::string& field, bool positive_only, const char* unit) const {
+  std::map<CollectiveOp, double> per_op(const json& v, const std::string& field, bool positive_only,
+                                        const char* unit) const {
     std::map<CollectiveOp, double> m;
     if (v.is_object()) {
       for (const auto& [k, x] : v.items())
@@ -100,8 +119,12 @@ struct Reader {
           fail(field + "." + k, fmt::format("is not a collective; valid: {}", op_list()));
       for (CollectiveOp op : kModelledOps) {
         const std::string name(collective_name(op));
-        if (!v.contains(name)) fail(field + "." + name, fmt::format("is missing; give a number ({}) for each of {}, or one number for all", unit, op_list()));
-        m[op] = positive_only ? positive(v.at(name), field + "." + name, unit) : non_negative(v.at(name), field + "." + name, unit);
+        if (!v.contains(name))
+          fail(field + "." + name,
+               fmt::format("is missing; give a number ({}) for each of {}, or one number for all",
+                           unit, op_list()));
+        m[op] = positive_only ? positive(v.at(name), field + "." + name, unit)
+                              : non_negative(v.at(name), field + "." + name, unit);
       }
     } else {
       const double x = positive_only ? positive(v, field, unit) : non_negative(v, field, unit);
@@ -113,23 +136,34 @@ struct Reader {
     object(obj, field);
     only(obj, field, {"busbw_GBps", "latency_us", "host_ns_per_byte"});
     LinkSpec l;
-    l.busbw_GBps = per_op(child(obj, field, "busbw_GBps", "a number (GB/s) or one per collective"), field + ".busbw_GBps", true, "GB/s");
+    l.busbw_GBps = per_op(child(obj, field, "busbw_GBps", "a number (GB/s) or one per collective"),
+                          field + ".busbw_GBps", true, "GB/s");
     const json& lat = child(obj, field, "latency_us", "a number ≥ 0 (µs) or one per collective");
-    for (const auto& [op, us] : per_op(lat, field + ".latency_us", false, "µs")) l.latency_op_s[op] = us * 1e-6;
+    for (const auto& [op, us] : per_op(lat, field + ".latency_us", false, "µs"))
+      l.latency_op_s[op] = us * 1e-6;
     l.latency_s = l.latency_op_s.begin()->second;
     for (const auto& [op, s] : l.latency_op_s) l.latency_s = std::max(l.latency_s, s);
     if (obj.contains("host_ns_per_byte"))
-      for (const auto& [op, ns] : per_op(obj.at("host_ns_per_byte"), field + ".host_ns_per_byte", false, "ns per byte sent"))
+      for (const auto& [op, ns] : per_op(obj.at("host_ns_per_byte"), field + ".host_ns_per_byte",
+                                         false, "ns per byte sent"))
         l.host_ns_per_byte[op] = ns;
     return l;
   }
 };
 
-const char* kAttentionKeys[] = {"attention_fwd_tflops", "attention_bwd_tflops", "eager_attention_fwd_tflops",
-                                "eager_attention_bwd_tflops", "latent_attention_fwd_tflops", "latent_attention_bwd_tflops",
-                                "eager_latent_attention_fwd_tflops", "eager_latent_attention_bwd_tflops",
-                                "mqa_attention_fwd_tflops", "mqa_attention_bwd_tflops", "eager_mqa_attention_fwd_tflops",
-                                "eager_mqa_attention_bwd_tflops", "laga_fused_attention_fwd_tflops",
+const char* kAttentionKeys[] = {"attention_fwd_tflops",
+                                "attention_bwd_tflops",
+                                "eager_attention_fwd_tflops",
+                                "eager_attention_bwd_tflops",
+                                "latent_attention_fwd_tflops",
+                                "latent_attention_bwd_tflops",
+                                "eager_latent_attention_fwd_tflops",
+                                "eager_latent_attention_bwd_tflops",
+                                "mqa_attention_fwd_tflops",
+                                "mqa_attention_bwd_tflops",
+                                "eager_mqa_attention_fwd_tflops",
+                                "eager_mqa_attention_bwd_tflops",
+                                "laga_fused_attention_fwd_tflops",
                                 "laga_fused_attention_bwd_tflops"};
 
 json link_json(const LinkSpec& l) {
@@ -137,7 +171,8 @@ json link_json(const LinkSpec& l) {
   for (const auto& [op, v] : l.busbw_GBps) bw[std::string(collective_name(op))] = v;
   for (CollectiveOp op : kModelledOps) lat[std::string(collective_name(op))] = l.latency(op) * 1e6;
   json j = {{"busbw_GBps", bw}, {"latency_us", lat}};
-  for (const auto& [op, v] : l.host_ns_per_byte) j["host_ns_per_byte"][std::string(collective_name(op))] = v;
+  for (const auto& [op, v] : l.host_ns_per_byte)
+    j["host_ns_per_byte"][std::string(collective_name(op))] = v;
   return j;
 }
 
@@ -149,8 +184,11 @@ double bus_factor(CollectiveOp op, int64_t P) {
 }
 
 double nccl_size_bytes(CollectiveOp op, int64_t P, double tensor_bytes) {
-  // The ledger's tensor bytes are the shard for all_gather and reduce_scatter (comm/communicator.hpp).
-  return op == CollectiveOp::all_gather || op == CollectiveOp::reduce_scatter ? double(P) * tensor_bytes : tensor_bytes;
+  // The ledger's tensor bytes are the shard for all_gather and reduce_scatter
+  // (comm/communicator.hpp).
+  return op == CollectiveOp::all_gather || op == CollectiveOp::reduce_scatter
+             ? double(P) * tensor_bytes
+             : tensor_bytes;
 }
 
 double LinkSpec::latency(CollectiveOp op) const {
@@ -167,9 +205,11 @@ double SeqRate::at(int64_t T) const {
   LAGA_ASSERT(!by_seq.empty(), "a rate with no value");
   auto hi = by_seq.lower_bound(T);
   if (hi == by_seq.end()) return std::prev(hi)->second;  // beyond the longest T measured: held
-  if (hi->first == T || hi == by_seq.begin()) return hi->second;  // measured here, or below the shortest: held
+  // measured here, or below the shortest: held
+  if (hi->first == T || hi == by_seq.begin()) return hi->second;
   auto lo = std::prev(hi);
-  const double f = std::log(double(T) / double(lo->first)) / std::log(double(hi->first) / double(lo->first));
+  const double f =
+      std::log(double(T) / double(lo->first)) / std::log(double(hi->first) / double(lo->first));
   return lo->second + f * (hi->second - lo->second);
 }
 
@@ -180,51 +220,64 @@ json SeqRate::to_json() const {
   return j;
 }
 
-double ComputeSpec::attention_rate(Kernel kernel, AttentionShape shape, bool backward, int64_t T) const {
+double ComputeSpec::attention_rate(Kernel kernel, AttentionShape shape, bool backward,
+                                   int64_t T) const {
   const std::string dir = backward ? "bwd" : "fwd";
   const std::string eager = kernel == Kernel::eager ? "eager_" : "";
-  const std::string sh = shape == AttentionShape::dense ? "" : std::string(attention_shape_name(shape)) + "_";
-  for (const std::string& key : {eager + sh + "attention_" + dir + "_tflops", eager + "attention_" + dir + "_tflops",
-                                 "attention_" + dir + "_tflops"})
+  const std::string sh =
+      shape == AttentionShape::dense ? "" : std::string(attention_shape_name(shape)) + "_";
+  for (const std::string& key :
+       {eager + sh + "attention_" + dir + "_tflops", eager + "attention_" + dir + "_tflops",
+        "attention_" + dir + "_tflops"})
     if (auto it = attention_tflops.find(key); it != attention_tflops.end()) return it->second.at(T);
   LAGA_ASSERT(false, "no attention rate {} (the required keys were checked on reading)", dir);
 }
 
 HardwareSpec HardwareSpec::from_json(const json& j, const std::string& path) {
   const Reader r{path};
-  if (!j.is_object()) LAGA_FAIL_USAGE("hardware file {}: must be a JSON object, got {}", path, j.type_name());
+  if (!j.is_object())
+    LAGA_FAIL_USAGE("hardware file {}: must be a JSON object, got {}", path, j.type_name());
   r.only(j, "", {"name", "compute", "link", "ranks_per_node"});
   HardwareSpec hw;
   hw.path = path;
   hw.name = r.string(j, "", "name");
   hw.source = r.string(j, "", "source");
   if (j.contains("notes")) hw.notes = j.at("notes");
-  const json& compute = r.object(r.child(j, "", "compute", "an object with a section per dtype (bf16, fp32)"), "compute");
+  const json& compute = r.object(
+      r.child(j, "", "compute", "an object with a section per dtype (bf16, fp32)"), "compute");
   if (compute.empty()) r.fail("compute", "is empty; give a section per dtype: bf16, fp32");
   for (const auto& [dt_name, sec] : compute.items()) {
     if (dt_name == "notes" || dt_name == "source") continue;
     DType dt;
-    if (dt_name == "bf16") dt = DType::bf16;
-    else if (dt_name == "fp32") dt = DType::f32;
-    else r.fail("compute." + dt_name, "is not a dtype; valid: bf16, fp32");
+    if (dt_name == "bf16")
+      dt = DType::bf16;
+    else if (dt_name == "fp32")
+      dt = DType::f32;
+    else
+      r.fail("compute." + dt_name, "is not a dtype; valid: bf16, fp32");
     const std::string f = "compute." + dt_name;
     r.object(sec, f);
     std::set<std::string> known{"matmul_tflops", "elementwise_GBps", "accumulate_GBps"};
     for (const char* k : kAttentionKeys) known.insert(k);
     r.only(sec, f, known);
     ComputeSpec c;
-    c.matmul_tflops = r.rate(r.child(sec, f, "matmul_tflops", "a positive number (TFLOP/s)"), f + ".matmul_tflops", "TFLOP/s");
-    c.elementwise_GBps = r.rate(r.child(sec, f, "elementwise_GBps", "a positive number (GB/s)"), f + ".elementwise_GBps", "GB/s");
-    if (sec.contains("accumulate_GBps")) c.accumulate_GBps = r.rate(sec.at("accumulate_GBps"), f + ".accumulate_GBps", "GB/s");
+    c.matmul_tflops = r.rate(r.child(sec, f, "matmul_tflops", "a positive number (TFLOP/s)"),
+                             f + ".matmul_tflops", "TFLOP/s");
+    c.elementwise_GBps = r.rate(r.child(sec, f, "elementwise_GBps", "a positive number (GB/s)"),
+                                f + ".elementwise_GBps", "GB/s");
+    if (sec.contains("accumulate_GBps"))
+      c.accumulate_GBps = r.rate(sec.at("accumulate_GBps"), f + ".accumulate_GBps", "GB/s");
     for (const char* k : {"attention_fwd_tflops", "attention_bwd_tflops"})
       r.child(sec, f, k, "a positive number (TFLOP/s)");
     for (const char* k : kAttentionKeys)
       if (sec.contains(k)) c.attention_tflops[k] = r.rate(sec.at(k), f + "." + k, "TFLOP/s");
     hw.compute[dt] = c;
   }
-  const json& link = r.object(r.child(j, "", "link", "an object with intra_node (and inter_node)"), "link");
+  const json& link =
+      r.object(r.child(j, "", "link", "an object with intra_node (and inter_node)"), "link");
   r.only(link, "link", {"intra_node", "inter_node"});
-  hw.intra_node = r.link(r.child(link, "link", "intra_node", "an object {busbw_GBps, latency_us}"), "link.intra_node");
+  hw.intra_node = r.link(r.child(link, "link", "intra_node", "an object {busbw_GBps, latency_us}"),
+                         "link.intra_node");
   if (link.contains("inter_node")) hw.inter_node = r.link(link.at("inter_node"), "link.inter_node");
   const json& rpn = r.child(j, "", "ranks_per_node", "a positive integer");
   if (!rpn.is_number_integer() || rpn.get<int64_t>() < 1)
@@ -235,8 +288,9 @@ HardwareSpec HardwareSpec::from_json(const json& j, const std::string& path) {
 
 HardwareSpec HardwareSpec::load(const std::string& path) {
   std::ifstream in(path);
-  LAGA_CHECK(in.good(), "hardware file {}: cannot open ({}); give a readable JSON file (docs/model.md §2)", path,
-             std::strerror(errno));
+  LAGA_CHECK(in.good(),
+             "hardware file {}: cannot open ({}); give a readable JSON file (docs/model.md §2)",
+             path, std::strerror(errno));
   json j = json::parse(in, nullptr, /*allow_exceptions=*/false);
   LAGA_CHECK(!j.is_discarded(), "hardware file {}: not valid JSON", path);
   return from_json(j, path);
@@ -245,14 +299,19 @@ HardwareSpec HardwareSpec::load(const std::string& path) {
 json HardwareSpec::to_json() const {
   json compute_j;
   for (const auto& [dt, c] : compute) {
-    json s = {{"matmul_tflops", c.matmul_tflops.to_json()}, {"elementwise_GBps", c.elementwise_GBps.to_json()}};
+    json s = {{"matmul_tflops", c.matmul_tflops.to_json()},
+              {"elementwise_GBps", c.elementwise_GBps.to_json()}};
     if (c.accumulate_GBps) s["accumulate_GBps"] = c.accumulate_GBps->to_json();
     for (const auto& [k, v] : c.attention_tflops) s[k] = v.to_json();
     compute_j[dt == DType::bf16 ? "bf16" : "fp32"] = s;
   }
   json link = {{"intra_node", link_json(intra_node)}};
   if (inter_node) link["inter_node"] = link_json(*inter_node);
-  json j = {{"name", name}, {"source", source}, {"compute", compute_j}, {"link", link}, {"ranks_per_node", ranks_per_node}};
+  json j = {{"name", name},
+            {"source", source},
+            {"compute", compute_j},
+            {"link", link},
+            {"ranks_per_node", ranks_per_node}};
   if (!notes.is_null()) j["notes"] = notes;
   return j;
 }
@@ -260,8 +319,8 @@ json HardwareSpec::to_json() const {
 const ComputeSpec& HardwareSpec::compute_for(DType d) const {
   auto it = compute.find(d);
   if (it == compute.end())
-    LAGA_FAIL_USAGE("hardware file {}: field 'compute.{}' is missing; it is needed for --dtype {}", path,
-                    d == DType::bf16 ? "bf16" : "fp32", dtype_name(d));
+    LAGA_FAIL_USAGE("hardware file {}: field 'compute.{}' is missing; it is needed for --dtype {}",
+                    path, d == DType::bf16 ? "bf16" : "fp32", dtype_name(d));
   return it->second;
 }
 
@@ -293,25 +352,28 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
   CollectiveTime t;
   t.record = r;
   // A sub-group's collective (laga --ulysses: the head-scatter groups, the rings across them) runs
-  // over its own n ranks; it crosses nodes when its ranks sit on several, and there m of them share a
-  // node (m NICs carry its crossings at once).
+  // over its own n ranks; it crosses nodes when its ranks sit on several, and there m of them share
+  // a node (m NICs carry its crossings at once).
   const GroupPlacement g = placement(r, P, hw.ranks_per_node);
   const int64_t n = g.n;
   auto inter = [&]() -> const LinkSpec& {
     LAGA_CHECK(hw.inter_node.has_value(),
-               "hardware file {}: field 'link.inter_node' is missing; it is needed for --sp {} over ranks_per_node {}",
+               "hardware file {}: field 'link.inter_node' is missing; it is needed for --sp {} "
+               "over ranks_per_node {}",
                hw.path, P, hw.ranks_per_node);
     return *hw.inter_node;
   };
-  // Per byte sent; over several nodes, the costlier of the two links' for all the bytes (an upper bound).
+  // Per byte sent; over several nodes, the costlier of the two links' for all the bytes (an upper
+  // bound).
   auto host_cost = [&](CollectiveOp op) {
-    return g.crosses ? std::max(hw.intra_node.host_cost(op), inter().host_cost(op)) : hw.intra_node.host_cost(op);
+    return g.crosses ? std::max(hw.intra_node.host_cost(op), inter().host_cost(op))
+                     : hw.intra_node.host_cost(op);
   };
   if (r.op == CollectiveOp::send_recv) {
-    // One hop of a ring: every rank sends its tensor bytes to one neighbour at once, as one step of the
-    // all-to-all's pairwise exchange, so at that link's all_to_all rate and latency: latency + bytes /
-    // bandwidth per hop. Over several nodes the hop is as slow as its node crossing (one rank's own
-    // inter-node bandwidth: only that rank's pair crosses).
+    // One hop of a ring: every rank sends its tensor bytes to one neighbour at once, as one step of
+    // the all-to-all's pairwise exchange, so at that link's all_to_all rate and latency: latency +
+    // bytes / bandwidth per hop. Over several nodes the hop is as slow as its node crossing (one
+    // rank's own inter-node bandwidth: only that rank's pair crosses).
     t.size_bytes = double(r.tensor_bytes);
     if (n <= 1) return t;
     const CollectiveOp as = CollectiveOp::all_to_all;
@@ -327,7 +389,8 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
     t.host_s = t.size_bytes * host_cost(as);
     return t;
   }
-  LAGA_ASSERT(parse_op(collective_name(r.op)), "the model has no rate for {}", collective_name(r.op));
+  LAGA_ASSERT(parse_op(collective_name(r.op)), "the model has no rate for {}",
+              collective_name(r.op));
   t.size_bytes = nccl_size_bytes(r.op, n, double(r.tensor_bytes));
   if (n <= 1) return t;  // an identity: no traffic, no latency
   const double bus_bytes = t.size_bytes * bus_factor(r.op, n);
@@ -342,15 +405,18 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
     t.latency_s = std::max(in.latency(r.op), out.latency(r.op));
     if (r.op == CollectiveOp::all_to_all) {
       // Pairwise exchange: of the n−1 peers' chunks (S/n each), m−1 stay in the node (at the intra
-      // bus bandwidth) and n−m cross it (at the rank's own inter-node bandwidth); both parts at once.
+      // bus bandwidth) and n−m cross it (at the rank's own inter-node bandwidth); both parts at
+      // once.
       const double m = double(g.per_node), p = double(n), chunk = t.size_bytes / p;
-      const double s = std::max(chunk * (m - 1) / (in.busbw_GBps.at(r.op) * 1e9), chunk * (p - m) / (out.busbw_GBps.at(r.op) * 1e9));
+      const double s = std::max(chunk * (m - 1) / (in.busbw_GBps.at(r.op) * 1e9),
+                                chunk * (p - m) / (out.busbw_GBps.at(r.op) * 1e9));
       t.seconds = t.latency_s + s;
       t.busbw_GBps = bus_bytes / s / 1e9;
     } else {
-      // A ring over ranks in several nodes runs each step at its slowest hop. NCCL-style rings run one
-      // channel per rank's NIC (rail), so the m ranks of the group in a node carry the node crossings of
-      // m rings at once: the crossing hop's bus bandwidth is m × a rank's own inter-node bandwidth.
+      // A ring over ranks in several nodes runs each step at its slowest hop. NCCL-style rings run
+      // one channel per rank's NIC (rail), so the m ranks of the group in a node carry the node
+      // crossings of m rings at once: the crossing hop's bus bandwidth is m × a rank's own
+      // inter-node bandwidth.
       t.busbw_GBps = std::min(in.busbw_GBps.at(r.op), double(g.per_node) * out.busbw_GBps.at(r.op));
       t.seconds = t.latency_s + bus_bytes / (t.busbw_GBps * 1e9);
     }
@@ -362,11 +428,12 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
 
 namespace {
 
-// The compute phases of m, per rank, at the file's rates (f.phases, f.fwd_compute_s, f.bwd_compute_s).
-// A form with a kernel of its own runs it whatever --kernel says: the ring forms the fused kernel,
-// laga-fused its latent kernel, whose tiles are the fused kernel's (the file has no rate of its own
-// for it). The rate is read at the length of one kernel call.
-void predict_compute(const MlaConfig& m, const ComputeSpec& rates, const Form& form, FormPrediction& f) {
+// The compute phases of m, per rank, at the file's rates (f.phases, f.fwd_compute_s,
+// f.bwd_compute_s). A form with a kernel of its own runs it whatever --kernel says: the ring forms
+// the fused kernel, laga-fused its latent kernel, whose tiles are the fused kernel's (the file has
+// no rate of its own for it). The rate is read at the length of one kernel call.
+void predict_compute(const MlaConfig& m, const ComputeSpec& rates, const Form& form,
+                     FormPrediction& f) {
   const int64_t P = m.sp;
   const Kernel kernel = form.own_kernel().empty() ? m.kernel : Kernel::fused;
   const int64_t call_seq = form.attention_call_seq(m);
@@ -375,15 +442,24 @@ void predict_compute(const MlaConfig& m, const ComputeSpec& rates, const Form& f
     PhaseTime t{ph, 0, 0};
     switch (ph.op) {
       case OpClass::matmul:
-        // A product inside the form's own kernel (laga-fused's up-projection) runs at the kernel's rate,
-        // which the file gives for the attention and that product together (docs/model.md §1).
+        // A product inside the form's own kernel (laga-fused's up-projection) runs at the kernel's
+        // rate, which the file gives for the attention and that product together (docs/model.md
+        // §1).
         t.rate = ph.in_kernel ? rates.attention_rate(kernel, ph.shape, ph.backward, call_seq) * 1e12
                               : rates.matmul_tflops.at(m.seq_len) * 1e12;
         break;
-      case OpClass::attention_forward: t.rate = rates.attention_rate(kernel, ph.shape, false, call_seq) * 1e12; break;
-      case OpClass::attention_backward: t.rate = rates.attention_rate(kernel, ph.shape, true, call_seq) * 1e12; break;
-      case OpClass::elementwise: t.rate = rates.elementwise_GBps.at(m.seq_len) * 1e9; break;
-      case OpClass::accumulate: t.rate = rates.accumulate_rate(m.seq_len) * 1e9; break;
+      case OpClass::attention_forward:
+        t.rate = rates.attention_rate(kernel, ph.shape, false, call_seq) * 1e12;
+        break;
+      case OpClass::attention_backward:
+        t.rate = rates.attention_rate(kernel, ph.shape, true, call_seq) * 1e12;
+        break;
+      case OpClass::elementwise:
+        t.rate = rates.elementwise_GBps.at(m.seq_len) * 1e9;
+        break;
+      case OpClass::accumulate:
+        t.rate = rates.accumulate_rate(m.seq_len) * 1e9;
+        break;
     }
     t.seconds = (ph.by_bytes() ? ph.bytes : ph.flops) / t.rate;
     (ph.backward ? f.bwd_compute_s : f.fwd_compute_s) += t.seconds;
@@ -396,8 +472,10 @@ struct PerLayer {
   int64_t fwd = 0, bwd = 0;
 };
 
-// The planner's ledger timed on hw's links (f.collectives), each wholly exposed; per layer, how many.
-PerLayer predict_collectives(const Config& c, const HardwareSpec& hw, const Form& form, FormPrediction& f) {
+// The planner's ledger timed on hw's links (f.collectives), each wholly exposed; per layer, how
+// many.
+PerLayer predict_collectives(const Config& c, const HardwareSpec& hw, const Form& form,
+                             FormPrediction& f) {
   const MlaConfig& m = *c;
   const int64_t P = m.sp;
   // The planner's ledger: every layer's forward collectives (the form's declared ones, a ring pair
@@ -411,8 +489,9 @@ PerLayer predict_collectives(const Config& c, const HardwareSpec& hw, const Form
   }
   const PlannedComm comm = plan_comm(c);
   LAGA_ASSERT(int64_t(comm.attention.size()) == m.num_layers * (per_layer_fwd + per_layer_bwd),
-              "{}: the plan recorded {} collectives, the form declares {} per layer forward and {} backward", m.form,
-              comm.attention.size(), per_layer_fwd, per_layer_bwd);
+              "{}: the plan recorded {} collectives, the form declares {} per layer forward and {} "
+              "backward",
+              m.form, comm.attention.size(), per_layer_fwd, per_layer_bwd);
   for (size_t i = 0; i < comm.attention.size(); ++i) {
     CollectiveTime t = collective_time(hw, comm.attention[i], P);
     t.backward = int64_t(i) >= m.num_layers * per_layer_fwd;
@@ -425,21 +504,21 @@ PerLayer predict_collectives(const Config& c, const HardwareSpec& hw, const Form
 void predict_overlap(const MlaConfig& m, const Form& form, PerLayer n, FormPrediction& f) {
   const int64_t per_layer_fwd = n.fwd, per_layer_bwd = n.bwd;
   // --overlap on (docs/design.md §2.6, docs/model.md §1). What a collective hides behind depends on
-  // where the form issues and waits it; the collectives in flight at once share one link, so a window
-  // of compute hides at most its own length of them: exposed = max(0, Σ their seconds − window),
-  // shared in proportion. Two kinds of window:
-  // - the query path (L1–L3 and q's RoPE; its backward in backward): every plain collective of a form
-  //   other than q's pair (the latent's, or explicit's k and v, and their adjoints; what it sends
-  //   again in backward) needs only the latent, so it is issued before the query path and waited
-  //   after it. q's and o's all-to-alls hide behind nothing. (Absorbed also hides the reduce-scatter
-  //   behind A2's backward; not counted: the model errs towards exposed.)
-  // - one hop of a ring (per_ring_hop pairs): hop h's pair is issued before hop h − 1's compute (the
-  //   first: before the query path too, where no plain collective has it) and waited after it; in
-  //   backward the pair sent again flies behind one hop's backward, and the adjoint travelling back
-  //   (dk and dv, or dlatent) is issued and waited at once: it hides behind nothing. A hop's compute
-  //   is 1/(ring_hops + 1) of the pass's ring phases: attention, the merges and accumulators, the
-  //   other blocks' assembly, and, where every rank up-projects every block (the latent travels),
-  //   the up-projections and their assembly.
+  // where the form issues and waits it; the collectives in flight at once share one link, so a
+  // window of compute hides at most its own length of them: exposed = max(0, Σ their seconds −
+  // window), shared in proportion. Two kinds of window:
+  // - the query path (L1–L3 and q's RoPE; its backward in backward): every plain collective of a
+  //   form other than q's pair (the latent's, or explicit's k and v, and their adjoints; what it
+  //   sends again in backward) needs only the latent, so it is issued before the query path and
+  //   waited after it. q's and o's all-to-alls hide behind nothing. (Absorbed also hides the
+  //   reduce-scatter behind A2's backward; not counted: the model errs towards exposed.)
+  // - one hop of a ring (per_ring_hop pairs): hop h's pair is issued before hop h − 1's compute
+  //   (the first: before the query path too, where no plain collective has it) and waited after it;
+  //   in backward the pair sent again flies behind one hop's backward, and the adjoint travelling
+  //   back (dk and dv, or dlatent) is issued and waited at once: it hides behind nothing. A hop's
+  //   compute is 1/(ring_hops + 1) of the pass's ring phases: attention, the merges and
+  //   accumulators, the other blocks' assembly, and, where every rank up-projects every block (the
+  //   latent travels), the up-projections and their assembly.
   std::set<std::string> plain_fwd, plain_bwd, ring_fwd, ring_bwd;
   for (const DeclaredCollective& d : form.collectives()) {
     if (d.forward == "q") continue;
@@ -450,9 +529,11 @@ void predict_overlap(const MlaConfig& m, const Form& form, PerLayer n, FormPredi
     if (d.forward_again_in_backward) bwd.insert(d.forward);
   }
   const std::set<std::string> query{"wq_a", "rmsnorm q_norm", "wq_b", "wq", "rope q_pe"};
-  const std::set<std::string> ring_phases{"attention", "ring merges and fp32 accumulators", "k, v assembly of the other blocks"};
-  const std::set<std::string> per_hop_up{"up-projection wkv_b", "k, v assembly", "every rank's up-projection",
-                                         "recompute up-projection", "dk, dv assembly"};
+  const std::set<std::string> ring_phases{"attention", "ring merges and fp32 accumulators",
+                                          "k, v assembly of the other blocks"};
+  const std::set<std::string> per_hop_up{"up-projection wkv_b", "k, v assembly",
+                                         "every rank's up-projection", "recompute up-projection",
+                                         "dk, dv assembly"};
   double query_s[2] = {0, 0}, ring_s[2] = {0, 0};  // per layer, [forward, backward]
   bool up_per_hop[2] = {false, false};
   for (const PhaseTime& ph : f.phases)
@@ -463,7 +544,8 @@ void predict_overlap(const MlaConfig& m, const Form& form, PerLayer n, FormPredi
     if (ring_phases.count(ph.phase.name) || (up_per_hop[b] && per_hop_up.count(ph.phase.name)))
       ring_s[b] += ph.seconds / double(m.num_layers);
   }
-  const double hop_s[2] = {ring_s[0] / double(form.ring_hops(m) + 1), ring_s[1] / double(form.ring_hops(m) + 1)};
+  const double hop_s[2] = {ring_s[0] / double(form.ring_hops(m) + 1),
+                           ring_s[1] / double(form.ring_hops(m) + 1)};
   // Exposed = max(0, Σ seconds − window) over the collectives chosen, shared in proportion.
   auto hide = [](std::vector<CollectiveTime*> flying, double window) {
     double sum = 0;
@@ -473,7 +555,8 @@ void predict_overlap(const MlaConfig& m, const Form& form, PerLayer n, FormPredi
     for (CollectiveTime* t : flying) t->exposed_s = t->seconds * keep;
   };
   for (bool backward : {false, true}) {
-    const int64_t per_layer = backward ? per_layer_bwd : per_layer_fwd, first = backward ? m.num_layers * per_layer_fwd : 0;
+    const int64_t per_layer = backward ? per_layer_bwd : per_layer_fwd,
+                  first = backward ? m.num_layers * per_layer_fwd : 0;
     const std::set<std::string>& plain = backward ? plain_bwd : plain_fwd;
     const std::set<std::string>& ring = backward ? ring_bwd : ring_fwd;
     for (int64_t l = 0; l < m.num_layers; ++l) {
@@ -482,12 +565,15 @@ void predict_overlap(const MlaConfig& m, const Form& form, PerLayer n, FormPredi
       std::map<std::string, int64_t> seen;
       for (int64_t k = 0; k < per_layer; ++k) {
         CollectiveTime& t = f.collectives[size_t(first + l * per_layer + k)];
-        if (plain.count(t.record.tensor)) plain_flying.push_back(&t);
-        else if (ring.count(t.record.tensor)) by_hop[seen[t.record.tensor]++].push_back(&t);
+        if (plain.count(t.record.tensor))
+          plain_flying.push_back(&t);
+        else if (ring.count(t.record.tensor))
+          by_hop[seen[t.record.tensor]++].push_back(&t);
       }
       hide(plain_flying, query_s[backward]);
       for (auto& [hop, flying] : by_hop)
-        hide(flying, hop_s[backward] + (!backward && hop == 0 && plain_flying.empty() ? query_s[0] : 0));
+        hide(flying,
+             hop_s[backward] + (!backward && hop == 0 && plain_flying.empty() ? query_s[0] : 0));
     }
   }
 }
@@ -504,7 +590,8 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   if (m.overlap) predict_overlap(m, form, n, f);
   for (const CollectiveTime& t : f.collectives) {
     (t.backward ? f.bwd_comm_s : f.fwd_comm_s) += t.exposed_s;
-    // The hidden part's bytes take the link's host cost from the compute that hid them (docs/model.md §1).
+    // The hidden part's bytes take the link's host cost from the compute that hid them
+    // (docs/model.md §1).
     if (t.seconds <= 0 || t.host_s <= 0) continue;
     const double s = t.host_s * (t.seconds - t.exposed_s) / t.seconds;
     (t.backward ? f.bwd_compute_s : f.fwd_compute_s) += s;
@@ -516,26 +603,50 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
 json FormPrediction::to_json() const {
   json phases_j = json::array(), coll = json::array();
   for (const auto& p : phases)
-    phases_j.push_back({{"name", p.phase.name}, {"pass", p.phase.backward ? "backward" : "forward"},
-                        {"class", op_class_name(p.phase.op)}, {"shape", attention_shape_name(p.phase.shape)},
-                        {"flops", p.phase.flops}, {"bytes", p.phase.bytes}, {"rate", p.rate}, {"seconds", p.seconds}});
+    phases_j.push_back({{"name", p.phase.name},
+                        {"pass", p.phase.backward ? "backward" : "forward"},
+                        {"class", op_class_name(p.phase.op)},
+                        {"shape", attention_shape_name(p.phase.shape)},
+                        {"flops", p.phase.flops},
+                        {"bytes", p.phase.bytes},
+                        {"rate", p.rate},
+                        {"seconds", p.seconds}});
   for (const auto& t : collectives)
-    coll.push_back({{"op", collective_name(t.record.op)}, {"tensor", t.record.tensor}, {"dtype", dtype_name(t.record.dtype)},
-                    {"pass", t.backward ? "backward" : "forward"}, {"tensor_bytes", t.record.tensor_bytes},
-                    {"wire_bytes", t.record.wire_bytes}, {"size_bytes", t.size_bytes}, {"crosses_nodes", t.crosses_nodes},
-                    {"busbw_GBps", t.busbw_GBps}, {"latency_s", t.latency_s}, {"seconds", t.seconds},
-                    {"exposed_s", t.exposed_s}, {"host_s", t.host_s}});
-  return {{"form", form}, {"fwd_compute_s", fwd_compute_s}, {"bwd_compute_s", bwd_compute_s},
-          {"fwd_comm_s", fwd_comm_s}, {"bwd_comm_s", bwd_comm_s}, {"fwd_s", fwd_s()}, {"bwd_s", bwd_s()},
-          {"comm_s", comm_s()}, {"total_s", total_s()}, {"hidden_host_s", hidden_host_s}, {"phases", phases_j},
+    coll.push_back({{"op", collective_name(t.record.op)},
+                    {"tensor", t.record.tensor},
+                    {"dtype", dtype_name(t.record.dtype)},
+                    {"pass", t.backward ? "backward" : "forward"},
+                    {"tensor_bytes", t.record.tensor_bytes},
+                    {"wire_bytes", t.record.wire_bytes},
+                    {"size_bytes", t.size_bytes},
+                    {"crosses_nodes", t.crosses_nodes},
+                    {"busbw_GBps", t.busbw_GBps},
+                    {"latency_s", t.latency_s},
+                    {"seconds", t.seconds},
+                    {"exposed_s", t.exposed_s},
+                    {"host_s", t.host_s}});
+  return {{"form", form},
+          {"fwd_compute_s", fwd_compute_s},
+          {"bwd_compute_s", bwd_compute_s},
+          {"fwd_comm_s", fwd_comm_s},
+          {"bwd_comm_s", bwd_comm_s},
+          {"fwd_s", fwd_s()},
+          {"bwd_s", bwd_s()},
+          {"comm_s", comm_s()},
+          {"total_s", total_s()},
+          {"hidden_host_s", hidden_host_s},
+          {"phases", phases_j},
           {"collectives", coll}};
 }
 
-LatencyBandwidthFit fit_latency_bandwidth(const std::vector<double>& x, const std::vector<double>& y) {
-  LAGA_CHECK(x.size() == y.size() && x.size() >= 2, "a latency + bandwidth fit needs at least 2 sizes, got {}", x.size());
+LatencyBandwidthFit fit_latency_bandwidth(const std::vector<double>& x,
+                                          const std::vector<double>& y) {
+  LAGA_CHECK(x.size() == y.size() && x.size() >= 2,
+             "a latency + bandwidth fit needs at least 2 sizes, got {}", x.size());
   double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
   for (size_t i = 0; i < x.size(); ++i) {
-    LAGA_CHECK(y[i] > 0 && std::isfinite(y[i]) && x[i] >= 0, "fit point {}: time {} s, bytes {} (must be > 0)", i, y[i], x[i]);
+    LAGA_CHECK(y[i] > 0 && std::isfinite(y[i]) && x[i] >= 0,
+               "fit point {}: time {} s, bytes {} (must be > 0)", i, y[i], x[i]);
     const double w = 1 / (y[i] * y[i]);
     sw += w, sx += w * x[i], sy += w * y[i], sxx += w * x[i] * x[i], sxy += w * x[i] * y[i];
   }
@@ -543,16 +654,21 @@ LatencyBandwidthFit fit_latency_bandwidth(const std::vector<double>& x, const st
   LAGA_CHECK(det > 0, "a latency + bandwidth fit needs at least 2 different sizes");
   double b = (sw * sxy - sx * sy) / det, a = (sy - b * sx) / sw;
   if (a < 0) a = 0, b = sxy / sxx;
-  LAGA_CHECK(b > 0, "the measured times do not grow with the size (slope {}); cannot fit a bandwidth", b);
+  LAGA_CHECK(b > 0,
+             "the measured times do not grow with the size (slope {}); cannot fit a bandwidth", b);
   LatencyBandwidthFit f;
   f.latency_s = a, f.busbw_GBps = 1 / b / 1e9, f.points = int(x.size());
-  for (size_t i = 0; i < x.size(); ++i) f.max_rel_residual = std::max(f.max_rel_residual, std::abs(a + b * x[i] - y[i]) / y[i]);
+  for (size_t i = 0; i < x.size(); ++i)
+    f.max_rel_residual = std::max(f.max_rel_residual, std::abs(a + b * x[i] - y[i]) / y[i]);
   return f;
 }
 
 LinkSpec link_from_bench_comm(const json& j, const std::string& path, int64_t* sp_out) {
-  auto bad = [&](const std::string& what) { LAGA_FAIL_USAGE("bench-comm file {}: {}", path, what); };
-  if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array()) bad("no 'rows' array (write it with laga bench-comm --json)");
+  auto bad = [&](const std::string& what) {
+    LAGA_FAIL_USAGE("bench-comm file {}: {}", path, what);
+  };
+  if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array())
+    bad("no 'rows' array (write it with laga bench-comm --json)");
   if (!j.contains("sp") || !j["sp"].is_number_integer() || j["sp"].get<int64_t>() < 2)
     bad("field 'sp' is missing or below 2 (a link needs at least two ranks)");
   const int64_t P = j["sp"].get<int64_t>();
@@ -566,7 +682,7 @@ LinkSpec link_from_bench_comm(const json& j, const std::string& path, int64_t* s
     if (!row["op"].is_string() || !row["bytes"].is_number() || !row["time_s"].is_number())
       bad(where + ": op must be a string, bytes and time_s numbers");
     auto op = parse_op(row["op"].get<std::string>());
-    if (!op) continue;  // a collective the model does not use (broadcast)
+    if (!op) continue;                         // a collective the model does not use (broadcast)
     if (row.value("wrong", 0) != 0) continue;  // not a valid measurement
     double S = row["bytes"].get<double>();
     const double t = row["time_s"].get<double>();
@@ -583,7 +699,8 @@ LinkSpec link_from_bench_comm(const json& j, const std::string& path, int64_t* s
   for (CollectiveOp op : kModelledOps) {
     auto it = points.find(op);
     if (it == points.end() || it->second.first.size() < 2)
-      bad(fmt::format("fewer than 2 valid sizes of {} (give -b/-e spanning several sizes)", collective_name(op)));
+      bad(fmt::format("fewer than 2 valid sizes of {} (give -b/-e spanning several sizes)",
+                      collective_name(op)));
     const LatencyBandwidthFit f = fit_latency_bandwidth(it->second.first, it->second.second);
     l.busbw_GBps[op] = f.busbw_GBps;
     l.latency_op_s[op] = f.latency_s;
@@ -592,34 +709,41 @@ LinkSpec link_from_bench_comm(const json& j, const std::string& path, int64_t* s
   // bench-comm --host-cost: what each op's bytes took from compute running beside it. A negative
   // reading (compute as fast as alone, within noise) is none.
   if (j.contains("host_cost")) {
-    if (!j["host_cost"].is_array()) bad("'host_cost' is not an array (write it with laga bench-comm --host-cost)");
+    if (!j["host_cost"].is_array())
+      bad("'host_cost' is not an array (write it with laga bench-comm --host-cost)");
     for (size_t i = 0; i < j["host_cost"].size(); ++i) {
       const json& row = j["host_cost"][i];
-      if (!row.is_object() || !row.contains("op") || !row["op"].is_string() || !row.contains("host_ns_per_byte") ||
-          !row["host_ns_per_byte"].is_number())
+      if (!row.is_object() || !row.contains("op") || !row["op"].is_string() ||
+          !row.contains("host_ns_per_byte") || !row["host_ns_per_byte"].is_number())
         bad(fmt::format("host_cost[{}] needs a string 'op' and a number 'host_ns_per_byte'", i));
-      if (auto op = parse_op(row["op"].get<std::string>())) l.host_ns_per_byte[*op] = std::max(0.0, row["host_ns_per_byte"].get<double>());
+      if (auto op = parse_op(row["op"].get<std::string>()))
+        l.host_ns_per_byte[*op] = std::max(0.0, row["host_ns_per_byte"].get<double>());
     }
     for (CollectiveOp op : kModelledOps)
       if (!l.host_ns_per_byte.count(op))
-        bad(fmt::format("host_cost has no row for {} (bench-comm --host-cost measures every op it times)", collective_name(op)));
+        bad(fmt::format(
+            "host_cost has no row for {} (bench-comm --host-cost measures every op it times)",
+            collective_name(op)));
   }
   return l;
 }
 
 std::map<std::string, double> BenchRowComparison::predicted_by_class() const {
-  std::map<std::string, double> by{{"matmul", 0}, {"attention_fwd", 0}, {"attention_bwd", 0}, {"other", 0}};
+  std::map<std::string, double> by{
+      {"matmul", 0}, {"attention_fwd", 0}, {"attention_bwd", 0}, {"other", 0}};
   // A product inside the form's own attention kernel is timed there by bench's op-class timer.
   for (const PhaseTime& t : predicted.phases)
-    by[t.phase.by_bytes() ? "other"
-       : t.phase.in_kernel               ? (t.phase.backward ? "attention_bwd" : "attention_fwd")
-                                         : std::string(op_class_name(t.phase.op))] += t.seconds;
+    by[t.phase.by_bytes()  ? "other"
+       : t.phase.in_kernel ? (t.phase.backward ? "attention_bwd" : "attention_fwd")
+                           : std::string(op_class_name(t.phase.op))] += t.seconds;
   return by;
 }
 
-std::vector<BenchRowComparison> compare_with_bench(const json& bench, const std::string& path, const HardwareSpec& hw) {
+std::vector<BenchRowComparison> compare_with_bench(const json& bench, const std::string& path,
+                                                   const HardwareSpec& hw) {
   auto bad = [&](const std::string& what) { LAGA_FAIL_USAGE("bench file {}: {}", path, what); };
-  if (!bench.is_object() || !bench.contains("rows") || !bench["rows"].is_array()) bad("no 'rows' array (write it with laga bench --json)");
+  if (!bench.is_object() || !bench.contains("rows") || !bench["rows"].is_array())
+    bad("no 'rows' array (write it with laga bench --json)");
   if (!bench.contains("config") || !bench["config"].is_object()) bad("no 'config' object");
   const MlaConfig base = MlaConfig::from_json(bench["config"]);
   std::vector<BenchRowComparison> out;
@@ -637,10 +761,11 @@ std::vector<BenchRowComparison> compare_with_bench(const json& bench, const std:
         bad(fmt::format("field 'rows[{}].comm_skew_s' must be a number in [0, total_s)", i));
       c.measured_skew = row["comm_skew_s"].get<double>();
     }
-    // The row's form as bench ran it: its variant, and laga's --ulysses (the row's "ulysses"; absent in
-    // files written before bench took --ulysses: 0, the whole group).
+    // The row's form as bench ran it: its variant, and laga's --ulysses (the row's "ulysses";
+    // absent in files written before bench took --ulysses: 0, the whole group).
     MlaConfig m = as_form(base, row["variant"].get<std::string>());
-    m.seq_len = c.seq, m.sp = c.sp, m.ulysses = row.contains("ulysses") ? row["ulysses"].get<int64_t>() : 0;
+    m.seq_len = c.seq, m.sp = c.sp,
+    m.ulysses = row.contains("ulysses") ? row["ulysses"].get<int64_t>() : 0;
     c.ulysses = m.ulysses, c.variant = m.form;
     c.form = displayed_form(m);
     c.predicted = predict(Config(m), hw);

@@ -12,7 +12,8 @@ Plan plan_run(const Config& c, int rank) {
   const RankResult r = run_rank(c, opt, comm);
   Plan p;
   p.memory = r.memory;
-  for (const auto& rec : r.collectives) (is_grad_sync(rec) ? p.comm.grad_sync : p.comm.attention).push_back(rec);
+  for (const auto& rec : r.collectives)
+    (is_grad_sync(rec) ? p.comm.grad_sync : p.comm.attention).push_back(rec);
   return p;
 }
 

@@ -1,6 +1,6 @@
-// A measured forward + backward of the block stack on one rank (docs/design.md §4's memory semantics).
-// On a communicator that moves no data (MetaCommunicator) the same code runs on meta tensors: that is
-// the planner (driver/plan.hpp).
+// A measured forward + backward of the block stack on one rank (docs/design.md §4's memory
+// semantics). On a communicator that moves no data (MetaCommunicator) the same code runs on meta
+// tensors: that is the planner (driver/plan.hpp).
 #include "laga/driver/run.hpp"
 
 #include <chrono>
@@ -20,12 +20,15 @@ namespace laga {
 
 namespace {
 using clock_type = std::chrono::steady_clock;
-double since(clock_type::time_point t0) { return std::chrono::duration<double>(clock_type::now() - t0).count(); }
+double since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
 
 // Whole [T, B, D] from every rank's [N, B, D] shard: gathered in rank order, then each rank's
 // segments (token_segments) put at their global positions (for the contiguous layout that is the
 // identity: shards concatenate).
-Tensor gather_rows(const MlaConfig& c, Communicator& comm, const Tensor& shard, const std::string& tag) {
+Tensor gather_rows(const MlaConfig& c, Communicator& comm, const Tensor& shard,
+                   const std::string& tag) {
   Shape s = shard.shape();
   s[0] *= comm.size();
   Tensor whole = Tensor::empty(s, shard.dtype(), tag);
@@ -39,7 +42,8 @@ Tensor gather_rows(const MlaConfig& c, Communicator& comm, const Tensor& shard, 
   for (int64_t q = 0; q < comm.size(); ++q) {
     int64_t local = 0;
     for (const TokenSegment& seg : token_segments(c, q)) {
-      copy_rows(shard.dtype(), seg.len, row, at(by_rank, (q * N + local) * row), row, at(whole, seg.pos0 * row), row);
+      copy_rows(shard.dtype(), seg.len, row, at(by_rank, (q * N + local) * row), row,
+                at(whole, seg.pos0 * row), row);
       local += seg.len;
     }
   }
@@ -66,7 +70,8 @@ double peer_wait_skew(const std::vector<std::vector<double>>& waits) {
   return most;
 }
 
-Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const std::string& name, const std::string& tag) {
+Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const std::string& name,
+                        const std::string& tag) {
   // Each local row holds the values of its global position, so every layout sees the same sequence.
   const int64_t N = c.tokens_per_rank(), row = c.batch * c.hidden_size;
   Tensor t = Tensor::empty({N, c.batch, c.hidden_size}, c.dtype, tag);
@@ -81,7 +86,8 @@ Tensor make_input_shard(const MlaConfig& c, int64_t rank, uint64_t seed, const s
 
 RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm) {
   const MlaConfig& c = *cfg;
-  LAGA_CHECK(c.sp == comm.size(), "config says --sp {} but the group has {} ranks", c.sp, comm.size());
+  LAGA_CHECK(c.sp == comm.size(), "config says --sp {} but the group has {} ranks", c.sp,
+             comm.size());
   const bool meta = !comm.moves_data();  // planning: meta tensors, nothing computed
   LAGA_CHECK(!meta || !opt.gather_tensors, "a planning run (meta tensors) has no values to gather");
   MemoryTracker tracker(meta);
@@ -92,8 +98,10 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
   {
     TrackerScope scope(tracker);
     if (opt.initial_weights && !meta) {
-      LAGA_CHECK(opt.weights_path.empty(), "run_rank: initial_weights and weights_path {} are two sources of "
-                 "weights; give one", opt.weights_path);
+      LAGA_CHECK(opt.weights_path.empty(),
+                 "run_rank: initial_weights and weights_path {} are two sources of "
+                 "weights; give one",
+                 opt.weights_path);
       w = allocate_weights(c, "weights");
       copy_weights(w, *opt.initial_weights);
     } else if (opt.weights_path.empty() || meta) {
@@ -126,7 +134,8 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
     r.memory.saved_bytes = tracker.live_bytes() - baseline;
     for (const auto& [tag, bytes] : tracker.live_by_tag()) {
       const auto it = baseline_tags.find(tag);
-      if (const int64_t extra = bytes - (it == baseline_tags.end() ? 0 : it->second)) r.memory.saved_breakdown[tag] = extra;
+      if (const int64_t extra = bytes - (it == baseline_tags.end() ? 0 : it->second))
+        r.memory.saved_breakdown[tag] = extra;
     }
     r.memory.forward_peak_bytes = tracker.peak_bytes() - baseline;
     auto forward_breakdown = tracker.peak_by_tag();
@@ -136,12 +145,16 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
     r.backward_s = since(t1);
     profiling.reset();
     r.memory.backward_peak_bytes = tracker.peak_bytes() - baseline;
-    r.memory.activation_peak_bytes = std::max(r.memory.forward_peak_bytes, r.memory.backward_peak_bytes);
-    r.memory.peak_breakdown =
-        r.memory.forward_peak_bytes >= r.memory.backward_peak_bytes ? forward_breakdown : tracker.peak_by_tag();
+    r.memory.activation_peak_bytes =
+        std::max(r.memory.forward_peak_bytes, r.memory.backward_peak_bytes);
+    r.memory.peak_breakdown = r.memory.forward_peak_bytes >= r.memory.backward_peak_bytes
+                                  ? forward_breakdown
+                                  : tracker.peak_by_tag();
     if (opt.grad_sync) {
       auto t2 = clock_type::now();
-      g.for_each([&](const std::string&, Tensor& t) { comm.all_reduce(t.raw(), t.numel(), t.dtype(), "grad_sync"); });
+      g.for_each([&](const std::string&, Tensor& t) {
+        comm.all_reduce(t.raw(), t.numel(), t.dtype(), "grad_sync");
+      });
       r.grad_sync_s = since(t2);
     }
     r.collectives = comm.ledger().records();
@@ -165,7 +178,10 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
 
 std::vector<RankResult> run_group(const Config& c, const RunOptions& opt, double timeout_s) {
   std::vector<RankResult> results(size_t(c->sp));
-  run_threads(int(c->sp), [&](Communicator& comm) { results[size_t(comm.rank())] = run_rank(c, opt, comm); }, timeout_s);
+  run_threads(
+      int(c->sp),
+      [&](Communicator& comm) { results[size_t(comm.rank())] = run_rank(c, opt, comm); },
+      timeout_s);
   return results;
 }
 

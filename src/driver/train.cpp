@@ -1,5 +1,6 @@
-// The synthetic regression task of train.hpp: teacher forward, student forward + backward, grad sync,
-// Adam on fp32 master weights (replicated: every rank applies the same update to the same numbers).
+// The synthetic regression task of train.hpp: teacher forward, student forward + backward, grad
+// sync, Adam on fp32 master weights (replicated: every rank applies the same update to the same
+// numbers).
 #include "laga/driver/train.hpp"
 
 #include <chrono>
@@ -13,15 +14,19 @@
 
 namespace laga {
 
-uint64_t train_data_seed(uint64_t seed, int64_t step) { return seed + 1000003ull * uint64_t(step + 1); }
+uint64_t train_data_seed(uint64_t seed, int64_t step) {
+  return seed + 1000003ull * uint64_t(step + 1);
+}
 
 nlohmann::json train_identity(const Config& cfg, const TrainOptions& opt) {
   const MlaConfig& c = *cfg;
-  // --overlap moves where collectives are waited, not one bit of the results (tests/mla/test_overlap.cpp):
-  // a run may resume under either setting, so it is not part of what identifies the run.
+  // --overlap moves where collectives are waited, not one bit of the results
+  // (tests/mla/test_overlap.cpp): a run may resume under either setting, so it is not part of what
+  // identifies the run.
   nlohmann::json config = c.to_json();
   config.erase("overlap");
-  // Pu once, at the top level, so that a resume with another --ulysses is refused naming both values;
+  // Pu once, at the top level, so that a resume with another --ulysses is refused naming both
+  // values;
   // --ulysses P (or 0) is the same run as none.
   config.erase("ulysses");
   return {{"task", "teacher-student regression, Adam on fp32 masters (laga train)"},
@@ -43,7 +48,8 @@ Config teacher_config(const Config& c) {
   return c.with([](MlaConfig& t) { t = as_form(t, kBaselineForm); });
 }
 
-void train_state_shape(const Config& cfg, std::vector<std::string>& names, std::vector<int64_t>& sizes) {
+void train_state_shape(const Config& cfg, std::vector<std::string>& names,
+                       std::vector<int64_t>& sizes) {
   names.clear(), sizes.clear();
   const auto shapes = layer_weight_shapes(*cfg);
   for (int64_t l = 0; l < cfg->num_layers; ++l)
@@ -56,10 +62,12 @@ void train_state_shape(const Config& cfg, std::vector<std::string>& names, std::
 namespace {
 
 // The student's weights set to the masters rounded, exactly as after the update that wrote them.
-void load_masters(Weights& student, const std::vector<std::vector<float>>& master, const std::vector<std::string>& names) {
+void load_masters(Weights& student, const std::vector<std::vector<float>>& master,
+                  const std::vector<std::string>& names) {
   size_t k = 0;
   student.for_each([&](const std::string&, Tensor& t) {
-    LAGA_ASSERT(int64_t(master[k].size()) == t.numel(), "checkpoint tensor {} has the wrong size", names[k]);
+    LAGA_ASSERT(int64_t(master[k].size()) == t.numel(), "checkpoint tensor {} has the wrong size",
+                names[k]);
     for (int64_t i = 0; i < t.numel(); ++i) t.set(i, master[k][size_t(i)]);
     ++k;
   });
@@ -68,9 +76,10 @@ void load_masters(Weights& student, const std::vector<std::vector<float>>& maste
 // One Adam step (bias-corrected) of step `step` on the fp32 masters and moments, in for_each order;
 // the student's weights become the masters rounded.
 void adam_update(Weights& student, Weights& grads, std::vector<std::vector<float>>& master,
-                 std::vector<std::vector<float>>& m1, std::vector<std::vector<float>>& m2, const TrainOptions& opt,
-                 int64_t step) {
-  const double b1t = 1 - std::pow(opt.beta1, double(step + 1)), b2t = 1 - std::pow(opt.beta2, double(step + 1));
+                 std::vector<std::vector<float>>& m1, std::vector<std::vector<float>>& m2,
+                 const TrainOptions& opt, int64_t step) {
+  const double b1t = 1 - std::pow(opt.beta1, double(step + 1)),
+               b2t = 1 - std::pow(opt.beta2, double(step + 1));
   size_t k = 0;
   std::vector<Tensor*> params;
   student.for_each([&](const std::string&, Tensor& t) { params.push_back(&t); });
@@ -83,7 +92,8 @@ void adam_update(Weights& student, Weights& grads, std::vector<std::vector<float
       const double g = gt.get(i);
       a[size_t(i)] = float(opt.beta1 * a[size_t(i)] + (1 - opt.beta1) * g);
       b[size_t(i)] = float(opt.beta2 * b[size_t(i)] + (1 - opt.beta2) * g * g);
-      w[size_t(i)] -= float(opt.lr * (a[size_t(i)] / b1t) / (std::sqrt(b[size_t(i)] / b2t) + opt.eps));
+      w[size_t(i)] -=
+          float(opt.lr * (a[size_t(i)] / b1t) / (std::sqrt(b[size_t(i)] / b2t) + opt.eps));
       p.set(i, w[size_t(i)]);
     }
     ++k;
@@ -122,9 +132,11 @@ TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator&
     load_masters(student, master, names);
     first = r.manifest.step;
     result.losses = r.manifest.losses;
-    LAGA_CHECK(first <= opt.steps, "--resume: the checkpoint is at step {}, past --steps {}; give --steps {} or more",
+    LAGA_CHECK(first <= opt.steps,
+               "--resume: the checkpoint is at step {}, past --steps {}; give --steps {} or more",
                first, opt.steps, first);
-    LAGA_ASSERT(r.manifest.next_data_seed == train_data_seed(opt.seed, first), "checkpoint data seed");
+    LAGA_ASSERT(r.manifest.next_data_seed == train_data_seed(opt.seed, first),
+                "checkpoint data seed");
   }
   result.resumed_from = first;
   const bool writer = !opt.checkpoint_dir.empty() && comm.rank() == 0;
@@ -162,9 +174,12 @@ TrainResult train_rank(const Config& cfg, const TrainOptions& opt, Communicator&
     result.losses.push_back(double(loss_parts) / count);
     Weights grads = zero_grads(c, "grads");
     stack_backward(cfg, student, saved, dy, grads, comm);
-    grads.for_each([&](const std::string&, Tensor& t) { comm.all_reduce(t.raw(), t.numel(), t.dtype(), "grad_sync"); });
+    grads.for_each([&](const std::string&, Tensor& t) {
+      comm.all_reduce(t.raw(), t.numel(), t.dtype(), "grad_sync");
+    });
     adam_update(student, grads, master, m1, m2, opt, step);
-    if (writer && step + 1 < opt.steps && opt.checkpoint_every > 0 && (step + 1) % opt.checkpoint_every == 0)
+    if (writer && step + 1 < opt.steps && opt.checkpoint_every > 0 &&
+        (step + 1) % opt.checkpoint_every == 0)
       checkpoint(step + 1);
   }
   if (writer) checkpoint(opt.steps);

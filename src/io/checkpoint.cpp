@@ -30,17 +30,20 @@ constexpr const char* kSingleName = "model.safetensors";
 std::string shape_reason(const MlaConfig& c, const std::string& name) {
   const WeightSpec* spec = find_weight_spec(name);
   LAGA_ASSERT(spec, "no weight named '{}'", name);
-  return fmt::format("{} with D = hidden_size {}, H = num_attention_heads {}, Lq = q_lora_rank {}, Lkv = kv_lora_rank "
-                     "{}, Dn = qk_nope_head_dim {}, Dr = qk_rope_head_dim {}, Dv = v_head_dim {} (model '{}')",
-                     spec->shape_doc, c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank,
-                     c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.model);
+  return fmt::format(
+      "{} with D = hidden_size {}, H = num_attention_heads {}, Lq = q_lora_rank {}, Lkv = "
+      "kv_lora_rank "
+      "{}, Dn = qk_nope_head_dim {}, Dr = qk_rope_head_dim {}, Dv = v_head_dim {} (model '{}')",
+      spec->shape_doc, c.hidden_size, c.num_attention_heads, c.q_lora_rank, c.kv_lora_rank,
+      c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, c.model);
 }
 
 std::string read_text_file(const std::string& path, int64_t limit) {
   std::error_code ec;
   const auto size = fs::file_size(path, ec);
   LAGA_CHECK(!ec, "{}: cannot read: {}", path, ec.message());
-  LAGA_CHECK(int64_t(size) <= limit, "{}: {} bytes, more than the {} expected of it", path, size, limit);
+  LAGA_CHECK(int64_t(size) <= limit, "{}: {} bytes, more than the {} expected of it", path, size,
+             limit);
   std::ifstream in(path, std::ios::binary);
   LAGA_CHECK(in, "{}: cannot open for reading: {}", path, std::strerror(errno));
   std::ostringstream text;
@@ -50,7 +53,8 @@ std::string read_text_file(const std::string& path, int64_t limit) {
 
 void write_text_file(const std::string& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
-  LAGA_CHECK(f, "{}: cannot open for writing: {}; choose a writable directory", path, std::strerror(errno));
+  LAGA_CHECK(f, "{}: cannot open for writing: {}; choose a writable directory", path,
+             std::strerror(errno));
   const bool wrote = std::fwrite(text.data(), 1, text.size(), f) == text.size();
   const int err = errno;
   const bool closed = std::fclose(f) == 0;
@@ -65,9 +69,13 @@ class CheckpointSource {
     std::string file = path;
     if (fs::is_directory(path, ec)) {
       const fs::path index = fs::path(path) / kIndexName, single = fs::path(path) / kSingleName;
-      if (fs::exists(index, ec)) file = index.string();
-      else if (fs::exists(single, ec)) file = single.string();
-      else LAGA_FAIL_USAGE("{}: a directory with neither {} nor {}; give a .safetensors file", path, kIndexName, kSingleName);
+      if (fs::exists(index, ec))
+        file = index.string();
+      else if (fs::exists(single, ec))
+        file = single.string();
+      else
+        LAGA_FAIL_USAGE("{}: a directory with neither {} nor {}; give a .safetensors file", path,
+                        kIndexName, kSingleName);
     }
     if (file.size() >= 5 && file.compare(file.size() - 5, 5, ".json") == 0) {
       read_index(file);
@@ -110,7 +118,8 @@ class CheckpointSource {
                "{}: not a safetensors index: expected an object with a 'weight_map' object", file);
     const fs::path dir = fs::path(file).parent_path();
     for (const auto& [name, shard] : j["weight_map"].items()) {
-      LAGA_CHECK(shard.is_string(), "{}: weight_map['{}'] is a JSON {}, not a file name", file, name, shard.type_name());
+      LAGA_CHECK(shard.is_string(), "{}: weight_map['{}'] is a JSON {}, not a file name", file,
+                 name, shard.type_name());
       shard_of_[name] = (dir / shard.get<std::string>()).string();
     }
   }
@@ -127,24 +136,31 @@ int64_t layers_present(const CheckpointSource& src, WeightNaming naming) {
   return l;
 }
 
-std::string missing_hint(const CheckpointSource& src, WeightNaming naming, const MlaConfig& c, int64_t l,
-                         const std::string& name) {
+std::string missing_hint(const CheckpointSource& src, WeightNaming naming, const MlaConfig& c,
+                         int64_t l, const std::string& name) {
   const int64_t present = layers_present(src, naming);
   if (l >= present && present > 0)
-    return fmt::format("; the file holds layers 0..{}, so try --layers {} (or fewer)", present - 1, present);
+    return fmt::format("; the file holds layers 0..{}, so try --layers {} (or fewer)", present - 1,
+                       present);
   const bool want_lora = name == "wq_a" || name == "q_norm" || name == "wq_b";
   if (want_lora && src.has(checkpoint_name(naming, l, "wq")))
-    return fmt::format("; the file has {} instead, a checkpoint with q_lora_rank = 0 (like deepseek-v2-lite), but "
-                       "this config has q_lora_rank {}", checkpoint_name(naming, l, "wq"), c.q_lora_rank);
+    return fmt::format(
+        "; the file has {} instead, a checkpoint with q_lora_rank = 0 (like deepseek-v2-lite), but "
+        "this config has q_lora_rank {}",
+        checkpoint_name(naming, l, "wq"), c.q_lora_rank);
   if (name == "wq" && src.has(checkpoint_name(naming, l, "wq_a")))
-    return fmt::format("; the file has {} instead, a checkpoint with q_lora_rank > 0, but this config has "
-                       "q_lora_rank 0", checkpoint_name(naming, l, "wq_a"));
+    return fmt::format(
+        "; the file has {} instead, a checkpoint with q_lora_rank > 0, but this config has "
+        "q_lora_rank 0",
+        checkpoint_name(naming, l, "wq_a"));
   return "";
 }
 
 }  // namespace
 
-std::string_view weight_naming_name(WeightNaming n) { return n == WeightNaming::laga ? "laga" : "hugging-face"; }
+std::string_view weight_naming_name(WeightNaming n) {
+  return n == WeightNaming::laga ? "laga" : "hugging-face";
+}
 
 std::string checkpoint_name(WeightNaming naming, int64_t layer, const std::string& name) {
   if (naming == WeightNaming::laga) return fmt::format("layers.{}.{}", layer, name);
@@ -157,14 +173,16 @@ Weights load_weights(const std::string& path, const Config& cfg) {
   const MlaConfig& c = *cfg;
   CheckpointSource src(path);
   WeightNaming naming;
-  if (src.has(checkpoint_name(WeightNaming::laga, 0, "attn_norm"))) naming = WeightNaming::laga;
+  if (src.has(checkpoint_name(WeightNaming::laga, 0, "attn_norm")))
+    naming = WeightNaming::laga;
   else if (src.has(checkpoint_name(WeightNaming::hugging_face, 0, "attn_norm")) ||
            src.has(checkpoint_name(WeightNaming::hugging_face, 0, "wkv_a")))
     naming = WeightNaming::hugging_face;
   else
-    LAGA_FAIL_USAGE("{}: holds neither laga weights ({}) nor Hugging Face DeepSeek weights ({}); it holds {}", path,
-                    checkpoint_name(WeightNaming::laga, 0, "attn_norm"),
-                    checkpoint_name(WeightNaming::hugging_face, 0, "wkv_a"), src.some_names());
+    LAGA_FAIL_USAGE(
+        "{}: holds neither laga weights ({}) nor Hugging Face DeepSeek weights ({}); it holds {}",
+        path, checkpoint_name(WeightNaming::laga, 0, "attn_norm"),
+        checkpoint_name(WeightNaming::hugging_face, 0, "wkv_a"), src.some_names());
 
   // Every name and shape is checked before anything is read, so a bad file fails fast.
   const auto shapes = layer_weight_shapes(c);
@@ -175,8 +193,8 @@ Weights load_weights(const std::string& path, const Config& cfg) {
                  weight_naming_name(naming), l, missing_hint(src, naming, c, l, name));
       const SafetensorsFile& shard = src.shard(file_name);
       const Shape& got = shard.entry(file_name).shape;
-      LAGA_CHECK(got == expected, "{}: {} has shape {}; expected {} = {}", shard.path(), file_name, shape_str(got),
-                 shape_str(expected), shape_reason(c, name));
+      LAGA_CHECK(got == expected, "{}: {} has shape {}; expected {} = {}", shard.path(), file_name,
+                 shape_str(got), shape_str(expected), shape_reason(c, name));
     }
   }
   Weights w;
@@ -189,9 +207,10 @@ Weights load_weights(const std::string& path, const Config& cfg) {
   return w;
 }
 
-void write_weights(const std::string& path, const MlaConfig& c, const Weights& w, WeightNaming naming) {
-  LAGA_CHECK(int64_t(w.layers.size()) == c.num_layers, "{}: {} layers of weights for num_layers {}", path,
-             w.layers.size(), c.num_layers);
+void write_weights(const std::string& path, const MlaConfig& c, const Weights& w,
+                   WeightNaming naming) {
+  LAGA_CHECK(int64_t(w.layers.size()) == c.num_layers, "{}: {} layers of weights for num_layers {}",
+             path, w.layers.size(), c.num_layers);
   std::vector<std::string> names;
   std::vector<const Tensor*> tensors;
   for (size_t l = 0; l < w.layers.size(); ++l)
@@ -208,29 +227,36 @@ void check_writable_dir(const std::string& dir) {
   LAGA_CHECK(!dir.empty(), "empty directory name; give a writable directory");
   std::error_code ec;
   if (fs::exists(dir, ec))
-    LAGA_CHECK(fs::is_directory(dir, ec), "'{}' exists and is not a directory; choose a directory", dir);
+    LAGA_CHECK(fs::is_directory(dir, ec), "'{}' exists and is not a directory; choose a directory",
+               dir);
   fs::create_directories(dir, ec);
-  LAGA_CHECK(!ec, "cannot create directory '{}': {}; choose a writable directory", dir, ec.message());
-  const std::string probe = (fs::path(dir) / fmt::format(".laga-write-probe-{}", ::getpid())).string();
+  LAGA_CHECK(!ec, "cannot create directory '{}': {}; choose a writable directory", dir,
+             ec.message());
+  const std::string probe =
+      (fs::path(dir) / fmt::format(".laga-write-probe-{}", ::getpid())).string();
   std::FILE* f = std::fopen(probe.c_str(), "wb");
-  LAGA_CHECK(f, "cannot write in directory '{}': {}; choose a writable directory", dir, std::strerror(errno));
+  LAGA_CHECK(f, "cannot write in directory '{}': {}; choose a writable directory", dir,
+             std::strerror(errno));
   const bool ok = std::fputs("probe\n", f) >= 0;
   const bool closed = std::fclose(f) == 0;
   fs::remove(probe, ec);
-  LAGA_CHECK(ok && closed, "cannot write in directory '{}' (is the disk full?); choose a writable directory", dir);
+  LAGA_CHECK(ok && closed,
+             "cannot write in directory '{}' (is the disk full?); choose a writable directory",
+             dir);
 }
 
-void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, const Tensor& dy, const Tensor& y,
-                const Tensor& dx, const Weights& w, const Weights& grads) {
+void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, const Tensor& dy,
+                const Tensor& y, const Tensor& dx, const Weights& w, const Weights& grads) {
   check_writable_dir(dir);
   const Shape act{c.seq_len, c.batch, c.hidden_size};
   check_shape(x, act, "x");
   check_shape(dy, act, "dy");
   check_shape(y, act, "y");
   check_shape(dx, act, "dx");
-  LAGA_CHECK(int64_t(w.layers.size()) == c.num_layers && int64_t(grads.layers.size()) == c.num_layers,
-             "dump: {} layers of weights and {} of gradients for num_layers {}", w.layers.size(), grads.layers.size(),
-             c.num_layers);
+  LAGA_CHECK(
+      int64_t(w.layers.size()) == c.num_layers && int64_t(grads.layers.size()) == c.num_layers,
+      "dump: {} layers of weights and {} of gradients for num_layers {}", w.layers.size(),
+      grads.layers.size(), c.num_layers);
   const auto shapes = layer_weight_shapes(c);
 
   std::vector<std::string> names{"x", "dy", "y", "dx"};
@@ -251,8 +277,10 @@ void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, con
   for (size_t i = 0; i < names.size(); ++i) list.emplace_back(names[i], tensors[i]);
 
   write_text_file((fs::path(dir) / "config.json").string(), c.to_json().dump(2) + "\n");
-  write_safetensors((fs::path(dir) / "tensors.safetensors").string(), list,
-                    {{"format", "pt"}, {"producer", "laga"}, {"dtype", std::string(dtype_name(c.dtype))}}, DType::f32);
+  write_safetensors(
+      (fs::path(dir) / "tensors.safetensors").string(), list,
+      {{"format", "pt"}, {"producer", "laga"}, {"dtype", std::string(dtype_name(c.dtype))}},
+      DType::f32);
 }
 
 }  // namespace laga

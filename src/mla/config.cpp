@@ -13,27 +13,37 @@
 
 namespace laga {
 
-std::string_view dlatent_sum_name(DlatentSum s) { return s == DlatentSum::fp32 ? "fp32" : "storage"; }
+std::string_view dlatent_sum_name(DlatentSum s) {
+  return s == DlatentSum::fp32 ? "fp32" : "storage";
+}
 DlatentSum parse_dlatent_sum(std::string_view name) {
   if (name == "fp32") return DlatentSum::fp32;
   if (name == "storage") return DlatentSum::storage;
-  LAGA_FAIL_USAGE("unknown dlatent sum '{}' (--dlatent-sum, JSON dlatent_sum); valid: fp32, storage", name);
+  LAGA_FAIL_USAGE(
+      "unknown dlatent sum '{}' (--dlatent-sum, JSON dlatent_sum); valid: fp32, storage", name);
 }
 
-std::string_view attn_backward_name(AttnBackward a) { return a == AttnBackward::one_pass ? "one-pass" : "two-pass"; }
+std::string_view attn_backward_name(AttnBackward a) {
+  return a == AttnBackward::one_pass ? "one-pass" : "two-pass";
+}
 AttnBackward parse_attn_backward(std::string_view name) {
   if (name == "one-pass") return AttnBackward::one_pass;
   if (name == "two-pass") return AttnBackward::two_pass;
-  LAGA_FAIL_USAGE("unknown attention backward '{}' (--attn-backward, JSON attn_backward); valid: two-pass, one-pass",
-                  name);
+  LAGA_FAIL_USAGE(
+      "unknown attention backward '{}' (--attn-backward, JSON attn_backward); valid: two-pass, "
+      "one-pass",
+      name);
 }
 
-std::vector<std::string> MlaConfig::preset_names() { return {"deepseek-v3", "deepseek-v2-lite", "small", "tiny"}; }
+std::vector<std::string> MlaConfig::preset_names() {
+  return {"deepseek-v3", "deepseek-v2-lite", "small", "tiny"};
+}
 
 MlaConfig MlaConfig::preset(std::string_view name) {
   MlaConfig c;
   c.model = std::string(name);
-  auto dims = [&](int64_t D, int64_t H, int64_t Lq, int64_t Lkv, int64_t Dn, int64_t Dr, int64_t Dv) {
+  auto dims = [&](int64_t D, int64_t H, int64_t Lq, int64_t Lkv, int64_t Dn, int64_t Dr,
+                  int64_t Dv) {
     c.hidden_size = D, c.num_attention_heads = H, c.q_lora_rank = Lq, c.kv_lora_rank = Lkv;
     c.qk_nope_head_dim = Dn, c.qk_rope_head_dim = Dr, c.v_head_dim = Dv;
   };
@@ -50,7 +60,8 @@ MlaConfig MlaConfig::preset(std::string_view name) {
     // For tests against the fp64 reference: every dimension distinct, H = 8 so P = 1..8 divide it.
     dims(64, 8, 48, 32, 16, 8, 12);
   } else {
-    LAGA_FAIL_USAGE("unknown model preset '{}'; valid: deepseek-v3, deepseek-v2-lite, small, tiny", name);
+    LAGA_FAIL_USAGE("unknown model preset '{}'; valid: deepseek-v3, deepseek-v2-lite, small, tiny",
+                    name);
   }
   c.seq_len = 16;
   return c;
@@ -65,14 +76,17 @@ double ModelDims::softmax_scale() const {
   return s;
 }
 
+std::vector<std::string> MlaConfig::problems() const {
+  return problems_with(find_form_or_null(form), true);
+}
 
-std::vector<std::string> MlaConfig::problems() const { return problems_with(find_form_or_null(form), true); }
+std::vector<std::string> MlaConfig::problems_apart_from_form() const {
+  return problems_with(nullptr, false);
+}
 
-std::vector<std::string> MlaConfig::problems_apart_from_form() const { return problems_with(nullptr, false); }
-
-// Every check; the form's own conditions where f is given, and the registry's check of the form's name
-// when named is true.
-// Long on purpose: every rule of a configuration in one list, one check each, in the order of its messages.
+// Every check; the form's own conditions where f is given, and the registry's check of the form's
+// name when named is true. Long on purpose: every rule of a configuration in one list, one check
+// each, in the order of its messages.
 std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) const {
   std::vector<std::string> p;
   auto positive = [&](const char* name, int64_t v) {
@@ -88,22 +102,29 @@ std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) con
   positive("seq_len (--seq)", seq_len);
   positive("batch (--batch)", batch);
   positive("sp (--sp)", sp);
-  if (q_lora_rank < 0) p.push_back(fmt::format("q_lora_rank = {} must be 0 (no q compression) or positive", q_lora_rank));
+  if (q_lora_rank < 0)
+    p.push_back(
+        fmt::format("q_lora_rank = {} must be 0 (no q compression) or positive", q_lora_rank));
   if (qk_rope_head_dim > 0 && qk_rope_head_dim % 2)
     // The suggestion stays in range: an odd dimension at or past the limit gets the (even) limit.
-    p.push_back(fmt::format("qk_rope_head_dim = {} must be even (RoPE rotates pairs); try {}", qk_rope_head_dim,
+    p.push_back(fmt::format("qk_rope_head_dim = {} must be even (RoPE rotates pairs); try {}",
+                            qk_rope_head_dim,
                             qk_rope_head_dim < kMaxModelDim ? qk_rope_head_dim + 1 : kMaxModelDim));
-  if (!(rms_norm_eps > 0)) p.push_back(fmt::format("rms_norm_eps = {} must be positive", rms_norm_eps));
-  if (!(rope_theta > 1)) p.push_back(fmt::format("rope_theta = {} must be greater than 1", rope_theta));
+  if (!(rms_norm_eps > 0))
+    p.push_back(fmt::format("rms_norm_eps = {} must be positive", rms_norm_eps));
+  if (!(rope_theta > 1))
+    p.push_back(fmt::format("rope_theta = {} must be greater than 1", rope_theta));
   if (rope_scaling.enabled) {
     const auto& rs = rope_scaling;
-    if (!(rs.factor >= 1)) p.push_back(fmt::format("rope_scaling.factor = {} must be >= 1", rs.factor));
+    if (!(rs.factor >= 1))
+      p.push_back(fmt::format("rope_scaling.factor = {} must be >= 1", rs.factor));
     if (rs.original_max_position_embeddings <= 0)
       p.push_back(fmt::format("rope_scaling.original_max_position_embeddings = {} must be positive",
                               rs.original_max_position_embeddings));
     if (!(rs.beta_fast > rs.beta_slow && rs.beta_slow > 0))
-      p.push_back(fmt::format("rope_scaling needs beta_fast > beta_slow > 0, got beta_fast = {}, beta_slow = {}",
-                              rs.beta_fast, rs.beta_slow));
+      p.push_back(fmt::format(
+          "rope_scaling needs beta_fast > beta_slow > 0, got beta_fast = {}, beta_slow = {}",
+          rs.beta_fast, rs.beta_slow));
   }
   auto finite = [&](const char* name, double v) {
     if (!std::isfinite(v)) p.push_back(fmt::format("{} = {} must be a finite number", name, v));
@@ -118,23 +139,24 @@ std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) con
     finite("rope_scaling.mscale", rs.mscale);
     finite("rope_scaling.mscale_all_dim", rs.mscale_all_dim);
   }
-  const int64_t dims[] = {hidden_size, num_attention_heads, q_lora_rank, kv_lora_rank, qk_nope_head_dim,
-                          qk_rope_head_dim, v_head_dim};
-  const char* dim_names[] = {"hidden_size", "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim",
-                             "qk_rope_head_dim", "v_head_dim"};
+  const int64_t dims[] = {hidden_size,      num_attention_heads, q_lora_rank, kv_lora_rank,
+                          qk_nope_head_dim, qk_rope_head_dim,    v_head_dim};
+  const char* dim_names[] = {"hidden_size",  "num_attention_heads", "q_lora_rank",
+                             "kv_lora_rank", "qk_nope_head_dim",    "qk_rope_head_dim",
+                             "v_head_dim"};
   bool dims_ok = true;
   for (size_t i = 0; i < std::size(dims); ++i) {
     dims_ok = dims_ok && dims[i] >= 0 && (dims[i] > 0 || i == 2);
     if (dims[i] > kMaxModelDim) {
-      p.push_back(fmt::format("{} = {} exceeds laga's limit of {} per model dimension", dim_names[i], dims[i],
-                              kMaxModelDim));
+      p.push_back(fmt::format("{} = {} exceeds laga's limit of {} per model dimension",
+                              dim_names[i], dims[i], kMaxModelDim));
       dims_ok = false;
     }
   }
   if (dims_ok && num_layers > 0 && seq_len > 0 && batch > 0) {
     // The largest tensors a run allocates (weights over all layers; activations; the eager kernel's
-    // scores), in fp64 as the reference holds them: each must be countable in int64 bytes, so that no
-    // size computation anywhere overflows.
+    // scores), in fp64 as the reference holds them: each must be countable in int64 bytes, so that
+    // no size computation anywhere overflows.
     const int64_t D = hidden_size, H = num_attention_heads, Lq = q_lora_rank, Lkv = kv_lora_rank;
     const int64_t Dqk = qk_head_dim(), Dv = v_head_dim, Dl = latent_dim(), T = seq_len, B = batch;
     const struct {
@@ -142,45 +164,61 @@ std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) con
       std::vector<int64_t> factors;
     } largest[] = {
         {"the query weight wq_b/wq, over all layers", {num_layers, H, Dqk, std::max(Lq, D)}},
-        {"the key/value weight wkv_b, over all layers", {num_layers, H, Dqk + Dv, std::max(Lkv, Dl)}},
+        {"the key/value weight wkv_b, over all layers",
+         {num_layers, H, Dqk + Dv, std::max(Lkv, Dl)}},
         {"the output weight wo, over all layers", {num_layers, D, H, Dv}},
-        {"the per-head activations [T, B, H, max(Dqk, Dv, Dl)]", {T, B, H, std::max({Dqk, Dv, Dl, D})}},
-        {"the attention scores [B, H, T, T] (as the eager kernel and the planner size them)", {B, H, T, T}},
+        {"the per-head activations [T, B, H, max(Dqk, Dv, Dl)]",
+         {T, B, H, std::max({Dqk, Dv, Dl, D})}},
+        {"the attention scores [B, H, T, T] (as the eager kernel and the planner size them)",
+         {B, H, T, T}},
     };
     for (const auto& t : largest) {
       __int128 bytes = 8;
       for (int64_t f : t.factors) bytes = std::min<__int128>(bytes * f, __int128(1) << 64);
       if (bytes > __int128(INT64_MAX))
-        p.push_back(fmt::format("the configuration is too large to address: {} would exceed 2^63 bytes; reduce "
-                                "--seq, --batch, --layers or the model's dimensions", t.what));
+        p.push_back(fmt::format(
+            "the configuration is too large to address: {} would exceed 2^63 bytes; reduce "
+            "--seq, --batch, --layers or the model's dimensions",
+            t.what));
     }
     if (p.empty()) {
-      // What the dimensions and the RoPE scaling make of the attention: finite and positive, or every
-      // output would be a silent inf or NaN.
+      // What the dimensions and the RoPE scaling make of the attention: finite and positive, or
+      // every output would be a silent inf or NaN.
       const double scale = softmax_scale(), factor = rope_attention_factor(rope());
       if (!(std::isfinite(scale) && scale > 0))
-        p.push_back(fmt::format("the softmax scale comes out as {} (from qk head dim {} and rope_scaling.mscale_all_dim "
-                                "= {}); it must be finite and positive", scale, Dqk, rope_scaling.mscale_all_dim));
+        p.push_back(
+            fmt::format("the softmax scale comes out as {} (from qk head dim {} and "
+                        "rope_scaling.mscale_all_dim "
+                        "= {}); it must be finite and positive",
+                        scale, Dqk, rope_scaling.mscale_all_dim));
       if (!(std::isfinite(factor) && factor > 0))
-        p.push_back(fmt::format("the RoPE attention factor comes out as {} (from rope_scaling.mscale = {}, "
-                                "mscale_all_dim = {}); it must be finite and positive; try mscale = mscale_all_dim = 1",
-                                factor, rope_scaling.mscale, rope_scaling.mscale_all_dim));
+        p.push_back(fmt::format(
+            "the RoPE attention factor comes out as {} (from rope_scaling.mscale = {}, "
+            "mscale_all_dim = {}); it must be finite and positive; try mscale = mscale_all_dim = 1",
+            factor, rope_scaling.mscale, rope_scaling.mscale_all_dim));
     }
   }
   // --ulysses: Pu divides P and H; below P only for laga (the form's own checks follow).
-  if (ulysses < 0) p.push_back(fmt::format("--ulysses {} must be positive (or 0: the whole --sp group)", ulysses));
+  if (ulysses < 0)
+    p.push_back(fmt::format("--ulysses {} must be positive (or 0: the whole --sp group)", ulysses));
   if (ulysses > 0 && sp > 0 && sp % ulysses)
-    p.push_back(fmt::format("--ulysses {} does not divide --sp {}; try {}", ulysses, sp, divisors_str(sp)));
+    p.push_back(
+        fmt::format("--ulysses {} does not divide --sp {}; try {}", ulysses, sp, divisors_str(sp)));
   else if (f && ulysses > 0 && ulysses < sp && f->name() != "laga")  // a condition of the form
-    p.push_back(fmt::format("--ulysses {} (< --sp {}) applies to laga only, not to form '{}'; try --ulysses {} or "
-                            "--form laga", ulysses, sp, form, sp));
+    p.push_back(fmt::format(
+        "--ulysses {} (< --sp {}) applies to laga only, not to form '{}'; try --ulysses {} or "
+        "--form laga",
+        ulysses, sp, form, sp));
   if (kernel == Kernel::eager && attn_backward == AttnBackward::one_pass)
-    p.push_back("--attn-backward one-pass is an order of the fused kernel's backward; use --kernel fused or "
-                "--attn-backward two-pass");
+    p.push_back(
+        "--attn-backward one-pass is an order of the fused kernel's backward; use --kernel fused "
+        "or "
+        "--attn-backward two-pass");
   // The form's own conditions (the head-scatter forms': P | H) come before the sequence's.
   if (f) f->add_problems(*this, p);
   if (sp > 0 && seq_len > 0 && seq_len % sp)
-    p.push_back(fmt::format("--sp {} does not divide --seq {}; try {}", sp, seq_len, divisors_str(seq_len)));
+    p.push_back(fmt::format("--sp {} does not divide --seq {}; try {}", sp, seq_len,
+                            divisors_str(seq_len)));
   if (named && !f) p.push_back(fmt::format("unknown form '{}'; valid: {}", form, form_names()));
   return p;
 }
@@ -241,14 +279,17 @@ nlohmann::json MlaConfig::to_json() const {
 
 namespace {
 
-// An integer field of the configuration JSON (fallback when absent, if given): a JSON integer that fits
-// in int64. A float (64.0, 1e30) is refused rather than converted, which would truncate it or, out of
-// range, be undefined behaviour.
-int64_t json_int(const nlohmann::json& j, const char* key, std::optional<int64_t> fallback = std::nullopt) {
+// An integer field of the configuration JSON (fallback when absent, if given): a JSON integer that
+// fits in int64. A float (64.0, 1e30) is refused rather than converted, which would truncate it or,
+// out of range, be undefined behaviour.
+int64_t json_int(const nlohmann::json& j, const char* key,
+                 std::optional<int64_t> fallback = std::nullopt) {
   if (fallback && !j.contains(key)) return *fallback;
   const nlohmann::json& v = j.at(key);
-  const bool fits = v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX));
-  LAGA_CHECK(fits, "configuration JSON: {} is {}, not an integer in [{}, {}]", key, v.dump(), INT64_MIN, INT64_MAX);
+  const bool fits =
+      v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX));
+  LAGA_CHECK(fits, "configuration JSON: {} is {}, not an integer in [{}, {}]", key, v.dump(),
+             INT64_MIN, INT64_MAX);
   return v.get<int64_t>();
 }
 
@@ -261,7 +302,8 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     c.model = j.value("model", std::string("custom"));
     c.hidden_size = json_int(j, "hidden_size");
     c.num_attention_heads = json_int(j, "num_attention_heads");
-    c.q_lora_rank = j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? json_int(j, "q_lora_rank") : 0;
+    c.q_lora_rank =
+        j.contains("q_lora_rank") && !j["q_lora_rank"].is_null() ? json_int(j, "q_lora_rank") : 0;
     c.kv_lora_rank = json_int(j, "kv_lora_rank");
     c.qk_nope_head_dim = json_int(j, "qk_nope_head_dim");
     c.qk_rope_head_dim = json_int(j, "qk_rope_head_dim");
@@ -273,13 +315,17 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     c.ulysses = json_int(j, "ulysses", 0);
     // A family and its regime ("absorbed" + "absorbed_kv": "shared") name one registered variant.
     if (j.contains("form"))
-      c.form = resolve_form_label(j["form"].get<std::string>(), j.value("absorbed_kv", std::string("expanded")));
+      c.form = resolve_form_label(j["form"].get<std::string>(),
+                                  j.value("absorbed_kv", std::string("expanded")));
     if (j.contains("kernel")) c.kernel = parse_kernel(j["kernel"].get<std::string>());
     if (j.contains("dtype")) c.dtype = parse_dtype(j["dtype"].get<std::string>());
-    if (j.contains("dlatent_sum")) c.dlatent_sum = parse_dlatent_sum(j["dlatent_sum"].get<std::string>());
-    if (j.contains("attn_backward")) c.attn_backward = parse_attn_backward(j["attn_backward"].get<std::string>());
+    if (j.contains("dlatent_sum"))
+      c.dlatent_sum = parse_dlatent_sum(j["dlatent_sum"].get<std::string>());
+    if (j.contains("attn_backward"))
+      c.attn_backward = parse_attn_backward(j["attn_backward"].get<std::string>());
     if (j.contains("overlap")) {
-      LAGA_CHECK(j["overlap"].is_boolean(), "configuration JSON: overlap is {}, not true or false", j["overlap"].dump());
+      LAGA_CHECK(j["overlap"].is_boolean(), "configuration JSON: overlap is {}, not true or false",
+                 j["overlap"].dump());
       c.overlap = j["overlap"].get<bool>();
     }
     c.rms_norm_eps = j.value("rms_norm_eps", 1e-6);
@@ -290,9 +336,11 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     } else {
       const auto& rs = j["rope_scaling"];
       std::string type = rs.value("type", rs.value("rope_type", std::string("yarn")));
-      LAGA_CHECK(type == "yarn", "rope_scaling.type '{}' is not supported; valid: yarn (or null for none)", type);
+      LAGA_CHECK(type == "yarn",
+                 "rope_scaling.type '{}' is not supported; valid: yarn (or null for none)", type);
       c.rope_scaling.factor = rs.at("factor").get<double>();
-      c.rope_scaling.original_max_position_embeddings = json_int(rs, "original_max_position_embeddings");
+      c.rope_scaling.original_max_position_embeddings =
+          json_int(rs, "original_max_position_embeddings");
       c.rope_scaling.beta_fast = rs.value("beta_fast", 32.0);
       c.rope_scaling.beta_slow = rs.value("beta_slow", 1.0);
       c.rope_scaling.mscale = rs.value("mscale", 1.0);

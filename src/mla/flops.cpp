@@ -8,8 +8,10 @@ namespace laga {
 
 BlockFlops block_flops(const MlaConfig& c) {
   const double tokens = double(c.seq_len * c.batch);
-  const double D = double(c.hidden_size), H = double(c.num_attention_heads), Lq = double(c.q_lora_rank);
-  const double Lkv = double(c.kv_lora_rank), Dr = double(c.qk_rope_head_dim), Dn = double(c.qk_nope_head_dim);
+  const double D = double(c.hidden_size), H = double(c.num_attention_heads),
+               Lq = double(c.q_lora_rank);
+  const double Lkv = double(c.kv_lora_rank), Dr = double(c.qk_rope_head_dim),
+               Dn = double(c.qk_nope_head_dim);
   const double Dqk = double(c.qk_head_dim()), Dv = double(c.v_head_dim);
   // Multiply-adds per token: q path, kv down-projection, the up-projection (W_UK, W_UV: the same
   // count whether applied to k/v or folded into q and o), output projection.
@@ -23,28 +25,38 @@ BlockFlops block_flops(const MlaConfig& c) {
   f.forward = (projections + attention + form.extra_forward_flops(c)) * double(c.num_layers);
   // A form's recomputation (Form::recompute_flops) is executed work of its backward, and so is its
   // extra work (Form::extra_backward_flops).
-  f.backward = (2 * projections + 2.5 * attention + form.recompute_flops(c) + form.extra_backward_flops(c)) *
-               double(c.num_layers);
+  f.backward =
+      (2 * projections + 2.5 * attention + form.recompute_flops(c) + form.extra_backward_flops(c)) *
+      double(c.num_layers);
   return f;
 }
 
 std::string_view op_class_name(OpClass k) {
   switch (k) {
-    case OpClass::matmul: return "matmul";
-    case OpClass::attention_forward: return "attention_fwd";
-    case OpClass::attention_backward: return "attention_bwd";
-    case OpClass::elementwise: return "elementwise";
-    case OpClass::accumulate: return "accumulate";
+    case OpClass::matmul:
+      return "matmul";
+    case OpClass::attention_forward:
+      return "attention_fwd";
+    case OpClass::attention_backward:
+      return "attention_bwd";
+    case OpClass::elementwise:
+      return "elementwise";
+    case OpClass::accumulate:
+      return "accumulate";
   }
   return "?";
 }
 
 std::string_view attention_shape_name(AttentionShape s) {
   switch (s) {
-    case AttentionShape::dense: return "dense";
-    case AttentionShape::latent: return "latent";
-    case AttentionShape::mqa: return "mqa";
-    case AttentionShape::laga_fused: return "laga_fused";
+    case AttentionShape::dense:
+      return "dense";
+    case AttentionShape::latent:
+      return "latent";
+    case AttentionShape::mqa:
+      return "mqa";
+    case AttentionShape::laga_fused:
+      return "laga_fused";
   }
   return "?";
 }
@@ -59,10 +71,14 @@ AttentionShape attention_shape_of(std::string_view form) {
 
 std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   const Form& form = form_of(c);
-  const double tok = double(c.seq_len * c.batch), L = double(c.num_layers), s = double(dtype_size(c.dtype));
-  const double D = double(c.hidden_size), H = double(c.num_attention_heads), Lq = double(c.q_lora_rank);
-  const double Lkv = double(c.kv_lora_rank), Dr = double(c.qk_rope_head_dim), Dn = double(c.qk_nope_head_dim);
-  const double Dqk = double(c.qk_head_dim()), Dv = double(c.v_head_dim), Dl = double(c.latent_dim());
+  const double tok = double(c.seq_len * c.batch), L = double(c.num_layers),
+               s = double(dtype_size(c.dtype));
+  const double D = double(c.hidden_size), H = double(c.num_attention_heads),
+               Lq = double(c.q_lora_rank);
+  const double Lkv = double(c.kv_lora_rank), Dr = double(c.qk_rope_head_dim),
+               Dn = double(c.qk_nope_head_dim);
+  const double Dqk = double(c.qk_head_dim()), Dv = double(c.v_head_dim),
+               Dl = double(c.latent_dim());
   const AttentionShape shape = attention_shape_of(c.form);
   const bool absorbed = shape == AttentionShape::latent || shape == AttentionShape::mqa;
   // laga-fused's kernel up-projects K/V inside itself, forward and backward: those products are its
@@ -71,18 +87,21 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   // absorbed-expanded's V and output width: padded to Dl for the fused kernel (design.md §2.3).
   const double Dvo = shape == AttentionShape::latent && c.kernel == Kernel::fused ? Dl : Lkv;
   std::vector<PhaseFlops> out;
-  // A product the form's kernel runs inside itself (inside) carries the kernel's shape, whose rate times it.
+  // A product the form's kernel runs inside itself (inside) carries the kernel's shape, whose rate
+  // times it.
   auto in_kernel_product = [&](PhaseFlops ph, bool inside) {
     if (inside) ph.in_kernel = true, ph.shape = shape;
     out.push_back(std::move(ph));
   };
   auto mm = [&](const char* name, bool bwd, double macs_per_token, bool inside = false) {
     // A linear's backward is two products of its forward's size (dx and dw).
-    in_kernel_product({name, bwd, OpClass::matmul, AttentionShape::dense, (bwd ? 4 : 2) * macs_per_token * tok * L, 0},
+    in_kernel_product({name, bwd, OpClass::matmul, AttentionShape::dense,
+                       (bwd ? 4 : 2) * macs_per_token * tok * L, 0},
                       inside);
   };
   auto ew = [&](const char* name, bool bwd, double elements_per_token) {
-    out.push_back({name, bwd, OpClass::elementwise, AttentionShape::dense, 0, elements_per_token * tok * L * s});
+    out.push_back({name, bwd, OpClass::elementwise, AttentionShape::dense, 0,
+                   elements_per_token * tok * L * s});
   };
   const double attention = form.attention_forward_flops(c) * L;
   // Forward (docs/design.md §2.1, then the core, then wo).
@@ -99,7 +118,8 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   ew("rmsnorm kv_norm, rope k_pe", false, 2 * Lkv + 4 * Dr);
   if (!absorbed) {
     mm("up-projection wkv_b", false, Lkv * H * (Dn + Dv), in_kernel);
-    if (!in_kernel) ew("k, v assembly", false, H * (Dn + Dv) + H * (Dqk + Dv));  // read [k_nope | v], write k and v
+    // read [k_nope | v], write k and v
+    if (!in_kernel) ew("k, v assembly", false, H * (Dn + Dv) + H * (Dqk + Dv));
     if (form.extra_forward_flops(c) > 0)
       out.push_back({"every rank's up-projection", false, OpClass::matmul, AttentionShape::dense,
                      form.extra_forward_flops(c) * L, 0});
@@ -112,8 +132,12 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   // A form's elementwise traffic beyond these phases (the ring forms' merges and accumulators).
   auto extra = [&](bool bwd) {
     const Form::ExtraBytes e = form.extra_elementwise_bytes(c, bwd);
-    if (e.fp32 > 0) out.push_back({"ring merges and fp32 accumulators", bwd, OpClass::accumulate, shape, 0, e.fp32 * L});
-    if (e.storage > 0) out.push_back({"k, v assembly of the other blocks", bwd, OpClass::elementwise, shape, 0, e.storage * L});
+    if (e.fp32 > 0)
+      out.push_back(
+          {"ring merges and fp32 accumulators", bwd, OpClass::accumulate, shape, 0, e.fp32 * L});
+    if (e.storage > 0)
+      out.push_back({"k, v assembly of the other blocks", bwd, OpClass::elementwise, shape, 0,
+                     e.storage * L});
   };
   extra(false);
   if (absorbed) mm("absorb W_UV into o", false, H * Lkv * Dv);
@@ -123,7 +147,8 @@ std::vector<PhaseFlops> phase_flops(const MlaConfig& c) {
   mm("wo", true, H * Dv * D);
   if (absorbed) mm("absorb W_UV into o", true, H * Lkv * Dv);
   if (form.recompute_flops(c) > 0)
-    in_kernel_product({"recompute up-projection", true, OpClass::matmul, AttentionShape::dense, form.recompute_flops(c) * L, 0},
+    in_kernel_product({"recompute up-projection", true, OpClass::matmul, AttentionShape::dense,
+                       form.recompute_flops(c) * L, 0},
                       in_kernel);
   out.push_back({"attention", true, OpClass::attention_backward, shape, 2.5 * attention, 0});
   extra(true);

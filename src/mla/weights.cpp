@@ -16,25 +16,35 @@ const std::vector<WeightSpec>& weight_table() {
       {"attn_norm", "input_layernorm", "RMSNorm before attention", "[D]", &LayerWeights::attn_norm,
        [](D d) -> Shape { return {d.hidden_size}; }},
       {"wq_a", "self_attn.q_a_proj", "W^DQ", "[Lq, D]", &LayerWeights::wq_a,
-       [](D d) -> Shape { return d.q_lora_rank > 0 ? Shape{d.q_lora_rank, d.hidden_size} : Shape{}; }},
+       [](D d) -> Shape {
+         return d.q_lora_rank > 0 ? Shape{d.q_lora_rank, d.hidden_size} : Shape{};
+       }},
       {"q_norm", "self_attn.q_a_layernorm", "RMSNorm on c^Q", "[Lq]", &LayerWeights::q_norm,
        [](D d) -> Shape { return d.q_lora_rank > 0 ? Shape{d.q_lora_rank} : Shape{}; }},
       {"wq_b", "self_attn.q_b_proj", "W^UQ, W^QR", "[H·(Dn+Dr), Lq]", &LayerWeights::wq_b,
        [](D d) -> Shape {
-         return d.q_lora_rank > 0 ? Shape{d.num_attention_heads * d.qk_head_dim(), d.q_lora_rank} : Shape{};
+         return d.q_lora_rank > 0 ? Shape{d.num_attention_heads * d.qk_head_dim(), d.q_lora_rank}
+                                  : Shape{};
        }},
       {"wq", "self_attn.q_proj", "W^Q (q_lora_rank 0)", "[H·(Dn+Dr), D]", &LayerWeights::wq,
        [](D d) -> Shape {
-         return d.q_lora_rank == 0 ? Shape{d.num_attention_heads * d.qk_head_dim(), d.hidden_size} : Shape{};
+         return d.q_lora_rank == 0 ? Shape{d.num_attention_heads * d.qk_head_dim(), d.hidden_size}
+                                   : Shape{};
        }},
       {"wkv_a", "self_attn.kv_a_proj_with_mqa", "W^DKV, W^KR", "[Lkv+Dr, D]", &LayerWeights::wkv_a,
-       [](D d) -> Shape { return {d.kv_lora_rank + d.qk_rope_head_dim, d.hidden_size}; }},
+       [](D d) -> Shape {
+         return {d.kv_lora_rank + d.qk_rope_head_dim, d.hidden_size};
+       }},
       {"kv_norm", "self_attn.kv_a_layernorm", "RMSNorm on c^KV", "[Lkv]", &LayerWeights::kv_norm,
        [](D d) -> Shape { return {d.kv_lora_rank}; }},
       {"wkv_b", "self_attn.kv_b_proj", "W^UK, W^UV", "[H·(Dn+Dv), Lkv]", &LayerWeights::wkv_b,
-       [](D d) -> Shape { return {d.num_attention_heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank}; }},
+       [](D d) -> Shape {
+         return {d.num_attention_heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank};
+       }},
       {"wo", "self_attn.o_proj", "W^O", "[D, H·Dv]", &LayerWeights::wo,
-       [](D d) -> Shape { return {d.hidden_size, d.num_attention_heads * d.v_head_dim}; }},
+       [](D d) -> Shape {
+         return {d.hidden_size, d.num_attention_heads * d.v_head_dim};
+       }},
   };
   return table;
 }
@@ -53,16 +63,22 @@ void visit(LW& w, F&& f) {
 }
 }  // namespace
 
-void LayerWeights::for_each(const std::function<void(const std::string&, Tensor&)>& f) { visit(*this, f); }
-void LayerWeights::for_each(const std::function<void(const std::string&, const Tensor&)>& f) const { visit(*this, f); }
+void LayerWeights::for_each(const std::function<void(const std::string&, Tensor&)>& f) {
+  visit(*this, f);
+}
+void LayerWeights::for_each(const std::function<void(const std::string&, const Tensor&)>& f) const {
+  visit(*this, f);
+}
 
 void Weights::for_each(const std::function<void(const std::string&, Tensor&)>& f) {
   for (size_t l = 0; l < layers.size(); ++l)
-    layers[l].for_each([&](const std::string& n, Tensor& t) { f(fmt::format("layers.{}.{}", l, n), t); });
+    layers[l].for_each(
+        [&](const std::string& n, Tensor& t) { f(fmt::format("layers.{}.{}", l, n), t); });
 }
 void Weights::for_each(const std::function<void(const std::string&, const Tensor&)>& f) const {
   for (size_t l = 0; l < layers.size(); ++l)
-    layers[l].for_each([&](const std::string& n, const Tensor& t) { f(fmt::format("layers.{}.{}", l, n), t); });
+    layers[l].for_each(
+        [&](const std::string& n, const Tensor& t) { f(fmt::format("layers.{}.{}", l, n), t); });
 }
 
 int64_t Weights::bytes() const {
@@ -93,17 +109,24 @@ static Weights make_weights(const MlaConfig& c, DType dtype, const std::string& 
   w.layers.resize(size_t(c.num_layers));
   for (auto& layer : w.layers)
     for (auto& [name, shape] : layer_weight_shapes(c))
-      layer.by_name(name) = zero ? Tensor::zeros(shape, dtype, tag) : Tensor::empty(shape, dtype, tag);
+      layer.by_name(name) =
+          zero ? Tensor::zeros(shape, dtype, tag) : Tensor::empty(shape, dtype, tag);
   return w;
 }
 
-Weights allocate_weights(const MlaConfig& c, const std::string& tag) { return make_weights(c, c.dtype, tag, false); }
-Weights zero_grads(const MlaConfig& c, const std::string& tag) { return make_weights(c, DType::f32, tag, true); }
+Weights allocate_weights(const MlaConfig& c, const std::string& tag) {
+  return make_weights(c, c.dtype, tag, false);
+}
+Weights zero_grads(const MlaConfig& c, const std::string& tag) {
+  return make_weights(c, DType::f32, tag, true);
+}
 
 void init_weights(Weights& w, const MlaConfig& c, uint64_t seed) {
   w.for_each([&](const std::string& name, Tensor& t) {
-    if (t.rank() == 1) fill_normal(t, seed, name, 0.1, 1.0);
-    else fill_normal(t, seed, name, 1.0 / std::sqrt(double(t.dim(1))));
+    if (t.rank() == 1)
+      fill_normal(t, seed, name, 0.1, 1.0);
+    else
+      fill_normal(t, seed, name, 1.0 / std::sqrt(double(t.dim(1))));
   });
 }
 
@@ -118,7 +141,8 @@ void copy_weights(Weights& dst, const Weights& src) {
                i < from.size() ? from[i].first : "(none left)");
     t.copy_from(*from[i++].second);
   });
-  LAGA_CHECK(i == from.size(), "copy_weights: the source has {} tensors, the destination {}", from.size(), i);
+  LAGA_CHECK(i == from.size(), "copy_weights: the source has {} tensors, the destination {}",
+             from.size(), i);
 }
 
 }  // namespace laga

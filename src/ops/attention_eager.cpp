@@ -4,9 +4,9 @@
 // product is computed and discarded, as PyTorch does. Each K/V head is first packed into a dense
 // [T, Dqk + Dv] tile (attn.kv_head), shared by its group's query heads: oneDNN's summation order
 // depends on an operand's row stride, so a form that holds K and V head by head (laga-recompute's
-// backward) gets the same bits as one that holds every head (measured: verify, eager fp32 at P 1). Row softmax and its
-// backward are vectorised. It holds no tiling and no online softmax (attention_fused.cpp does).
-// Forward equations and the derived backward: docs/attention.md §1–§2.
+// backward) gets the same bits as one that holds every head (measured: verify, eager fp32 at P 1).
+// Row softmax and its backward are vectorised. It holds no tiling and no online softmax
+// (attention_fused.cpp does). Forward equations and the derived backward: docs/attention.md §1–§2.
 #include "attention_internal.hpp"
 #include "laga/ops/matmul.hpp"
 
@@ -16,8 +16,9 @@ namespace {
 
 // One product per head, C (=, or += when accumulate) = alpha · A B, each on all threads (oneDNN's
 // strided single products run faster here than its head-batched ones).
-void product(int64_t M, int64_t N, int64_t K, DType ab, DType c_dtype, const void* a, int64_t a_m, int64_t a_k,
-             const void* b, int64_t b_k, int64_t b_n, void* c, int64_t c_m, float alpha, bool accumulate) {
+void product(int64_t M, int64_t N, int64_t K, DType ab, DType c_dtype, const void* a, int64_t a_m,
+             int64_t a_k, const void* b, int64_t b_k, int64_t b_n, void* c, int64_t c_m,
+             float alpha, bool accumulate) {
   MatmulParams mp;
   mp.M = M, mp.N = N, mp.K = K;
   mp.ab_dtype = ab, mp.c_dtype = c_dtype, mp.alpha = alpha, mp.accumulate = accumulate;
@@ -55,7 +56,8 @@ void softmax_rows(const AttentionFwdParams& p, float* s, T* probs) {
 // dS = P∘(dP − rowsum(P∘dP)), masked entries 0. dP [B, Hq, T, T] fp32; dS like P in T (may alias dP
 // when T is float).
 template <class T>
-void softmax_grad_rows(const AttentionFwdParams& p, const T* probs, const float* dprobs, T* dscores) {
+void softmax_grad_rows(const AttentionFwdParams& p, const T* probs, const float* dprobs,
+                       T* dscores) {
   const int64_t rows = p.B * p.Hq * p.T;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -70,8 +72,8 @@ void softmax_grad_rows(const AttentionFwdParams& p, const T* probs, const float*
 
 // out[t, b, hk, :] = mul · acc[b, hk, t, :] for an fp32 accumulator [B, Hkv, T, D].
 template <class T>
-void store_acc(const AttentionFwdParams& p, const float* acc, void* out, const AttentionStrides& s, int64_t D,
-               float mul) {
+void store_acc(const AttentionFwdParams& p, const float* acc, void* out, const AttentionStrides& s,
+               int64_t D, float mul) {
   const int64_t rows = p.B * p.Hkv * p.T;
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
@@ -128,8 +130,8 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
     for (int64_t hk = 0; hk < p.Hkv; ++hk) {
       pack_kv_head<T>(p, b, hk, k_h);
       for (int64_t h = hk * g; h < (hk + 1) * g; ++h)  // O = P V  ⇒  dP = dO Vᵀ
-        product(T_, T_, p.Dv, dt, f32, at<T>(p.dout, p.dout_stride, 0, b, h), p.dout_stride.t, 1, v_h, 1, W,
-                dprobs.data<float>() + (b * p.Hq + h) * TT, T_, 1.0f, false);
+        product(T_, T_, p.Dv, dt, f32, at<T>(p.dout, p.dout_stride, 0, b, h), p.dout_stride.t, 1,
+                v_h, 1, W, dprobs.data<float>() + (b * p.Hq + h) * TT, T_, 1.0f, false);
     }
   // P = softmax(S)  ⇒  dS = P∘(dP − rowsum(P∘dP)); in place over dP in fp32.
   constexpr bool low = !std::is_same_v<T, float>;
@@ -141,8 +143,8 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
     for (int64_t hk = 0; hk < p.Hkv; ++hk) {
       pack_kv_head<T>(p, b, hk, k_h);
       for (int64_t h = hk * g; h < (hk + 1) * g; ++h)  // S = scale · Q Kᵀ  ⇒  dQ = scale · dS K
-        product(T_, p.Dqk, T_, dt, dt, ds + (b * p.Hq + h) * TT, T_, 1, k_h, W, 1, at<T>(p.dq, p.dq_stride, 0, b, h),
-                p.dq_stride.t, p.scale, false);
+        product(T_, p.Dqk, T_, dt, dt, ds + (b * p.Hq + h) * TT, T_, 1, k_h, W, 1,
+                at<T>(p.dq, p.dq_stride, 0, b, h), p.dq_stride.t, p.scale, false);
     }
   plan.release("attn.kv_head", kv);
   // dK = scale · Σ_u dS_uᵀ Q_u and dV = Σ_u P_uᵀ dO_u over the group's heads h = hk·g + u: straight
@@ -161,10 +163,11 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
           const T* a = tt + (b * p.Hq + h) * TT;
           const T* xb = at<T>(x, xs, 0, b, h);
           if (g == 1)
-            product(T_, D, T_, dt, dt, a, 1, T_, xb, xs.t, 1, at<T>(out, os, 0, b, hk), os.t, alpha, false);
+            product(T_, D, T_, dt, dt, a, 1, T_, xb, xs.t, 1, at<T>(out, os, 0, b, hk), os.t, alpha,
+                    false);
           else
-            product(T_, D, T_, dt, f32, a, 1, T_, xb, xs.t, 1, acc.data<float>() + (b * p.Hkv + hk) * T_ * D, D,
-                    alpha, u > 0);
+            product(T_, D, T_, dt, f32, a, 1, T_, xb, xs.t, 1,
+                    acc.data<float>() + (b * p.Hkv + hk) * T_ * D, D, alpha, u > 0);
         }
   };
   key_side(ds, p.q, p.q_stride, p.Dqk, p.dk, p.dk_stride, dk_acc, p.scale);
@@ -187,11 +190,13 @@ void backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
 }  // namespace
 
 AttentionSaved eager_forward(const AttentionFwdParams& p) {
-  return dispatch_dtype(p.dtype, [&](auto* tag) { return forward<std::remove_pointer_t<decltype(tag)>>(p); });
+  return dispatch_dtype(
+      p.dtype, [&](auto* tag) { return forward<std::remove_pointer_t<decltype(tag)>>(p); });
 }
 
 void eager_backward(const AttentionBwdParams& p, const AttentionSaved& saved) {
-  dispatch_dtype(p.dtype, [&](auto* tag) { backward<std::remove_pointer_t<decltype(tag)>>(p, saved); });
+  dispatch_dtype(p.dtype,
+                 [&](auto* tag) { backward<std::remove_pointer_t<decltype(tag)>>(p, saved); });
 }
 
 }  // namespace laga::attn

@@ -1,12 +1,13 @@
-// matmul (ops/matmul.hpp) on oneDNN. Two rules make a product's bits a function of its shape, strides
-// and dtypes alone, on every ISA:
-// - Fixed tiles. C is cut into tiles of kTileRows × kTileCols (a batch entry at a time), and each tile
-//   is one single-threaded oneDNN product over the whole K; outside a parallel region the tiles are
-//   shared among the thread's team. oneDNN's own threading may split K among threads by the thread
-//   count (its AVX2 gemm does), which would make the bits depend on the cores a rank has; the tiles
-//   never depend on it.
-// - bf16 without a bf16 matmul (core/isa.hpp) runs on dense fp32 copies of A and B (C's too when C is
-//   bf16: widened when accumulating, rounded back once after the product): oneDNN's bf16 semantics.
+// matmul (ops/matmul.hpp) on oneDNN. Two rules make a product's bits a function of its shape,
+// strides and dtypes alone, on every ISA:
+// - Fixed tiles. C is cut into tiles of kTileRows × kTileCols (a batch entry at a time), and each
+//   tile is one single-threaded oneDNN product over the whole K; outside a parallel region the
+//   tiles are shared among the thread's team. oneDNN's own threading may split K among threads by
+//   the thread count (its AVX2 gemm does), which would make the bits depend on the cores a rank
+//   has; the tiles never depend on it.
+// - bf16 without a bf16 matmul (core/isa.hpp) runs on dense fp32 copies of A and B (C's too when C
+//   is bf16: widened when accumulating, rounded back once after the product): oneDNN's bf16
+//   semantics.
 #include "laga/ops/matmul.hpp"
 
 #include <omp.h>
@@ -43,10 +44,10 @@ dnnl::memory::data_type dnnl_type(DType t) {
 }
 
 // oneDNN's scratchpad (scratchpad_mode::user) and the widened path's fp32 copies, managed here: one
-// block per thread and role, grown as needed, taken from the caching allocator (reserved bytes, never
-// a tracker's) and given back when the thread ends. A rank's thread lives for one run; with the
-// library's own per-thread scratchpad every run paid the first touch of fresh pages again. The next
-// run's thread gets the same pages back from the cache.
+// block per thread and role, grown as needed, taken from the caching allocator (reserved bytes,
+// never a tracker's) and given back when the thread ends. A rank's thread lives for one run; with
+// the library's own per-thread scratchpad every run paid the first touch of fresh pages again. The
+// next run's thread gets the same pages back from the cache.
 class Scratch {
  public:
   ~Scratch() {
@@ -72,15 +73,17 @@ struct Cached {
 };
 
 std::string key_of(const MatmulParams& p) {
-  return fmt::format("{},{},{},{},{},{}|{},{},{}|{},{},{}|{},{},{}|{},{}", p.batch, p.M, p.N, p.K, int(p.ab_dtype),
-                     int(p.c_dtype), p.a_batch_stride, p.a_m_stride, p.a_k_stride, p.b_batch_stride, p.b_k_stride,
-                     p.b_n_stride, p.c_batch_stride, p.c_m_stride, p.c_n_stride, p.alpha, p.accumulate);
+  return fmt::format("{},{},{},{},{},{}|{},{},{}|{},{},{}|{},{},{}|{},{}", p.batch, p.M, p.N, p.K,
+                     int(p.ab_dtype), int(p.c_dtype), p.a_batch_stride, p.a_m_stride, p.a_k_stride,
+                     p.b_batch_stride, p.b_k_stride, p.b_n_stride, p.c_batch_stride, p.c_m_stride,
+                     p.c_n_stride, p.alpha, p.accumulate);
 }
 
 Cached make(const MatmulParams& p) {
   using dims = dnnl::memory::dims;
   auto md = [&](int64_t d0, int64_t d1, int64_t s_b, int64_t s0, int64_t s1, DType t) {
-    return dnnl::memory::desc(dims{p.batch, d0, d1}, dnnl_type(t), dims{p.batch > 1 ? s_b : d0 * d1, s0, s1});
+    return dnnl::memory::desc(dims{p.batch, d0, d1}, dnnl_type(t),
+                              dims{p.batch > 1 ? s_b : d0 * d1, s0, s1});
   };
   auto a_md = md(p.M, p.K, p.a_batch_stride, p.a_m_stride, p.a_k_stride, p.ab_dtype);
   auto b_md = md(p.K, p.N, p.b_batch_stride, p.b_k_stride, p.b_n_stride, p.ab_dtype);
@@ -97,17 +100,20 @@ Cached make(const MatmulParams& p) {
   try {
     pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), attr, engine());
   } catch (const dnnl::error& e) {
-    LAGA_ASSERT(false, "oneDNN has no matmul for batch {} M {} N {} K {} ({} -> {}): {}", p.batch, p.M, p.N, p.K,
-                dtype_name(p.ab_dtype), dtype_name(p.c_dtype), e.what());
+    LAGA_ASSERT(false, "oneDNN has no matmul for batch {} M {} N {} K {} ({} -> {}): {}", p.batch,
+                p.M, p.N, p.K, dtype_name(p.ab_dtype), dtype_name(p.c_dtype), e.what());
   }
-  return Cached{dnnl::matmul(pd), dnnl::memory(a_md, engine(), DNNL_MEMORY_NONE),
-                dnnl::memory(b_md, engine(), DNNL_MEMORY_NONE), dnnl::memory(c_md, engine(), DNNL_MEMORY_NONE),
-                dnnl::memory(pd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE), pd.scratchpad_desc().get_size()};
+  return Cached{dnnl::matmul(pd),
+                dnnl::memory(a_md, engine(), DNNL_MEMORY_NONE),
+                dnnl::memory(b_md, engine(), DNNL_MEMORY_NONE),
+                dnnl::memory(c_md, engine(), DNNL_MEMORY_NONE),
+                dnnl::memory(pd.scratchpad_desc(), engine(), DNNL_MEMORY_NONE),
+                pd.scratchpad_desc().get_size()};
 }
 
-// One product on the calling thread alone: oneDNN plans and runs it for one thread (its thread count
-// is the calling thread's OpenMP one), so neither the rank's cores nor an enclosing parallel region
-// can change how it splits the work.
+// One product on the calling thread alone: oneDNN plans and runs it for one thread (its thread
+// count is the calling thread's OpenMP one), so neither the rank's cores nor an enclosing parallel
+// region can change how it splits the work.
 class SingleThreaded {
  public:
   SingleThreaded() : saved_(omp_get_max_threads()) {
@@ -135,7 +141,8 @@ void run_one(const MatmulParams& p) {
   c.a.set_data_handle(const_cast<void*>(p.a));
   c.b.set_data_handle(const_cast<void*>(p.b));
   c.c.set_data_handle(p.c);
-  std::unordered_map<int, dnnl::memory> args{{DNNL_ARG_SRC, c.a}, {DNNL_ARG_WEIGHTS, c.b}, {DNNL_ARG_DST, c.c}};
+  std::unordered_map<int, dnnl::memory> args{
+      {DNNL_ARG_SRC, c.a}, {DNNL_ARG_WEIGHTS, c.b}, {DNNL_ARG_DST, c.c}};
   if (c.scratch_bytes) {
     thread_local Scratch scratch;
     c.scratch.set_data_handle(scratch.get(c.scratch_bytes));
@@ -148,7 +155,8 @@ void run_one(const MatmulParams& p) {
 // The product as fixed tiles of C, each over the whole K, on the thread's team outside a parallel
 // region and on the calling thread inside one.
 void run_tiles(const MatmulParams& p) {
-  const int64_t row_tiles = (p.M + kTileRows - 1) / kTileRows, col_tiles = (p.N + kTileCols - 1) / kTileCols;
+  const int64_t row_tiles = (p.M + kTileRows - 1) / kTileRows,
+                col_tiles = (p.N + kTileCols - 1) / kTileCols;
   const int64_t tiles = p.batch * row_tiles * col_tiles;
   const int64_t a_size = dtype_size(p.ab_dtype), c_size = dtype_size(p.c_dtype);
   auto tile = [&](int64_t i) {
@@ -158,7 +166,8 @@ void run_tiles(const MatmulParams& p) {
     t.batch = 1, t.M = std::min(kTileRows, p.M - m0), t.N = std::min(kTileCols, p.N - n0);
     t.a = static_cast<const char*>(p.a) + (b * p.a_batch_stride + m0 * p.a_m_stride) * a_size;
     t.b = static_cast<const char*>(p.b) + (b * p.b_batch_stride + n0 * p.b_n_stride) * a_size;
-    t.c = static_cast<char*>(p.c) + (b * p.c_batch_stride + m0 * p.c_m_stride + n0 * p.c_n_stride) * c_size;
+    t.c = static_cast<char*>(p.c) +
+          (b * p.c_batch_stride + m0 * p.c_m_stride + n0 * p.c_n_stride) * c_size;
     t.a_batch_stride = t.b_batch_stride = t.c_batch_stride = 0;
     run_one(t);
   };
@@ -171,8 +180,8 @@ void run_tiles(const MatmulParams& p) {
 }
 
 // An operand [batch, rows, cols] at element strides, and the layout of its dense fp32 copy: the
-// copy keeps the operand's orientation (rows contiguous where its columns are, columns where its rows
-// are), so a transposed view converts line by line of its storage.
+// copy keeps the operand's orientation (rows contiguous where its columns are, columns where its
+// rows are), so a transposed view converts line by line of its storage.
 struct Operand {
   int64_t batch = 1, rows = 0, cols = 0, s_batch = 0, s_row = 0, s_col = 1;
   bool col_major() const { return s_col != 1 && s_row == 1; }
@@ -181,8 +190,8 @@ struct Operand {
   int64_t elements() const { return batch * rows * cols; }
 };
 
-// wide (dense, o's wide strides) = the bf16 operand widened; or, when narrow, the bf16 operand = wide
-// rounded. On the calling thread inside a parallel region, on the thread's team outside one.
+// wide (dense, o's wide strides) = the bf16 operand widened; or, when narrow, the bf16 operand =
+// wide rounded. On the calling thread inside a parallel region, on the thread's team outside one.
 void convert(const Operand& o, const bf16* bf16_data, float* wide, bool narrow) {
   const bool cm = o.col_major();
   const int64_t outer = cm ? o.cols : o.rows, inner = cm ? o.rows : o.cols;
@@ -190,18 +199,23 @@ void convert(const Operand& o, const bf16* bf16_data, float* wide, bool narrow) 
   const rows::Kernels& k = rows::kernels();
   auto* base = const_cast<bf16*>(bf16_data);
   const int64_t lines = o.batch * outer;
-#pragma omp parallel for schedule(static) if (!omp_in_parallel() && o.elements() >= (int64_t(1) << 16))
+#pragma omp parallel for schedule(static) if (!omp_in_parallel() && \
+                                              o.elements() >= (int64_t(1) << 16))
   for (int64_t line = 0; line < lines; ++line) {
     bf16* s = base + line / outer * o.s_batch + line % outer * s_outer;
     float* w = wide + line * inner;
     if (s_inner == 1) {
-      if (narrow) k.narrow(w, s, inner);
-      else k.widen(s, w, inner);
+      if (narrow)
+        k.narrow(w, s, inner);
+      else
+        k.widen(s, w, inner);
       continue;
     }
     for (int64_t j = 0; j < inner; ++j) {
-      if (narrow) s[j * s_inner] = to_bf16(w[j]);
-      else w[j] = to_float(s[j * s_inner]);
+      if (narrow)
+        s[j * s_inner] = to_bf16(w[j]);
+      else
+        w[j] = to_float(s[j * s_inner]);
     }
   }
 }
@@ -218,13 +232,16 @@ void run_widened(const MatmulParams& p) {
   convert(ob, static_cast<const bf16*>(p.b), wb, false);
   MatmulParams f = p;
   f.ab_dtype = DType::f32;
-  f.a = wa, f.a_batch_stride = oa.rows * oa.cols, f.a_m_stride = oa.wide_row_stride(), f.a_k_stride = oa.wide_col_stride();
-  f.b = wb, f.b_batch_stride = ob.rows * ob.cols, f.b_k_stride = ob.wide_row_stride(), f.b_n_stride = ob.wide_col_stride();
+  f.a = wa, f.a_batch_stride = oa.rows * oa.cols, f.a_m_stride = oa.wide_row_stride(),
+  f.a_k_stride = oa.wide_col_stride();
+  f.b = wb, f.b_batch_stride = ob.rows * ob.cols, f.b_k_stride = ob.wide_row_stride(),
+  f.b_n_stride = ob.wide_col_stride();
   if (p.c_dtype == DType::f32) return run_tiles(f);
   auto* wc = static_cast<float*>(wide_c.get(size_t(oc.elements()) * sizeof(float)));
   if (p.accumulate) convert(oc, static_cast<const bf16*>(p.c), wc, false);
   f.c_dtype = DType::f32;
-  f.c = wc, f.c_batch_stride = oc.rows * oc.cols, f.c_m_stride = oc.wide_row_stride(), f.c_n_stride = oc.wide_col_stride();
+  f.c = wc, f.c_batch_stride = oc.rows * oc.cols, f.c_m_stride = oc.wide_row_stride(),
+  f.c_n_stride = oc.wide_col_stride();
   run_tiles(f);
   convert(oc, static_cast<const bf16*>(p.c), wc, true);
 }
@@ -237,12 +254,16 @@ void matmul(const MatmulParams& p) {
     LAGA_ASSERT(p.accumulate, "matmul with K = 0 and overwrite is not supported");
     return;
   }
-  OpTimer timer(ProfiledOp::matmul, 2.0 * double(p.batch) * double(p.M) * double(p.N) * double(p.K));
+  OpTimer timer(ProfiledOp::matmul,
+                2.0 * double(p.batch) * double(p.M) * double(p.N) * double(p.K));
   if (timer.recording())
-    timer.set_shape(p.batch > 1 ? fmt::format("{}×{}×{}×{} {}", p.batch, p.M, p.N, p.K, dtype_name(p.ab_dtype))
-                                : fmt::format("{}×{}×{} {}", p.M, p.N, p.K, dtype_name(p.ab_dtype)));
-  if (p.ab_dtype == DType::bf16 && !bf16_matmul_native()) run_widened(p);
-  else run_tiles(p);
+    timer.set_shape(
+        p.batch > 1 ? fmt::format("{}×{}×{}×{} {}", p.batch, p.M, p.N, p.K, dtype_name(p.ab_dtype))
+                    : fmt::format("{}×{}×{} {}", p.M, p.N, p.K, dtype_name(p.ab_dtype)));
+  if (p.ab_dtype == DType::bf16 && !bf16_matmul_native())
+    run_widened(p);
+  else
+    run_tiles(p);
   progress_point();
 }
 
@@ -253,8 +274,8 @@ MatView MatView::t() const {
 }
 
 MatView MatView::col_slice(int64_t begin, int64_t end) const {
-  LAGA_ASSERT(!transposed && 0 <= begin && begin <= end && end <= cols, "column slice [{}, {}) of a {}-column view",
-              begin, end, cols);
+  LAGA_ASSERT(!transposed && 0 <= begin && begin <= end && end <= cols,
+              "column slice [{}, {}) of a {}-column view", begin, end, cols);
   MatView v = *this;
   v.data = static_cast<char*>(data) + begin * dtype_size(dtype);
   v.cols = end - begin;

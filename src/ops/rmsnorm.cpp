@@ -1,9 +1,9 @@
 // RMSNorm forward and backward on the CPU: rows in parallel, fp32 arithmetic whatever the storage,
-// except the weight gradient's sum over rows, which is in fp64 (each product dy·x·r too) and rounded
-// once into dw: summed in fp32 over a rank's T·B/P rows it was the largest error of the norm
-// gradients (docs/block.md §4.2, docs/numerics.md §3). The cost is C·M products in fp64, nothing beside
-// the attention. Summed over rows in a fixed order (column blocks in parallel), so results do not
-// depend on the thread count.
+// except the weight gradient's sum over rows, which is in fp64 (each product dy·x·r too) and
+// rounded once into dw: summed in fp32 over a rank's T·B/P rows it was the largest error of the
+// norm gradients (docs/block.md §4.2, docs/numerics.md §3). The cost is C·M products in fp64,
+// nothing beside the attention. Summed over rows in a fixed order (column blocks in parallel), so
+// results do not depend on the thread count.
 #include "laga/ops/rmsnorm.hpp"
 
 #include <cmath>
@@ -65,12 +65,14 @@ void backward_impl(const RmsNormBwdParams& p) {
     for (int64_t m = 0; m < p.M; ++m) {
       const T* xr = x + m * p.x_stride;
       const T* dyr = dy + m * p.dy_stride;
-      for (int64_t c = c0; c < c1; ++c) acc[c - c0] += double(to_float(dyr[c])) * double(to_float(xr[c])) * double(r[m]);
+      for (int64_t c = c0; c < c1; ++c)
+        acc[c - c0] += double(to_float(dyr[c])) * double(to_float(xr[c])) * double(r[m]);
     }
     dispatch_dtype(p.dw_dtype, [&](auto* tag) {
       using G = std::remove_pointer_t<decltype(tag)>;
       G* dw = static_cast<G*>(p.dw);
-      for (int64_t c = c0; c < c1; ++c) dw[c] = from_float<G>(float(double(to_float(dw[c])) + acc[c - c0]));
+      for (int64_t c = c0; c < c1; ++c)
+        dw[c] = from_float<G>(float(double(to_float(dw[c])) + acc[c - c0]));
     });
   }
 }
@@ -79,18 +81,20 @@ void backward_impl(const RmsNormBwdParams& p) {
 
 void rmsnorm_forward(const RmsNormParams& p) {
   if (meta_mode()) return;
-  dispatch_dtype(p.dtype, [&](auto* tag) { forward_impl<std::remove_pointer_t<decltype(tag)>>(p); });
+  dispatch_dtype(p.dtype,
+                 [&](auto* tag) { forward_impl<std::remove_pointer_t<decltype(tag)>>(p); });
 }
 
 void rmsnorm_backward(const RmsNormBwdParams& p) {
-  dispatch_dtype(p.dtype, [&](auto* tag) { backward_impl<std::remove_pointer_t<decltype(tag)>>(p); });
+  dispatch_dtype(p.dtype,
+                 [&](auto* tag) { backward_impl<std::remove_pointer_t<decltype(tag)>>(p); });
 }
 
 Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const std::string& tag) {
   const int64_t C = x.dim(-1);
   check_shape(w, {C}, "rmsnorm weight");
-  LAGA_CHECK(w.dtype() == x.dtype(), "rmsnorm '{}': weight is {}, input {}", tag, dtype_name(w.dtype()),
-             dtype_name(x.dtype()));
+  LAGA_CHECK(w.dtype() == x.dtype(), "rmsnorm '{}': weight is {}, input {}", tag,
+             dtype_name(w.dtype()), dtype_name(x.dtype()));
   Tensor y = Tensor::empty(x.shape(), x.dtype(), tag);
   RmsNormParams p;
   p.M = x.numel() / C, p.C = C, p.dtype = x.dtype(), p.eps = eps;
@@ -99,7 +103,8 @@ Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const std::
   return y;
 }
 
-void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, double eps, Tensor& dx, Tensor& dw) {
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, double eps, Tensor& dx,
+                      Tensor& dw) {
   const int64_t C = x.dim(-1);
   check_shape(dy, x.shape(), "rmsnorm dy");
   check_shape(dx, x.shape(), "rmsnorm dx");
@@ -107,7 +112,8 @@ void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, double
   RmsNormBwdParams p;
   p.M = x.numel() / C, p.C = C, p.dtype = x.dtype(), p.eps = eps;
   p.x = x.raw(), p.x_stride = C, p.w = w.raw();
-  p.dy = dy.raw(), p.dy_stride = C, p.dx = dx.raw(), p.dx_stride = C, p.dw = dw.raw(), p.dw_dtype = dw.dtype();
+  p.dy = dy.raw(), p.dy_stride = C, p.dx = dx.raw(), p.dx_stride = C, p.dw = dw.raw(),
+  p.dw_dtype = dw.dtype();
   rmsnorm_backward(p);
 }
 

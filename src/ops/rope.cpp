@@ -46,21 +46,26 @@ void run(const RopeParams& p, double sign) {
 
 }  // namespace
 
-double yarn_mscale(double factor, double m) { return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; }
+double yarn_mscale(double factor, double m) {
+  return factor <= 1 ? 1.0 : 0.1 * m * std::log(factor) + 1.0;
+}
 
 double rope_attention_factor(const RopeSpec& s) {
   if (!s.scaling.enabled) return 1.0;
-  return yarn_mscale(s.scaling.factor, s.scaling.mscale) / yarn_mscale(s.scaling.factor, s.scaling.mscale_all_dim);
+  return yarn_mscale(s.scaling.factor, s.scaling.mscale) /
+         yarn_mscale(s.scaling.factor, s.scaling.mscale_all_dim);
 }
 
 std::vector<double> rope_inv_freq(const RopeSpec& s) {
   const int64_t Dr = s.Dr;
   std::vector<double> inv(size_t(Dr / 2));
-  for (int64_t i = 0; i < Dr / 2; ++i) inv[size_t(i)] = std::pow(s.theta, -2.0 * double(i) / double(Dr));
+  for (int64_t i = 0; i < Dr / 2; ++i)
+    inv[size_t(i)] = std::pow(s.theta, -2.0 * double(i) / double(Dr));
   if (!s.scaling.enabled) return inv;
   const auto& rs = s.scaling;
   auto corr = [&](double n) {
-    return double(Dr) * std::log(double(rs.original_max_position_embeddings) / (n * 2 * M_PI)) / (2 * std::log(s.theta));
+    return double(Dr) * std::log(double(rs.original_max_position_embeddings) / (n * 2 * M_PI)) /
+           (2 * std::log(s.theta));
   };
   double low = std::max(std::floor(corr(rs.beta_fast)), 0.0);
   double high = std::min(std::ceil(corr(rs.beta_slow)), double(Dr - 1));

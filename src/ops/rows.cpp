@@ -1,7 +1,7 @@
 // The row operations of rows.hpp over Google Highway: this file is compiled once per SIMD target
-// (hwy/foreach_target.h re-includes it), and kernels() hands out the table of the best target the CPU
-// has under LAGA_MAX_ISA. A row's tail (fewer elements than a vector holds) goes through a small
-// buffer, so no lane reads or writes past the row.
+// (hwy/foreach_target.h re-includes it), and kernels() hands out the table of the best target the
+// CPU has under LAGA_MAX_ISA. A row's tail (fewer elements than a vector holds) goes through a
+// small buffer, so no lane reads or writes past the row.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "src/ops/rows.cpp"
 #include <hwy/foreach_target.h>  // IWYU pragma: keep
@@ -29,7 +29,8 @@ HWY_INLINE VF load(DF d, const float* p) { return hn::LoadU(d, p); }
 HWY_INLINE VF load(DF d, const bf16* p) {
   const hn::Rebind<uint16_t, DF> du16;
   const hn::RebindToUnsigned<DF> du32;
-  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)))));
+  return hn::BitCast(d, hn::ShiftLeft<16>(hn::PromoteTo(
+                            du32, hn::LoadU(du16, reinterpret_cast<const uint16_t*>(p)))));
 }
 HWY_INLINE void store(DF d, VF v, float* p) { hn::StoreU(v, d, p); }
 // Round to nearest even, a NaN kept quiet: to_bf16() lane by lane.
@@ -54,7 +55,7 @@ HWY_INLINE VF load(DF d, const NativeBf16* p) { return load(d, reinterpret_cast<
 HWY_INLINE void store(DF d, VF v, NativeBf16* p) {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   const VF a = hn::Abs(v);
-  if (HWY_UNLIKELY(!hn::AllFalse(d, hn::And(a < hn::Set(d, 0x1p-126f), a > hn::Zero(d)))))
+  if (HWY_UNLIKELY(!hn::AllFalse(d, hn::And(a<hn::Set(d, 0x1p-126f), a> hn::Zero(d)))))
     return store(d, v, reinterpret_cast<bf16*>(p));
   __m256i out;
   asm("vcvtneps2bf16 %1, %0" : "=v"(out) : "v"(v.raw));
@@ -88,8 +89,8 @@ HWY_INLINE float sum_lanes(DF d, VF v) { return hn::GetLane(hn::SumOfLanes(d, v)
 HWY_INLINE double sum_lanes(DD d, VD v) { return hn::GetLane(hn::SumOfLanes(d, v)); }
 
 // 2^x for x ≤ 63: 2^round(x) · poly(x − round(x)), the degree-6 Taylor series of 2^f on [−½, ½]
-// (relative error < 2e-7); inputs below −150 give 0. The power of two is applied as 2^(n+64) (exact)
-// then 2^−64 (one rounding, into the subnormals where the result lies there).
+// (relative error < 2e-7); inputs below −150 give 0. The power of two is applied as 2^(n+64)
+// (exact) then 2^−64 (one rounding, into the subnormals where the result lies there).
 HWY_INLINE VF exp2(DF d, VF x) {
   const hn::RebindToSigned<DF> di;
   x = hn::Max(x, hn::Set(d, -150.0f));
@@ -115,8 +116,10 @@ HWY_INLINE VF exp2(DF d, VF x) {
 HWY_INLINE void fma_f64(VF x, VF y, VD& lo, VD& hi) {
   const DH dh;
   const DD dd;
-  lo = hn::MulAdd(hn::PromoteTo(dd, hn::LowerHalf(dh, x)), hn::PromoteTo(dd, hn::LowerHalf(dh, y)), lo);
-  hi = hn::MulAdd(hn::PromoteTo(dd, hn::UpperHalf(dh, x)), hn::PromoteTo(dd, hn::UpperHalf(dh, y)), hi);
+  lo = hn::MulAdd(hn::PromoteTo(dd, hn::LowerHalf(dh, x)), hn::PromoteTo(dd, hn::LowerHalf(dh, y)),
+                  lo);
+  hi = hn::MulAdd(hn::PromoteTo(dd, hn::UpperHalf(dh, x)), hn::PromoteTo(dd, hn::UpperHalf(dh, y)),
+                  hi);
 }
 HWY_INLINE void add_f64(VF x, VD& lo, VD& hi) {
   const DH dh;
@@ -131,7 +134,9 @@ float row_max(const float* x, int64_t n) {
   VF m = hn::Set(d, -INFINITY);
   int64_t k = 0;
   for (; k + N <= n; k += N) m = hn::Max(m, hn::LoadU(d, x + k));
-  if (k < n) m = hn::Max(m, hn::IfThenElse(hn::FirstN(d, size_t(n - k)), load_n(d, x + k, n - k), hn::Set(d, -INFINITY)));
+  if (k < n)
+    m = hn::Max(m, hn::IfThenElse(hn::FirstN(d, size_t(n - k)), load_n(d, x + k, n - k),
+                                  hn::Set(d, -INFINITY)));
   return hn::GetLane(hn::MaxOfLanes(d, m));
 }
 
@@ -148,7 +153,8 @@ float row_exp2(const float* s, P* p, int64_t n, int64_t nk, float c, float m) {
     store(d, e, p + k);
   }
   if (k < n) {
-    const VF e = hn::IfThenElseZero(hn::FirstN(d, size_t(n - k)), exp2(d, hn::MulAdd(load_n(d, s + k, n - k), vc, vm)));
+    const VF e = hn::IfThenElseZero(hn::FirstN(d, size_t(n - k)),
+                                    exp2(d, hn::MulAdd(load_n(d, s + k, n - k), vc, vm)));
     sum = sum + e;
     store_n(d, e, p + k, std::min(N, nk - k));
     k += N;
@@ -167,15 +173,16 @@ float tile_delta_row(const float* s, const float* dp, int64_t n, float c, float 
     const bool full = k + N <= n;
     const VF sv = full ? hn::LoadU(d, s + k) : load_n(d, s + k, n - k);
     const VF dv = full ? hn::LoadU(d, dp + k) : load_n(d, dp + k, n - k);
-    const VF pr = hn::IfThenElseZero(hn::FirstN(d, size_t(std::min(N, n - k))), exp2(d, hn::MulSub(sv, vc, vl)));
+    const VF pr = hn::IfThenElseZero(hn::FirstN(d, size_t(std::min(N, n - k))),
+                                     exp2(d, hn::MulSub(sv, vc, vl)));
     fma_f64(pr, dv, sum_lo, sum_hi);
     add_f64(pr, mass_lo, mass_hi);
   }
   return float(sum_lanes(dd, sum_lo + sum_hi) / sum_lanes(dd, mass_lo + mass_hi));
 }
 
-void tile_delta_cols(const float* st, const float* dpt, int64_t ld, int64_t n, int64_t t0, float c, const float* lse2,
-                     float* delta) {
+void tile_delta_cols(const float* st, const float* dpt, int64_t ld, int64_t n, int64_t t0, float c,
+                     const float* lse2, float* delta) {
   const DF d;
   const DD dd;
   const hn::RebindToSigned<DF> di;
@@ -197,13 +204,15 @@ void tile_delta_cols(const float* st, const float* dpt, int64_t ld, int64_t n, i
       add_f64(pr, mass_lo, mass_hi);
     }
     const hn::Rebind<float, DD> dfh;
-    const VF dl = hn::Combine(d, hn::DemoteTo(dfh, sum_hi / mass_hi), hn::DemoteTo(dfh, sum_lo / mass_lo));
+    const VF dl =
+        hn::Combine(d, hn::DemoteTo(dfh, sum_hi / mass_hi), hn::DemoteTo(dfh, sum_lo / mass_lo));
     store_n(d, dl, delta + r, cols);
   }
 }
 
 template <class D>
-void row_grad(const float* s, const float* dp, D* ds, int64_t n, int64_t nk, float c, float lse2, float delta) {
+void row_grad(const float* s, const float* dp, D* ds, int64_t n, int64_t nk, float c, float lse2,
+              float delta) {
   const DF d;
   const int64_t N = hn::Lanes(d);
   const VF vc = hn::Set(d, c), vl = hn::Set(d, -lse2), vd = hn::Set(d, delta);
@@ -214,7 +223,8 @@ void row_grad(const float* s, const float* dp, D* ds, int64_t n, int64_t nk, flo
   }
   if (k < n) {
     const VF pr = exp2(d, hn::MulAdd(load_n(d, s + k, n - k), vc, vl));
-    const VF g = hn::IfThenElseZero(hn::FirstN(d, size_t(n - k)), pr * (load_n(d, dp + k, n - k) - vd));
+    const VF g =
+        hn::IfThenElseZero(hn::FirstN(d, size_t(n - k)), pr * (load_n(d, dp + k, n - k) - vd));
     store_n(d, g, ds + k, std::min(N, nk - k));
     k += N;
   }
@@ -302,13 +312,17 @@ void bf16_entries(Kernels& k) {
   k.row_exp2_bf16 = [](const float* s, bf16* p, int64_t n, int64_t nk, float c, float m) {
     return row_exp2(s, reinterpret_cast<B*>(p), n, nk, c, m);
   };
-  k.row_grad_bf16 = [](const float* s, const float* dp, bf16* ds, int64_t n, int64_t nk, float c, float lse2,
-                       float delta) { row_grad(s, dp, reinterpret_cast<B*>(ds), n, nk, c, lse2, delta); };
-  k.span_grad_bf16 = [](const float* s, const float* dp, bf16* p, bf16* ds, int64_t n, float c, const float* lse2,
-                        const float* delta) {
+  k.row_grad_bf16 = [](const float* s, const float* dp, bf16* ds, int64_t n, int64_t nk, float c,
+                       float lse2, float delta) {
+    row_grad(s, dp, reinterpret_cast<B*>(ds), n, nk, c, lse2, delta);
+  };
+  k.span_grad_bf16 = [](const float* s, const float* dp, bf16* p, bf16* ds, int64_t n, float c,
+                        const float* lse2, const float* delta) {
     span_grad(s, dp, reinterpret_cast<B*>(p), reinterpret_cast<B*>(ds), n, c, lse2, delta);
   };
-  k.scale_bf16 = [](const float* x, bf16* y, int64_t n, float mul) { scale_row(x, reinterpret_cast<B*>(y), n, mul); };
+  k.scale_bf16 = [](const float* x, bf16* y, int64_t n, float mul) {
+    scale_row(x, reinterpret_cast<B*>(y), n, mul);
+  };
   k.softmax_grad_bf16 = [](const bf16* p, const float* dp, bf16* ds, int64_t n, float delta) {
     softmax_grad_row(reinterpret_cast<const B*>(p), dp, reinterpret_cast<B*>(ds), n, delta);
   };

@@ -17,18 +17,19 @@
 namespace laga::rows {
 
 struct Kernels {
-  const char* target;  // Highway's name of the target, e.g. "AVX2", "AVX3"; "AVX3+BF16" where bf16 is
-                       // stored by the CPU's own conversion (AVX-512 BF16), to the same bits
+  // Highway's name of the target, e.g. "AVX2", "AVX3"; "AVX3+BF16" where bf16 is
+  const char* target;
+  // stored by the CPU's own conversion (AVX-512 BF16), to the same bits
   float (*row_max)(const float* x, int64_t n);
   float (*row_exp2_f32)(const float* s, float* p, int64_t n, int64_t nk, float c, float m);
   float (*row_exp2_bf16)(const float* s, bf16* p, int64_t n, int64_t nk, float c, float m);
   float (*tile_delta_row)(const float* s, const float* dp, int64_t n, float c, float lse2);
-  void (*tile_delta_cols)(const float* st, const float* dpt, int64_t ld, int64_t n, int64_t t0, float c,
-                          const float* lse2, float* delta);
-  void (*row_grad_f32)(const float* s, const float* dp, float* ds, int64_t n, int64_t nk, float c, float lse2,
-                       float delta);
-  void (*row_grad_bf16)(const float* s, const float* dp, bf16* ds, int64_t n, int64_t nk, float c, float lse2,
-                        float delta);
+  void (*tile_delta_cols)(const float* st, const float* dpt, int64_t ld, int64_t n, int64_t t0,
+                          float c, const float* lse2, float* delta);
+  void (*row_grad_f32)(const float* s, const float* dp, float* ds, int64_t n, int64_t nk, float c,
+                       float lse2, float delta);
+  void (*row_grad_bf16)(const float* s, const float* dp, bf16* ds, int64_t n, int64_t nk, float c,
+                        float lse2, float delta);
   void (*span_grad_f32)(const float* s, const float* dp, float* p, float* ds, int64_t n, float c,
                         const float* lse2, const float* delta);
   void (*span_grad_bf16)(const float* s, const float* dp, bf16* p, bf16* ds, int64_t n, float c,
@@ -48,8 +49,8 @@ struct Kernels {
 
 // The kernels of the best target the CPU has under LAGA_MAX_ISA, chosen on first use.
 const Kernels& kernels();
-// The kernels of every x86 target compiled in that this CPU runs under LAGA_MAX_ISA, best first (for
-// tests: an AVX-512 machine checks its AVX2 kernels too); elsewhere the dispatched one.
+// The kernels of every x86 target compiled in that this CPU runs under LAGA_MAX_ISA, best first
+// (for tests: an AVX-512 machine checks its AVX2 kernels too); elsewhere the dispatched one.
 std::vector<Kernels> every_target();
 
 }  // namespace laga::rows

@@ -47,10 +47,13 @@ struct Buffer {
   // Elements [i0, i0 + len) as a new buffer.
   Buffer slice(int64_t i0, int64_t len) const {
     Buffer s(dtype, len);
-    if (len > 0) std::memcpy(s.data(), bytes.data() + i0 * dtype_size(dtype), size_t(len * dtype_size(dtype)));
+    if (len > 0)
+      std::memcpy(s.data(), bytes.data() + i0 * dtype_size(dtype), size_t(len * dtype_size(dtype)));
     return s;
   }
-  bool bitwise_equal(const Buffer& o) const { return dtype == o.dtype && n == o.n && bytes == o.bytes; }
+  bool bitwise_equal(const Buffer& o) const {
+    return dtype == o.dtype && n == o.n && bytes == o.bytes;
+  }
 
   DType dtype;
   int64_t n;
@@ -60,7 +63,8 @@ struct Buffer {
 // Standard normal values, stored in dtype; a pure function of (stream, rank, i).
 inline Buffer normal_buffer(DType t, int64_t n, uint64_t stream, int rank) {
   Buffer b(t, n);
-  for (int64_t i = 0; i < n; ++i) b.set(i, float(normal(1000 + uint64_t(rank), stream, uint64_t(i))));
+  for (int64_t i = 0; i < n; ++i)
+    b.set(i, float(normal(1000 + uint64_t(rank), stream, uint64_t(i))));
   return b;
 }
 

@@ -1,8 +1,8 @@
-// laga bench-comm's validation (tools/laga/bench_comm.hpp): the checker agrees with the Communicator
-// on every collective it times (0 wrong after a real collective, threads backend), and counts exactly
-// the elements a broken collective got wrong — corrupted values, swapped chunks, an output never
-// written, a stray write past the end. Plus the sweep, the size spellings and the rounding of counts.
-// The command itself runs in tests/cli/bench_comm.sh.
+// laga bench-comm's validation (tools/laga/bench_comm.hpp): the checker agrees with the
+// Communicator on every collective it times (0 wrong after a real collective, threads backend), and
+// counts exactly the elements a broken collective got wrong — corrupted values, swapped chunks, an
+// output never written, a stray write past the end. Plus the sweep, the size spellings and the
+// rounding of counts. The command itself runs in tests/cli/bench_comm.sh.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,7 +17,9 @@
 namespace laga::cli::bench_comm {
 namespace {
 
-std::vector<uint64_t> words(int64_t elems, DType t) { return std::vector<uint64_t>(size_t((elems * dtype_size(t) + 7) / 8)); }
+std::vector<uint64_t> words(int64_t elems, DType t) {
+  return std::vector<uint64_t>(size_t((elems * dtype_size(t) + 7) / 8));
+}
 
 // Adds 1 to element i of a buffer of dtype t (a wrong value, still a small integer).
 void bump(void* p, DType t, int64_t i) {
@@ -37,11 +39,13 @@ void set(void* p, DType t, int64_t i, float v) {
 }
 
 // Runs the real collective of s on P threads and hands each rank's output to inspect(rank, out).
-void run_collective(const Shape& s, const std::function<void(int, std::vector<uint64_t>&)>& inspect) {
+void run_collective(const Shape& s,
+                    const std::function<void(int, std::vector<uint64_t>&)>& inspect) {
   std::mutex m;
   run_threads(s.P, [&](Communicator& comm) {
     const int r = comm.rank();
-    std::vector<uint64_t> in = words(s.in_elems, s.dtype), out = words(s.out_elems + kGuard, s.dtype);
+    std::vector<uint64_t> in = words(s.in_elems, s.dtype),
+                          out = words(s.out_elems + kGuard, s.dtype);
     poison_output(s, out.data());
     switch (s.op) {
       case CollectiveOp::all_gather:
@@ -74,7 +78,8 @@ TEST(BenchComm, CheckerFindsNoErrorInARealCollectiveAndExactlyTheCorruptedElemen
     for (DType t : {DType::bf16, DType::f32})
       for (int P : {1, 2, 3, 4}) {
         const Shape s = shape_for(op, t, P, 3000);
-        SCOPED_TRACE(std::string(collective_name(op)) + " " + std::string(dtype_name(t)) + " P " + std::to_string(P));
+        SCOPED_TRACE(std::string(collective_name(op)) + " " + std::string(dtype_name(t)) + " P " +
+                     std::to_string(P));
         run_collective(s, [&](int r, std::vector<uint64_t>& out) {
           EXPECT_EQ(count_wrong(s, r, out.data()), 0);
           // Three wrong values and one guard overwritten: four wrong.
@@ -127,7 +132,8 @@ TEST(BenchComm, CountsRoundToWhatTheCollectiveNeeds) {
   EXPECT_EQ(s.bytes, 996);
   EXPECT_EQ(s.in_elems, 249);
   EXPECT_EQ(s.out_elems, 83);
-  s = shape_for(CollectiveOp::all_to_all, DType::f32, 4, 8);  // smaller than one element per rank: P elements
+  // smaller than one element per rank: P elements
+  s = shape_for(CollectiveOp::all_to_all, DType::f32, 4, 8);
   EXPECT_EQ(s.count, 4);
   EXPECT_EQ(s.bytes, 16);
   EXPECT_EQ(s.n, 1);
@@ -148,7 +154,8 @@ TEST(BenchComm, SizesAreWrittenAsNcclTestsWritesThem) {
   EXPECT_EQ(parse_size("1G", "-b"), int64_t(1) << 30);
   EXPECT_EQ(parse_size("1MB", "-b"), 1000000);
   EXPECT_EQ(parse_size("2MiB", "-b"), 2 << 20);
-  EXPECT_EQ(size_sweep(1024, 1 << 20, 4), (std::vector<int64_t>{1024, 4096, 16384, 65536, 262144, 1048576}));
+  EXPECT_EQ(size_sweep(1024, 1 << 20, 4),
+            (std::vector<int64_t>{1024, 4096, 16384, 65536, 262144, 1048576}));
   EXPECT_EQ(size_sweep(1000, 5000, 2), (std::vector<int64_t>{1000, 2000, 4000}));
   EXPECT_EQ(size_sweep(64, 64, 2), (std::vector<int64_t>{64}));
   auto usage = [](const std::function<void()>& f) {

@@ -24,7 +24,9 @@ using testing::rank_counts;
 const DType kDtypes[] = {DType::f32, DType::bf16};
 const int64_t kSizes[] = {0, 1, 7, 33};
 
-std::string where(int P, DType t, int64_t n) { return fmt::format("P={} {} n={}", P, dtype_name(t), n); }
+std::string where(int P, DType t, int64_t n) {
+  return fmt::format("P={} {} n={}", P, dtype_name(t), n);
+}
 
 TEST(Comm, ThreadsAllGatherConcatenatesRankChunks) {
   for (int P : rank_counts())
@@ -50,14 +52,14 @@ TEST(Comm, AllGatherInPlaceEqualsOutOfPlace) {
         std::memcpy(static_cast<char*>(in_place.data()) + c.rank() * n * dtype_size(t), in.data(),
                     size_t(n * dtype_size(t)));
         c.all_gather(in.data(), out.data(), n, t, "latent");
-        c.all_gather(static_cast<char*>(in_place.data()) + c.rank() * n * dtype_size(t), in_place.data(), n, t,
-                     "latent");
+        c.all_gather(static_cast<char*>(in_place.data()) + c.rank() * n * dtype_size(t),
+                     in_place.data(), n, t, "latent");
         EXPECT_TRUE(in_place.bitwise_equal(out)) << where(P, t, n);
       });
 }
 
-// ⟨AG(x), y⟩ summed over ranks equals ⟨x, RS(y)⟩ summed over ranks. With small integers every sum is
-// exact in both dtypes, so the adjoint identity holds exactly.
+// ⟨AG(x), y⟩ summed over ranks equals ⟨x, RS(y)⟩ summed over ranks. With small integers every sum
+// is exact in both dtypes, so the adjoint identity holds exactly.
 TEST(Comm, ReduceScatterIsAllGathersAdjoint) {
   for (int P : rank_counts())
     for (DType t : kDtypes)
@@ -84,11 +86,13 @@ TEST(Comm, ReduceScatterSumsInRankOrderInFp32AndRoundsOnce) {
       for (int64_t n : {int64_t(1), int64_t(7), int64_t(3000)})
         run_threads(P, [&](Communicator& c) {
           std::vector<Buffer> mine;  // what every rank sends to this rank, in rank order
-          for (int q = 0; q < P; ++q) mine.push_back(normal_buffer(t, P * n, 5, q).slice(c.rank() * n, n));
+          for (int q = 0; q < P; ++q)
+            mine.push_back(normal_buffer(t, P * n, 5, q).slice(c.rank() * n, n));
           const Buffer in = normal_buffer(t, P * n, 5, c.rank());
           Buffer out(t, n);
           c.reduce_scatter(in.data(), out.data(), n, t, "dlatent");
-          EXPECT_TRUE(out.bitwise_equal(ordered_sum(mine))) << where(P, t, n) << " rank " << c.rank();
+          EXPECT_TRUE(out.bitwise_equal(ordered_sum(mine)))
+              << where(P, t, n) << " rank " << c.rank();
         });
 }
 
@@ -106,7 +110,8 @@ TEST(Comm, Bf16ReductionRoundsOnceNotPerAddition) {
 TEST(Comm, AllReduceEqualsOrderedSumForSizesNotDividedByP) {
   for (int P : rank_counts())
     for (DType t : kDtypes)
-      for (int64_t n : {int64_t(0), int64_t(1), int64_t(5), int64_t(13), int64_t(64), int64_t(4099)}) {
+      for (int64_t n :
+           {int64_t(0), int64_t(1), int64_t(5), int64_t(13), int64_t(64), int64_t(4099)}) {
         std::vector<Buffer> parts;
         for (int q = 0; q < P; ++q) parts.push_back(normal_buffer(t, n, 6, q));
         const Buffer expected = ordered_sum(parts);
@@ -129,7 +134,8 @@ TEST(Comm, AllToAllIsItsOwnInverseUpToTranspose) {
           Buffer once(t, P * n), twice(t, P * n);
           c.all_to_all(in.data(), once.data(), n, t, "q");
           for (int j = 0; j < P; ++j)
-            EXPECT_TRUE(once.slice(j * n, n).bitwise_equal(normal_buffer(t, P * n, 7, j).slice(r * n, n)))
+            EXPECT_TRUE(
+                once.slice(j * n, n).bitwise_equal(normal_buffer(t, P * n, 7, j).slice(r * n, n)))
                 << where(P, t, n) << " rank " << r << " chunk " << j;
           c.all_to_all(once.data(), twice.data(), n, t, "o");
           EXPECT_TRUE(twice.bitwise_equal(in)) << where(P, t, n) << " rank " << r;
@@ -143,7 +149,8 @@ TEST(Comm, BroadcastCopiesTheRootsBytes) {
         std::vector<unsigned char> buf(13);
         for (size_t i = 0; i < buf.size(); ++i) buf[i] = (unsigned char)(c.rank() * 31 + int(i));
         c.broadcast(buf.data(), int64_t(buf.size()), root, "config");
-        for (size_t i = 0; i < buf.size(); ++i) EXPECT_EQ(buf[i], (unsigned char)(root * 31 + int(i)));
+        for (size_t i = 0; i < buf.size(); ++i)
+          EXPECT_EQ(buf[i], (unsigned char)(root * 31 + int(i)));
       }
     });
 }
@@ -170,7 +177,8 @@ TEST(Comm, PSendRecvHopsBringEveryBufferBackHome) {
       for (int hop = 0; hop < P; ++hop) {
         c.send_recv(a.data(), b.data(), 33, DType::bf16, "kv");
         std::swap(a, b);
-        EXPECT_TRUE(a.bitwise_equal(normal_buffer(DType::bf16, 33, 4, (c.rank() + 2 * P - hop - 1) % P)))
+        EXPECT_TRUE(
+            a.bitwise_equal(normal_buffer(DType::bf16, 33, 4, (c.rank() + 2 * P - hop - 1) % P)))
             << "P=" << P << " hop " << hop;
       }
       EXPECT_TRUE(a.bitwise_equal(mine));
@@ -217,8 +225,9 @@ TEST(Comm, LedgerCountsTensorAndWireBytes) {
     c.send_recv(a.data(), b.data(), 10, DType::bf16, "k");
     const auto& rec = c.ledger().records();
     ASSERT_EQ(rec.size(), 7u) << "composite collectives are recorded once, not as their parts";
-    const CollectiveOp ops[] = {CollectiveOp::all_gather, CollectiveOp::all_to_all, CollectiveOp::reduce_scatter,
-                                CollectiveOp::all_reduce, CollectiveOp::broadcast, CollectiveOp::barrier,
+    const CollectiveOp ops[] = {CollectiveOp::all_gather,     CollectiveOp::all_to_all,
+                                CollectiveOp::reduce_scatter, CollectiveOp::all_reduce,
+                                CollectiveOp::broadcast,      CollectiveOp::barrier,
                                 CollectiveOp::send_recv};
     const char* names[] = {"latent", "q", "dlatent", "grad_sync", "config", "barrier", "k"};
     const int64_t tensor[] = {20, 80, 40, 40, 13, 0, 20};
@@ -233,7 +242,9 @@ TEST(Comm, LedgerCountsTensorAndWireBytes) {
     EXPECT_EQ(rec[0].dtype, DType::bf16);
     EXPECT_EQ(rec[2].dtype, DType::f32);
     EXPECT_EQ(c.ledger().tensor_bytes(), 20 + 80 + 40 + 40 + 13 + 20);
-    EXPECT_EQ(c.ledger().wire_bytes([](const CollectiveRecord& r) { return r.tensor == "latent" || r.tensor == "q"; }),
+    EXPECT_EQ(c.ledger().wire_bytes([](const CollectiveRecord& r) {
+      return r.tensor == "latent" || r.tensor == "q";
+    }),
               120);
   });
 }
@@ -270,7 +281,8 @@ TEST(Comm, CheckSameEverywherePassesEqualValuesAndIsNotRecorded) {
 TEST(Comm, RanksGetTheirShareOfOpenMpThreads) {
   const int cores = int(std::thread::hardware_concurrency());
   for (int P : rank_counts())
-    run_threads(P, [&](Communicator&) { EXPECT_EQ(omp_get_max_threads(), std::max(1, cores / P)); });
+    run_threads(P,
+                [&](Communicator&) { EXPECT_EQ(omp_get_max_threads(), std::max(1, cores / P)); });
 }
 
 }  // namespace

@@ -38,9 +38,9 @@ bool matches(const std::string& text, const std::string& pattern) {
   return std::regex_search(text, std::regex(pattern));
 }
 
-// Rank 2 of 4 throws while ranks 0, 1 and 3 sit in an all_gather (and another run: in an all_reduce,
-// which is two exchanges deep). run_threads returns promptly, rethrowing rank 2's own error; the
-// others leave their collective with an error naming it and rank 2.
+// Rank 2 of 4 throws while ranks 0, 1 and 3 sit in an all_gather (and another run: in an
+// all_reduce, which is two exchanges deep). run_threads returns promptly, rethrowing rank 2's own
+// error; the others leave their collective with an error naming it and rank 2.
 TEST(Comm, ExceptionOnOneRankBringsGroupDownWithoutHang) {
   for (const char* op : {"all_gather", "all_reduce"}) {
     within_seconds(10, [&] {
@@ -91,7 +91,8 @@ TEST(Comm, TimeoutNamesCollectiveAndRank) {
             try {
               c.all_gather(a.data(), b.data(), 8, DType::f32, "latent");
             } catch (const Error& err) {
-              if (matches(err.message(), "^rank 3: all_gather of 'latent' aborted: rank [012] failed: "))
+              if (matches(err.message(),
+                          "^rank 3: all_gather of 'latent' aborted: rank [012] failed: "))
                 ++aborted_late;
               throw;
             }
@@ -102,9 +103,12 @@ TEST(Comm, TimeoutNamesCollectiveAndRank) {
         0.3);
     const double took = std::chrono::duration<double>(Clock::now() - t0).count();
     EXPECT_EQ(e.kind(), ErrorKind::failure);
-    EXPECT_TRUE(matches(e.message(), "^rank [012]: all_gather of 'latent' timed out after 0.3 s waiting for rank 3$"))
+    EXPECT_TRUE(
+        matches(e.message(),
+                "^rank [012]: all_gather of 'latent' timed out after 0.3 s waiting for rank 3$"))
         << e.message();
-    EXPECT_EQ(aborted_late.load(), 1) << "the late rank must find the group aborted, not complete the all_gather";
+    EXPECT_EQ(aborted_late.load(), 1)
+        << "the late rank must find the group aborted, not complete the all_gather";
     EXPECT_LT(took, 5.0);
   });
 }
@@ -121,7 +125,9 @@ TEST(Comm, TimeoutListsEveryMissingRank) {
           }
         },
         0.2);
-    EXPECT_TRUE(matches(e.message(), "^rank 0: barrier of 'barrier' timed out after 0.2 s waiting for ranks 1, 2, 3$"))
+    EXPECT_TRUE(
+        matches(e.message(),
+                "^rank 0: barrier of 'barrier' timed out after 0.2 s waiting for ranks 1, 2, 3$"))
         << e.message();
   });
 }
@@ -166,9 +172,10 @@ TEST(Comm, MismatchedCollectivesFailOnEveryRank) {
     });
     EXPECT_EQ(failed.load(), 3);
     EXPECT_EQ(e.kind(), ErrorKind::internal);
-    EXPECT_TRUE(matches(e.message(), "ranks disagree on the collective: rank 0 runs all_gather of 'latent' "
-                                     "\\(all_gather, 16 bytes, root 0\\), rank 1 runs all_gather of 'latent' "
-                                     "\\(all_gather, 20 bytes"))
+    EXPECT_TRUE(matches(e.message(),
+                        "ranks disagree on the collective: rank 0 runs all_gather of 'latent' "
+                        "\\(all_gather, 16 bytes, root 0\\), rank 1 runs all_gather of 'latent' "
+                        "\\(all_gather, 20 bytes"))
         << e.message();
   });
 }
@@ -188,8 +195,9 @@ TEST(Comm, CheckSameEverywhereNamesTheDifferingRanks) {
     });
     EXPECT_EQ(e.kind(), ErrorKind::usage);
     for (int r = 0; r < 4; ++r)
-      EXPECT_TRUE(matches(messages[size_t(r)], "^ranks started with different seq: rank 3 differs from rank 0; rank " +
-                                                   std::to_string(r) + " has '" + (r == 3 ? "4096" : "8192") + "'"))
+      EXPECT_TRUE(matches(messages[size_t(r)],
+                          "^ranks started with different seq: rank 3 differs from rank 0; rank " +
+                              std::to_string(r) + " has '" + (r == 3 ? "4096" : "8192") + "'"))
           << messages[size_t(r)];
   });
 }
@@ -197,9 +205,11 @@ TEST(Comm, CheckSameEverywhereNamesTheDifferingRanks) {
 TEST(Comm, CheckSameEverywhereComparesLengthsToo) {
   within_seconds(10, [&] {
     const Error e = group_error(2, [&](Communicator& c) {
-      check_same_everywhere(c, "model", c.rank() == 0 ? std::string("tiny") : std::string("tiny\0", 5));
+      check_same_everywhere(c, "model",
+                            c.rank() == 0 ? std::string("tiny") : std::string("tiny\0", 5));
     });
-    EXPECT_TRUE(matches(e.message(), "^ranks started with different model: rank 1 differs")) << e.message();
+    EXPECT_TRUE(matches(e.message(), "^ranks started with different model: rank 1 differs"))
+        << e.message();
   });
 }
 
@@ -216,7 +226,8 @@ TEST(Comm, AbortedGroupFailsEveryLaterCollective) {
         try {
           c.barrier();
         } catch (const Error& err) {
-          if (matches(err.message(), "barrier of 'barrier' aborted: rank 0 failed: operator stop")) ++threw;
+          if (matches(err.message(), "barrier of 'barrier' aborted: rank 0 failed: operator stop"))
+            ++threw;
         }
       }
       c.barrier();
@@ -242,7 +253,9 @@ TEST(Comm, BadArgumentsAreUsageErrorsThatStillBringTheGroupDown) {
       c.all_gather(a.data(), b.data(), c.rank() == 0 ? -1 : 4, DType::f32, "latent");
     });
     EXPECT_EQ(e.kind(), ErrorKind::usage);
-    EXPECT_TRUE(matches(e.message(), "all_gather of 'latent' on rank 0: element count -1 is negative")) << e.message();
+    EXPECT_TRUE(
+        matches(e.message(), "all_gather of 'latent' on rank 0: element count -1 is negative"))
+        << e.message();
   });
 }
 

@@ -58,7 +58,9 @@ struct Mix {
         ar2(normal_buffer(t, n + 1, 15, r)),
         bc(normal_buffer(t, n, 16, r)) {}
   Buffer ag_in, ag_out, rs_in, rs_out, a2a_in, a2a_out, ar1, ar2, bc;
-  std::vector<const Buffer*> outputs() const { return {&ag_out, &rs_out, &a2a_out, &ar1, &ar2, &bc}; }
+  std::vector<const Buffer*> outputs() const {
+    return {&ag_out, &rs_out, &a2a_out, &ar1, &ar2, &bc};
+  }
 };
 
 void run_blocking(Communicator& c, Mix& m, DType t, int64_t n) {
@@ -105,22 +107,24 @@ TEST(Comm, SeveralCollectivesInFlightGiveTheBlockingResults) {
             const auto out = m.outputs();
             for (size_t k = 0; k < out.size(); ++k)
               EXPECT_TRUE(out[k]->bitwise_equal(blocking[size_t(c.rank())][k]))
-                  << "P=" << P << " " << dtype_name(t) << " n=" << n << " rank " << c.rank() << " output " << k;
+                  << "P=" << P << " " << dtype_name(t) << " n=" << n << " rank " << c.rank()
+                  << " output " << k;
           });
         });
       }
 }
 
 // A ring pass as the ring forms run it: hop h+1 is issued before hop h is waited (double buffering
-// needs two in flight), mixed with an all_gather, waited in a rank-dependent order; the same bits as
-// the blocking hops.
+// needs two in flight), mixed with an all_gather, waited in a rank-dependent order; the same bits
+// as the blocking hops.
 TEST(Comm, SeveralSendRecvsInFlightGiveTheBlockingResults) {
   for (int P : rank_counts())
     for (DType t : {DType::f32, DType::bf16})
       within_seconds(60, [&] {
         run_threads(P, [&](Communicator& c) {
           const int64_t n = 37;
-          const Buffer k = normal_buffer(t, n, 21, c.rank()), v = normal_buffer(t, 2 * n, 22, c.rank());
+          const Buffer k = normal_buffer(t, n, 21, c.rank()),
+                       v = normal_buffer(t, 2 * n, 22, c.rank());
           Buffer k1(t, n), v1(t, 2 * n), k1b(t, n), v1b(t, 2 * n), ag(t, P * n), agb(t, P * n);
           c.send_recv(k.data(), k1b.data(), n, t, "k");
           c.all_gather(k.data(), agb.data(), n, t, "latent");
@@ -155,7 +159,8 @@ TEST(Comm, SendRecvTimeoutNamesTheMissingRank) {
           c.wait(h);
         },
         0.3);
-    EXPECT_TRUE(matches(e.message(), "^rank [013]: send_recv of 'k' timed out after 0.3 s waiting for rank 2$"))
+    EXPECT_TRUE(matches(e.message(),
+                        "^rank [013]: send_recv of 'k' timed out after 0.3 s waiting for rank 2$"))
         << e.message();
   });
 }
@@ -180,10 +185,12 @@ TEST(Comm, WaitInAnyOrderDoesNotDeadlock) {
         std::vector<CollectiveHandle> h;
         for (int k = 0; k < 5; ++k) {
           h.push_back(c.all_reduce_start(bufs[size_t(k)].data(), 3 + k, DType::f32, "grad"));
-          if (k == 2) h.push_back(c.all_gather_start(ag_in.data(), ag_out.data(), 4, DType::f32, "latent"));
+          if (k == 2)
+            h.push_back(c.all_gather_start(ag_in.data(), ag_out.data(), 4, DType::f32, "latent"));
         }
         std::vector<size_t> order(h.size());
-        for (size_t i = 0; i < order.size(); ++i) order[i] = (i * size_t(2 * r + 1) + size_t(it + r)) % order.size();
+        for (size_t i = 0; i < order.size(); ++i)
+          order[i] = (i * size_t(2 * r + 1) + size_t(it + r)) % order.size();
         std::vector<bool> seen(order.size());
         for (size_t i : order) {
           if (seen[i]) continue;
@@ -193,7 +200,8 @@ TEST(Comm, WaitInAnyOrderDoesNotDeadlock) {
         for (auto& x : h) c.wait(x);  // those the permutation skipped (and no-ops for the others)
         const float ranks_sum = float(P * (P + 1) / 2);
         for (int k = 0; k < 5; ++k)
-          for (float v : bufs[size_t(k)]) EXPECT_EQ(v, ranks_sum * float(k + 1)) << "iteration " << it;
+          for (float v : bufs[size_t(k)])
+            EXPECT_EQ(v, ranks_sum * float(k + 1)) << "iteration " << it;
         for (int q = 0; q < P; ++q) EXPECT_EQ(ag_out[size_t(4 * q)], float(q));
       }
     });
@@ -232,9 +240,9 @@ TEST(Comm, HandleDestroyedWithoutWaitIsWaited) {
   });
 }
 
-// Each rank computes (sleeps) between start and wait: the ledger keeps issue order, and every record
-// satisfies issued ≤ completed, seconds = completed − issued, 0 ≤ wait_s ≤ seconds. Exposed time is
-// wait_s, hidden time seconds − wait_s ≥ 0; the totals agree with the records.
+// Each rank computes (sleeps) between start and wait: the ledger keeps issue order, and every
+// record satisfies issued ≤ completed, seconds = completed − issued, 0 ≤ wait_s ≤ seconds. Exposed
+// time is wait_s, hidden time seconds − wait_s ≥ 0; the totals agree with the records.
 TEST(Comm, LedgerSeparatesExposedFromHiddenTime) {
   within_seconds(60, [&] {
     run_threads(3, [&](Communicator& c) {
@@ -271,8 +279,9 @@ TEST(Comm, LedgerSeparatesExposedFromHiddenTime) {
       }
       EXPECT_NEAR(c.ledger().wait_seconds(), wait_total, eps);
       EXPECT_NEAR(c.ledger().seconds() - c.ledger().wait_seconds(), hidden_total, 1e-6);
-      EXPECT_NEAR(c.ledger().wait_seconds([](const CollectiveRecord& r) { return r.tensor == "latent"; }),
-                  rec[0].wait_s, eps);
+      EXPECT_NEAR(
+          c.ledger().wait_seconds([](const CollectiveRecord& r) { return r.tensor == "latent"; }),
+          rec[0].wait_s, eps);
       // The blocking barrier was blocked for all of its time.
       EXPECT_NEAR(rec[3].wait_s, rec[3].seconds, 1e-3 + 0.5 * rec[3].seconds);
     });
@@ -325,7 +334,9 @@ TEST(Comm, FailingRankEndsPendingWaits) {
     EXPECT_EQ(e.message(), "injected fault");
     ASSERT_EQ(others.size(), 3u);
     for (const auto& msg : others)
-      EXPECT_TRUE(matches(msg, "^rank [013]: (all_gather of 'latent'|all_reduce of 'grad_sync') aborted: rank 2 failed: "))
+      EXPECT_TRUE(matches(msg,
+                          "^rank [013]: (all_gather of 'latent'|all_reduce of 'grad_sync') "
+                          "aborted: rank 2 failed: "))
           << msg;
   });
 }
@@ -344,7 +355,9 @@ TEST(Comm, TimeoutNamesTheMissingRank) {
               auto h = c.all_gather_start(a.data(), b.data(), 8, DType::f32, "latent");
               c.wait(h);
             } catch (const Error& err) {
-              if (matches(err.message(), "^rank 2: all_gather of 'latent' aborted: rank [01] failed: ")) ++late_aborted;
+              if (matches(err.message(),
+                          "^rank 2: all_gather of 'latent' aborted: rank [01] failed: "))
+                ++late_aborted;
               throw;
             }
             return;
@@ -353,7 +366,9 @@ TEST(Comm, TimeoutNamesTheMissingRank) {
           c.wait(h);
         },
         0.3);
-    EXPECT_TRUE(matches(e.message(), "^rank [01]: all_gather of 'latent' timed out after 0.3 s waiting for rank 2$"))
+    EXPECT_TRUE(
+        matches(e.message(),
+                "^rank [01]: all_gather of 'latent' timed out after 0.3 s waiting for rank 2$"))
         << e.message();
     EXPECT_EQ(late_aborted.load(), 1);
   });
@@ -374,7 +389,8 @@ TEST(Comm, TimeoutNamesARankThatIssuedButDoesNotProgress) {
         },
         0.3);
     EXPECT_TRUE(matches(e.message(),
-                        "^rank [01]: all_gather of 'latent' timed out after 0.3 s waiting for rank 2 to take its data$"))
+                        "^rank [01]: all_gather of 'latent' timed out after 0.3 s waiting for rank "
+                        "2 to take its data$"))
         << e.message();
   });
 }
@@ -397,8 +413,10 @@ TEST(Comm, MismatchedNonBlockingCollectivesFailOnEveryRank) {
     });
     EXPECT_EQ(failed.load(), 3);
     EXPECT_EQ(e.kind(), ErrorKind::internal);
-    EXPECT_TRUE(matches(e.message(), "ranks disagree on the collective: rank 0 runs all_to_all of 'q' \\(all_to_all, 8 "
-                                     "bytes, root 0\\), rank 1 runs all_gather of 'kv' \\(all_gather, 16 bytes"))
+    EXPECT_TRUE(
+        matches(e.message(),
+                "ranks disagree on the collective: rank 0 runs all_to_all of 'q' \\(all_to_all, 8 "
+                "bytes, root 0\\), rank 1 runs all_gather of 'kv' \\(all_gather, 16 bytes"))
         << e.message();
   });
 }
@@ -456,7 +474,8 @@ TEST(Comm, MetaRecordsTheSameBytesAsThreads) {
 
 TEST(Comm, MetaCollectivesCompleteAtOnceAndStillCheckTheirArguments) {
   MetaCommunicator meta(1, 8);
-  auto h = meta.all_reduce_start(nullptr, 1 << 30, DType::bf16, "grad_sync");  // 2 GiB that do not exist
+  // 2 GiB that do not exist
+  auto h = meta.all_reduce_start(nullptr, 1 << 30, DType::bf16, "grad_sync");
   EXPECT_TRUE(meta.test(h));
   meta.wait(h);
   EXPECT_EQ(meta.ledger().records().at(0).tensor_bytes, int64_t(2) << 30);
@@ -508,7 +527,8 @@ TEST(Comm, FirstRanksBeyondTheWorldIsAUsageErrorSuggestingMpirun) {
   EXPECT_THROW(first_ranks(world, 0), Error);
   const Error e = group_error(2, [](Communicator& c) { first_ranks(c, 1); });
   EXPECT_EQ(e.kind(), ErrorKind::usage);
-  EXPECT_TRUE(matches(e.message(), "threads backend has no sub-groups.*run_threads\\(1")) << e.message();
+  EXPECT_TRUE(matches(e.message(), "threads backend has no sub-groups.*run_threads\\(1"))
+      << e.message();
 }
 
 }  // namespace

@@ -84,7 +84,8 @@ TEST(CommSplit, StandInAndMetaGiveTheSubGroupsSizeAndRank) {
       EXPECT_EQ(ring->rank(), r / 2);
       EXPECT_EQ(g->backend(), c->backend());
       float in[4] = {1, 2, 3, 4}, out[8];
-      g->all_gather(c->moves_data() ? in : nullptr, c->moves_data() ? out : nullptr, 4, DType::f32, "latent");
+      g->all_gather(c->moves_data() ? in : nullptr, c->moves_data() ? out : nullptr, 4, DType::f32,
+                    "latent");
       ASSERT_EQ(c->ledger().records().size(), 1u);
       EXPECT_EQ(c->ledger().records()[0].wire_bytes, 16);
     }
@@ -105,24 +106,29 @@ TEST(CommSplit, AThrowInOneSubGroupEndsEveryRankWithoutHang) {
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
           throw Error(ErrorKind::failure, __FILE__, __LINE__, "injected fault in a sub-group");
         }
-        if (c.rank() % 2 == 1) ring->all_gather(a, b, 4, DType::f32, "latent_g");  // waits for rank 5
-        else g->all_gather(a, b, 4, DType::f32, "latent");  // ranks 0, 2 complete; rank 4 waits for 5
-        c.barrier();                                         // then the world waits for rank 5
+        // waits for rank 5
+        if (c.rank() % 2 == 1) ring->all_gather(a, b, 4, DType::f32, "latent_g");
+        // ranks 0, 2 complete; rank 4 waits for 5
+        else
+          g->all_gather(a, b, 4, DType::f32, "latent");
+        c.barrier();  // then the world waits for rank 5
       });
       ADD_FAILURE() << "run_threads returned without an error";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("injected fault in a sub-group"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("injected fault in a sub-group"), std::string::npos)
+          << e.what();
     }
   });
 }
 
 TEST(CommSplit, AbortOnASubGroupWakesTheParent) {
   within_seconds(20, [] {
-    EXPECT_THROW(run_threads(4, [](Communicator& c) {
-                   auto g = c.split(blocks_of_two);
-                   if (c.rank() == 3) g->abort("sub-group abort");
-                   c.barrier();
-                 }),
+    EXPECT_THROW(run_threads(4,
+                             [](Communicator& c) {
+                               auto g = c.split(blocks_of_two);
+                               if (c.rank() == 3) g->abort("sub-group abort");
+                               c.barrier();
+                             }),
                  Error);
   });
 }

@@ -47,9 +47,9 @@ TEST(Memory, TracksLivePeakAndTags) {
   EXPECT_EQ(at_peak.count("c"), 0u);
 }
 
-// A tensor handed to another tracker moves its bytes there (live and peak, by tag), keeps its values
-// and its views, and is released by the new tracker when the last view goes; a meta tensor cannot be
-// handed to a real tracker.
+// A tensor handed to another tracker moves its bytes there (live and peak, by tag), keeps its
+// values and its views, and is released by the new tracker when the last view goes; a meta tensor
+// cannot be handed to a real tracker.
 TEST(Memory, HandOverMovesTheCountNotTheBytes) {
   MemoryTracker rank, outer;
   Tensor a, view;
@@ -82,9 +82,9 @@ TEST(Memory, HandOverMovesTheCountNotTheBytes) {
   EXPECT_THROW(m.hand_over(outer), Error);
 }
 
-// The caching allocator keeps a released large block and hands it to the next allocation of about its
-// size (across trackers), while every tracker still counts the bytes requested; a small block and one
-// much smaller than any cached block come from the OS.
+// The caching allocator keeps a released large block and hands it to the next allocation of about
+// its size (across trackers), while every tracker still counts the bytes requested; a small block
+// and one much smaller than any cached block come from the OS.
 TEST(Memory, CachingAllocatorReusesLargeBlocksAndTrackersCountRequestedBytes) {
   if (!pool_stats().enabled) GTEST_SKIP() << "LAGA_ALLOC_CACHE=off";
   pool_empty_cache();
@@ -107,23 +107,28 @@ TEST(Memory, CachingAllocatorReusesLargeBlocksAndTrackersCountRequestedBytes) {
     EXPECT_EQ(b.raw(), first);
     EXPECT_EQ(tracker.live_bytes(), (n - 1000) * 4);
     EXPECT_EQ(pool_stats().hits, released.hits + 1);
-    EXPECT_EQ(pool_stats().cached_bytes, released.cached_bytes - (n * 4 + (int64_t(1) << 16) - 1) / (int64_t(1) << 16) * (int64_t(1) << 16));
+    EXPECT_EQ(pool_stats().cached_bytes, released.cached_bytes - (n * 4 + (int64_t(1) << 16) - 1) /
+                                                                     (int64_t(1) << 16) *
+                                                                     (int64_t(1) << 16));
     Tensor c = Tensor::empty({n / 2}, DType::f32, "c");  // half the size: not the cached block's
     EXPECT_NE(c.raw(), first);
     EXPECT_EQ(pool_stats().misses, released.misses + 1);
-    Tensor small = Tensor::empty({100}, DType::f32, "small");  // below kPoolMinBytes: malloc, not counted
+    // below kPoolMinBytes: malloc, not counted
+    Tensor small = Tensor::empty({100}, DType::f32, "small");
     EXPECT_EQ(pool_stats().hits + pool_stats().misses, released.hits + released.misses + 2);
   }
   pool_empty_cache();
   EXPECT_EQ(pool_stats().cached_bytes, 0);
 }
 
-// The cache's bound: a step that allocates what an earlier one did is served from the cache in full,
-// and a block the bound has no room for evicts the least recently released blocks first (not the
-// largest, which a step would fault in again). Sizes in MiB; the bound is 3/2 × the peak in use.
+// The cache's bound: a step that allocates what an earlier one did is served from the cache in
+// full, and a block the bound has no room for evicts the least recently released blocks first (not
+// the largest, which a step would fault in again). Sizes in MiB; the bound is 3/2 × the peak in
+// use.
 TEST(Memory, CachingAllocatorKeepsAStepsBlocksAndEvictsTheLeastRecentlyReleased) {
   if (!pool_stats().enabled) GTEST_SKIP() << "LAGA_ALLOC_CACHE=off";
-  static_assert(kPoolSlackNum == 3 && kPoolSlackDen == 2, "the sizes below assume a bound of 3/2 × the peak in use");
+  static_assert(kPoolSlackNum == 3 && kPoolSlackDen == 2,
+                "the sizes below assume a bound of 3/2 × the peak in use");
   const int64_t MiB = int64_t(1) << 20, cap = pool_stats().cap_bytes;
   pool_empty_cache();
   ASSERT_EQ(pool_stats().in_use_bytes, 0) << "a block from an earlier test is still in use";
@@ -148,13 +153,15 @@ TEST(Memory, CachingAllocatorKeepsAStepsBlocksAndEvictsTheLeastRecentlyReleased)
   EXPECT_EQ(pool_stats().misses, s0.misses + 3);
   EXPECT_EQ(pool_stats().reserved_bytes, 10 * MiB);
 
-  // 6 MiB fits no cached block; 10 + 6 > 15 = 3/2 × 10, so the 2 MiB block (released first) goes back.
+  // 6 MiB fits no cached block; 10 + 6 > 15 = 3/2 × 10, so the 2 MiB block (released first) goes
+  // back.
   void* six = pool_allocate(size_t(6 * MiB));
   within_bound();
   EXPECT_EQ(pool_stats().misses, s0.misses + 4);
   EXPECT_EQ(pool_stats().reserved_bytes, 14 * MiB);
   pool_release(six, size_t(6 * MiB));
-  // 2 MiB again: its block is gone (a miss), and room for it evicts the 3 MiB block, now the oldest.
+  // 2 MiB again: its block is gone (a miss), and room for it evicts the 3 MiB block, now the
+  // oldest.
   void* two = pool_allocate(size_t(2 * MiB));
   within_bound();
   EXPECT_EQ(pool_stats().misses, s0.misses + 5);
@@ -165,7 +172,8 @@ TEST(Memory, CachingAllocatorKeepsAStepsBlocksAndEvictsTheLeastRecentlyReleased)
   EXPECT_EQ(six_again, six);
   EXPECT_EQ(pool_stats().hits, s0.hits + 5);
   EXPECT_EQ(pool_stats().cached_bytes, 0);
-  for (auto [p, m] : {std::pair{two, 2}, std::pair{five, 5}, std::pair{six_again, 6}}) pool_release(p, size_t(m * MiB));
+  for (auto [p, m] : {std::pair{two, 2}, std::pair{five, 5}, std::pair{six_again, 6}})
+    pool_release(p, size_t(m * MiB));
   pool_empty_cache();
   pool_set_cap(cap);
   EXPECT_EQ(pool_stats().reserved_bytes, 0);
@@ -181,15 +189,17 @@ static std::string vm_flags_at(const void* p) {
     uintptr_t lo = 0, hi = 0;
     char dash = 0;
     std::istringstream head(line);
-    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' ')) inside = lo <= a && a < hi;
+    if (head >> std::hex >> lo >> dash >> hi && dash == '-' && line.find(':') > line.find(' '))
+      inside = lo <= a && a < hi;
     if (inside && line.rfind("VmFlags:", 0) == 0) return line;
   }
   return "";
 }
 
 // A block of 2 MiB or more, taken from the OS by the cache, starts on a huge-page boundary and its
-// mapping is advised MADV_HUGEPAGE (VmFlags "hg"); the path with the cache off (LAGA_ALLOC_CACHE=off)
-// calls the same os_allocate. Whether the kernel then backs it with huge pages is its THP mode's business.
+// mapping is advised MADV_HUGEPAGE (VmFlags "hg"); the path with the cache off
+// (LAGA_ALLOC_CACHE=off) calls the same os_allocate. Whether the kernel then backs it with huge
+// pages is its THP mode's business.
 TEST(Memory, LargeBlocksStartOnAHugePageAndAreAdvisedForHugePages) {
   if (!huge_pages_enabled()) GTEST_SKIP() << "LAGA_HUGE_PAGES=off";
   pool_empty_cache();
@@ -221,12 +231,16 @@ TEST(Tensor, RowsViewSharesStorage) {
 }
 
 // copy_from between dtypes converts each element as to_bf16 / to_float do (round to nearest even,
-// NaN kept quiet), on the parallel path (≥ kParallelMin elements) and the serial one, views included.
+// NaN kept quiet), on the parallel path (≥ kParallelMin elements) and the serial one, views
+// included.
 TEST(Tensor, CopyFromConvertsEachElementAsTheScalarConversions) {
   for (int64_t n : {int64_t(37), 3 * kParallelMin + 5}) {
     std::vector<float> values(static_cast<size_t>(n), 0.0f);
-    for (int64_t i = 0; i < n; ++i) values[size_t(i)] = std::ldexp(1.0f + float(i % 977) / 977.0f, int(i % 41) - 20) * (i % 2 ? -1 : 1);
-    values[3] = std::nanf(""), values[5] = std::numeric_limits<float>::infinity(), values[7] = 0x1.00ffp0f;
+    for (int64_t i = 0; i < n; ++i)
+      values[size_t(i)] =
+          std::ldexp(1.0f + float(i % 977) / 977.0f, int(i % 41) - 20) * (i % 2 ? -1 : 1);
+    values[3] = std::nanf(""), values[5] = std::numeric_limits<float>::infinity(),
+    values[7] = 0x1.00ffp0f;
     Tensor f = Tensor::from_floats({n}, DType::f32, values, "f");
     Tensor b = f.to(DType::bf16, "b");
     Tensor back = b.to(DType::f32, "back");
@@ -234,7 +248,8 @@ TEST(Tensor, CopyFromConvertsEachElementAsTheScalarConversions) {
       const uint16_t want = to_bf16(values[size_t(i)]).bits;
       ASSERT_EQ(static_cast<const bf16*>(b.raw())[i].bits, want) << "element " << i << " of " << n;
       const float got = back.get(i), expect = to_float(bf16{want});
-      ASSERT_TRUE(got == expect || (std::isnan(got) && std::isnan(expect))) << "element " << i << " of " << n;
+      ASSERT_TRUE(got == expect || (std::isnan(got) && std::isnan(expect)))
+          << "element " << i << " of " << n;
     }
   }
   Tensor a = Tensor::from_floats({3, 2}, DType::f32, {0.5f, 1.5f, 2.5f, 3.5f, 4.5f, 5.5f}, "a");
@@ -245,7 +260,8 @@ TEST(Tensor, CopyFromConvertsEachElementAsTheScalarConversions) {
 }
 
 TEST(Config, PresetsAreValid) {
-  for (const auto& name : MlaConfig::preset_names()) EXPECT_NO_THROW((void)Config(MlaConfig::preset(name))) << name;
+  for (const auto& name : MlaConfig::preset_names())
+    EXPECT_NO_THROW((void)Config(MlaConfig::preset(name))) << name;
 }
 
 TEST(Config, UnknownPresetNamesTheValidOnes) {
@@ -260,8 +276,10 @@ TEST(Config, UnknownPresetNamesTheValidOnes) {
 }
 
 TEST(Error, UsageErrorsReadAsTheMessageAloneOthersNameTheirSource) {
-  // What a user reads on bad input is about the input; the raising file:line is for laga's developers.
-  const Error usage(ErrorKind::usage, "/x/src/mla/config.cpp", 12, "--sp 3 does not divide 8; try 1, 2, 4, 8");
+  // What a user reads on bad input is about the input; the raising file:line is for laga's
+  // developers.
+  const Error usage(ErrorKind::usage, "/x/src/mla/config.cpp", 12,
+                    "--sp 3 does not divide 8; try 1, 2, 4, 8");
   EXPECT_STREQ(usage.what(), "--sp 3 does not divide 8; try 1, 2, 4, 8");
   const Error failure(ErrorKind::failure, "/x/src/comm/threads.cpp", 34, "rank 1 timed out");
   EXPECT_STREQ(failure.what(), "rank 1 timed out (src/comm/threads.cpp:34)");
@@ -284,7 +302,8 @@ TEST(Config, ReportsEveryProblemAtOnce) {
   } catch (const Error& e) {
     EXPECT_NE(e.message().find("qk_rope_head_dim = 7"), std::string::npos);
     EXPECT_NE(e.message().find("seq_len"), std::string::npos);
-    EXPECT_NE(e.message().find("--sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8"), std::string::npos);
+    EXPECT_NE(e.message().find("--sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8"),
+              std::string::npos);
   }
 }
 
@@ -302,8 +321,8 @@ TEST(Config, JsonRoundTrips) {
   EXPECT_EQ(d.q_lora_rank, 0);
 }
 
-// A rank draws its shard of an input with fill_normal's offset; the shard must be bitwise the rows of
-// the whole tensor drawn at once, whatever rank count and thread count drew it.
+// A rank draws its shard of an input with fill_normal's offset; the shard must be bitwise the rows
+// of the whole tensor drawn at once, whatever rank count and thread count drew it.
 TEST(Random, AShardDrawnAtItsOffsetIsTheWholeTensorsRows) {
   const int64_t rows = 12, cols = 5, first = 4, count = 5;
   Tensor whole = Tensor::empty({rows, cols}, DType::f32, "whole");
@@ -314,10 +333,10 @@ TEST(Random, AShardDrawnAtItsOffsetIsTheWholeTensorsRows) {
     EXPECT_EQ(shard.get(i), whole.get(first * cols + i)) << "element " << i;
 }
 
-// normal(seed, stream, index) is a standard normal variable, and changing any one of seed, stream or
-// index gives an uncorrelated one: the weights, x and dy of a run are independent draws. Over n draws
-// the sample mean, the variance, the share within one σ and every correlation must lie within 5
-// standard errors of N(0, 1)'s and of 0 (a false alarm has odds of about 1 in 10⁶ per statistic).
+// normal(seed, stream, index) is a standard normal variable, and changing any one of seed, stream
+// or index gives an uncorrelated one: the weights, x and dy of a run are independent draws. Over n
+// draws the sample mean, the variance, the share within one σ and every correlation must lie within
+// 5 standard errors of N(0, 1)'s and of 0 (a false alarm has odds of about 1 in 10⁶ per statistic).
 TEST(Random, NormalIsStandardAndUncorrelatedAcrossSeedStreamAndIndex) {
   const int n = 200000;
   const uint64_t stream = stream_id("x");
@@ -332,8 +351,10 @@ TEST(Random, NormalIsStandardAndUncorrelatedAcrossSeedStreamAndIndex) {
   for (double x : v) mean += x / n, within += std::abs(x) < 1 ? 1.0 / n : 0.0;
   for (double x : v) var += (x - mean) * (x - mean) / (n - 1);
   const double se = 1 / std::sqrt(double(n)), p1 = 0.682689492137086;  // P(|z| < 1)
-  fmt::print("[measured] normal over {} draws: mean {:.4f}, variance {:.4f}, within 1 sigma {:.4f} "
-             "(standard error {:.4f})\n", n, mean, var, within, se);
+  fmt::print(
+      "[measured] normal over {} draws: mean {:.4f}, variance {:.4f}, within 1 sigma {:.4f} "
+      "(standard error {:.4f})\n",
+      n, mean, var, within, se);
   EXPECT_LT(std::abs(mean), 5 * se);
   EXPECT_LT(std::abs(var - 1), 5 * std::sqrt(2.0) * se);
   EXPECT_LT(std::abs(within - p1), 5 * std::sqrt(p1 * (1 - p1)) * se);
@@ -343,11 +364,13 @@ TEST(Random, NormalIsStandardAndUncorrelatedAcrossSeedStreamAndIndex) {
     return sum / n;
   };
   for (const auto& [what, w] : {std::pair{"another stream", &other_stream},
-                                {"another seed", &other_seed}, {"the next index", &next_index}}) {
+                                {"another seed", &other_seed},
+                                {"the next index", &next_index}}) {
     const double r = correlation(*w);
     fmt::print("[measured] correlation with {}: {:.4f}\n", what, r);
     EXPECT_LT(std::abs(r), 5 * se) << what;
   }
   // A pure function of its arguments: drawn again, in reverse order, the same bits.
-  for (int i = n; i-- > 0;) ASSERT_EQ(normal(7, stream, uint64_t(i)), v[size_t(i)]) << "index " << i;
+  for (int i = n; i-- > 0;)
+    ASSERT_EQ(normal(7, stream, uint64_t(i)), v[size_t(i)]) << "index " << i;
 }

@@ -37,12 +37,16 @@ TEST(Profile, CountsTheOutermostOpOnceAndOnlyUnderAScope) {
 
   // The eager kernel issues one product per head, inside the attention call: only attention counts.
   const int64_t B = 1, H = 2, T = 12, Dqk = 8, Dv = 4;
-  Tensor q = Tensor::zeros({T, B, H, Dqk}, DType::f32, "t.q"), k = Tensor::zeros({T, B, H, Dqk}, DType::f32, "t.k");
-  Tensor v = Tensor::zeros({T, B, H, Dv}, DType::f32, "t.v"), o = Tensor::zeros({T, B, H, Dv}, DType::f32, "t.o");
+  Tensor q = Tensor::zeros({T, B, H, Dqk}, DType::f32, "t.q"),
+         k = Tensor::zeros({T, B, H, Dqk}, DType::f32, "t.k");
+  Tensor v = Tensor::zeros({T, B, H, Dv}, DType::f32, "t.v"),
+         o = Tensor::zeros({T, B, H, Dv}, DType::f32, "t.o");
   AttentionFwdParams a;
-  a.B = B, a.T = T, a.Hq = H, a.Hkv = H, a.Dqk = Dqk, a.Dv = Dv, a.dtype = DType::f32, a.scale = 0.5f, a.causal = true;
+  a.B = B, a.T = T, a.Hq = H, a.Hkv = H, a.Dqk = Dqk, a.Dv = Dv, a.dtype = DType::f32,
+  a.scale = 0.5f, a.causal = true;
   a.q = q.raw(), a.k = k.raw(), a.v = v.raw(), a.o = o.raw();
-  a.q_stride = a.k_stride = dense_strides(B, H, Dqk), a.v_stride = a.o_stride = dense_strides(B, H, Dv);
+  a.q_stride = a.k_stride = dense_strides(B, H, Dqk),
+  a.v_stride = a.o_stride = dense_strides(B, H, Dv);
   for (Kernel kernel : {Kernel::eager, Kernel::fused}) {
     OpProfile e;
     {
@@ -51,7 +55,8 @@ TEST(Profile, CountsTheOutermostOpOnceAndOnlyUnderAScope) {
     }
     EXPECT_EQ(e.by_op.count(ProfiledOp::matmul), 0u) << kernel_name(kernel);
     EXPECT_EQ(e.by_op[ProfiledOp::attention_forward].calls, 1) << kernel_name(kernel);
-    EXPECT_EQ(e.by_op[ProfiledOp::attention_forward].flops, attention_forward_flops(B, H, T, Dqk, Dv, true));
+    EXPECT_EQ(e.by_op[ProfiledOp::attention_forward].flops,
+              attention_forward_flops(B, H, T, Dqk, Dv, true));
   }
 }
 

@@ -1,6 +1,6 @@
-// core/progress.hpp: a thread's hook runs from compute's progress points (every matmul, so every tile
-// of an attention kernel), at most once per interval, never inside itself, only on the thread that
-// installed it, and nested hooks restore the outer one.
+// core/progress.hpp: a thread's hook runs from compute's progress points (every matmul, so every
+// tile of an attention kernel), at most once per interval, never inside itself, only on the thread
+// that installed it, and nested hooks restore the outer one.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -14,7 +14,8 @@ namespace laga {
 namespace {
 
 void one_matmul() {
-  Tensor a = Tensor::zeros({8, 16}, DType::f32, "t.a"), b = Tensor::zeros({16, 4}, DType::f32, "t.b");
+  Tensor a = Tensor::zeros({8, 16}, DType::f32, "t.a"),
+         b = Tensor::zeros({16, 4}, DType::f32, "t.b");
   Tensor c = Tensor::zeros({8, 4}, DType::f32, "t.c");
   matmul_2d(mat(a), mat(b), mat(c), false, 1.0f);
 }

@@ -1,13 +1,13 @@
 // Determinism (the reliability bar: never a silent wrong number): the same run twice gives bitwise
 // the same tensors — inputs, weights, outputs and every gradient — for every form (explicit, laga,
-// absorbed with shared and with expanded K/V), kernel (fused, eager), dtype (fp32, bf16) and P (1, 2,
-// 4), ranks as threads — every registered form. Each rank of the second run is compared with the same
-// rank of the first.
+// absorbed with shared and with expanded K/V), kernel (fused, eager), dtype (fp32, bf16) and P (1,
+// 2, 4), ranks as threads — every registered form. Each rank of the second run is compared with the
+// same rank of the first.
 //
 // Not here: agreement between ranks, which holds by construction for what a run gathers (every rank
-// receives the same all_gather and all_reduce results: tests/comm/test_comm_collectives.cpp); the MPI
-// backend, checked the same way on `laga run --dump` under mpirun by tests/cli/determinism_mpi.sh;
-// agreement between forms (tests/mla/test_forms.cpp).
+// receives the same all_gather and all_reduce results: tests/comm/test_comm_collectives.cpp); the
+// MPI backend, checked the same way on `laga run --dump` under mpirun by
+// tests/cli/determinism_mpi.sh; agreement between forms (tests/mla/test_forms.cpp).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -33,8 +33,8 @@ struct Case {
 std::string case_name(const Case& c) {
   std::string form = c.form;
   std::replace(form.begin(), form.end(), '-', '_');
-  return form + "_" + std::string(kernel_name(c.kernel)) + "_" + std::string(dtype_name(c.dtype)) + "_sp" +
-         std::to_string(c.sp);
+  return form + "_" + std::string(kernel_name(c.kernel)) + "_" + std::string(dtype_name(c.dtype)) +
+         "_sp" + std::to_string(c.sp);
 }
 
 MlaConfig config(const Case& k) {
@@ -88,11 +88,14 @@ std::vector<Case> every_case() {
   for (const Form* form : registered_forms())
     for (Kernel kernel : {Kernel::fused, Kernel::eager})
       for (DType dtype : {DType::f32, DType::bf16})
-        for (int64_t sp : {1, 2, 4}) cases.push_back({std::string(form->name()), kernel, dtype, sp});
+        for (int64_t sp : {1, 2, 4})
+          cases.push_back({std::string(form->name()), kernel, dtype, sp});
   return cases;
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryFormKernelDtypeAndP, Determinism, ::testing::ValuesIn(every_case()),
-                         [](const ::testing::TestParamInfo<Case>& info) { return case_name(info.param); });
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           return case_name(info.param);
+                         });
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The performance model (driver/model.hpp): its communication term is the planner's bytes over the
 // hardware file's link, checked by hand against the closed forms of docs/accounting.md §5; the
-// latency + bandwidth fit recovers known parameters; hardware files with a missing or mistyped field
-// are refused naming the field; the docs/hw files predict every form.
+// latency + bandwidth fit recovers known parameters; hardware files with a missing or mistyped
+// field are refused naming the field; the docs/hw files predict every form.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -39,18 +39,20 @@ Config tiny(const std::string& form, int64_t T, int64_t P) {
 TEST(Model, CommunicationIsThePlannersBytesCheckedByHand) {
   const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
   // tiny: H 8, Dqk 24, Dv 12, Dl 40; T 16, P 2, B 1, bf16 (s = 2): E = 8 local rows.
-  // docs/accounting.md §5: an all-to-all's tensor bytes are its input, E·H·d·s, and it sends (P−1)/P of
-  // them; the latent all-gather's tensor bytes are the shard E·Dl·s, and it sends P−1 shards.
+  // docs/accounting.md §5: an all-to-all's tensor bytes are its input, E·H·d·s, and it sends
+  // (P−1)/P of them; the latent all-gather's tensor bytes are the shard E·Dl·s, and it sends P−1
+  // shards.
   const double E = 8, H = 8, Dqk = 24, Dv = 12, Dl = 40, s = 2, P = 2;
-  const double q = E * H * Dqk * s, k = q, v = E * H * Dv * s, o = v, latent = E * Dl * s;  // 3072, 3072, 1536, 1536, 640
+  // 3072, 3072, 1536, 1536, 640
+  const double q = E * H * Dqk * s, k = q, v = E * H * Dv * s, o = v, latent = E * Dl * s;
   EXPECT_EQ(latent, 640);
   const FormPrediction ex = predict(tiny("explicit", 16, 2), hw);
   const FormPrediction la = predict(tiny("laga", 16, 2), hw);
   // Each collective by the tensor it moves (the issue order is the form's: docs/design.md §2.6):
   // explicit q, k, v, o forward and do, dq, dk, dv backward; laga q, latent, o and do, dlatent, dq.
-  const std::map<std::string, double> ex_tensor{{"q", q}, {"k", k}, {"v", v}, {"o", o},
+  const std::map<std::string, double> ex_tensor{{"q", q},  {"k", k},  {"v", v},  {"o", o},
                                                 {"do", o}, {"dq", q}, {"dk", k}, {"dv", v}};
-  const std::map<std::string, double> la_tensor{{"q", q}, {"latent", latent}, {"o", o},
+  const std::map<std::string, double> la_tensor{{"q", q},  {"latent", latent},  {"o", o},
                                                 {"do", o}, {"dlatent", latent}, {"dq", q}};
   const std::set<std::string> backward{"do", "dq", "dk", "dv", "dlatent"};
   ASSERT_EQ(ex.collectives.size(), ex_tensor.size());
@@ -71,7 +73,8 @@ TEST(Model, CommunicationIsThePlannersBytesCheckedByHand) {
     ASSERT_TRUE(la_tensor.count(t.record.tensor)) << t.record.tensor;
     const double bytes = la_tensor.at(t.record.tensor);
     EXPECT_EQ(double(t.record.tensor_bytes), bytes) << t.record.tensor;
-    const bool gather = t.record.op == CollectiveOp::all_gather || t.record.op == CollectiveOp::reduce_scatter;
+    const bool gather =
+        t.record.op == CollectiveOp::all_gather || t.record.op == CollectiveOp::reduce_scatter;
     EXPECT_EQ(gather, t.record.tensor == "latent" || t.record.tensor == "dlatent");
     // S of an all-gather / reduce-scatter is the whole array, P shards; busbw counts (P−1)/P of it.
     EXPECT_EQ(t.size_bytes, gather ? P * bytes : bytes);
@@ -93,7 +96,8 @@ TEST(Model, CommunicationIsThePlannersBytesCheckedByHand) {
 // phase names of L1–L3 and q's RoPE (docs/block.md), independently of how model.cpp selects them.
 TEST(Model, OverlapHidesTheLatentsCollectivesBehindTheQueryPathOnly) {
   const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
-  for (const char* form : {"laga", "explicit", "laga-recompute", "explicit-recompute", "absorbed-shared"})
+  for (const char* form :
+       {"laga", "explicit", "laga-recompute", "explicit-recompute", "absorbed-shared"})
     for (int64_t L : {1, 2}) {
       SCOPED_TRACE(std::string(form) + " L" + std::to_string(L));
       MlaConfig c = *tiny(form, 16, 2);
@@ -123,12 +127,14 @@ TEST(Model, OverlapHidesTheLatentsCollectivesBehindTheQueryPathOnly) {
       EXPECT_NEAR(exposed[0], std::max(0.0, flying[0] - L * qf), 1e-15);
       EXPECT_NEAR(exposed[1], std::max(0.0, flying[1] - L * qb), 1e-15);
       EXPECT_LT(on.comm_s(), off.comm_s());
-      EXPECT_NEAR(on.fwd_compute_s + on.bwd_compute_s, off.fwd_compute_s + off.bwd_compute_s, 1e-15);
+      EXPECT_NEAR(on.fwd_compute_s + on.bwd_compute_s, off.fwd_compute_s + off.bwd_compute_s,
+                  1e-15);
     }
 }
 
-// A link's host cost (host_ns_per_byte): the hidden part of each collective takes its bytes' host time
-// from compute; exposed parts and runs without overlap are unchanged; the time of a collective is not.
+// A link's host cost (host_ns_per_byte): the hidden part of each collective takes its bytes' host
+// time from compute; exposed parts and runs without overlap are unchanged; the time of a collective
+// is not.
 TEST(Model, HiddenBytesCostTheComputeTheLinksHostCost) {
   json j = toy_hw();
   const HardwareSpec plain = HardwareSpec::from_json(j, "toy.json");
@@ -138,7 +144,8 @@ TEST(Model, HiddenBytesCostTheComputeTheLinksHostCost) {
     SCOPED_TRACE(form);
     MlaConfig c = *tiny(form, 16, 2);
     c.num_layers = 2;
-    EXPECT_NEAR(predict(c, costly).total_s(), predict(c, plain).total_s(), 1e-15) << "nothing hidden: nothing charged";
+    EXPECT_NEAR(predict(c, costly).total_s(), predict(c, plain).total_s(), 1e-15)
+        << "nothing hidden: nothing charged";
     EXPECT_EQ(predict(c, costly).hidden_host_s, 0);
     c.overlap = true;
     const FormPrediction a = predict(c, plain), b = predict(c, costly);
@@ -160,7 +167,8 @@ TEST(Model, HiddenBytesCostTheComputeTheLinksHostCost) {
     EXPECT_EQ(b.comm_s(), a.comm_s());
   }
   // Per op, round-tripped, and refused when negative or not a number, naming the field.
-  j["link"]["intra_node"]["host_ns_per_byte"] = {{"all_gather", 1}, {"reduce_scatter", 2}, {"all_to_all", 3}, {"all_reduce", 4}};
+  j["link"]["intra_node"]["host_ns_per_byte"] = {
+      {"all_gather", 1}, {"reduce_scatter", 2}, {"all_to_all", 3}, {"all_reduce", 4}};
   const HardwareSpec per_op = HardwareSpec::from_json(j, "toy.json");
   EXPECT_DOUBLE_EQ(per_op.intra_node.host_cost(CollectiveOp::all_to_all), 3e-9);
   EXPECT_EQ(HardwareSpec::from_json(per_op.to_json(), "again.json").to_json(), per_op.to_json());
@@ -187,20 +195,23 @@ TEST(Model, OverlapHidesARingsPairsBehindOneHopEach) {
       const FormPrediction on = predict(c, hw);
       ASSERT_EQ(on.collectives.size(), off.collectives.size());
       const bool latent = std::string(form) == "ring-latent";
-      std::set<std::string> ring{"attention", "ring merges and fp32 accumulators", "k, v assembly of the other blocks"};
+      std::set<std::string> ring{"attention", "ring merges and fp32 accumulators",
+                                 "k, v assembly of the other blocks"};
       if (latent)
-        ring.insert({"up-projection wkv_b", "k, v assembly", "every rank's up-projection", "recompute up-projection",
-                     "dk, dv assembly"});
+        ring.insert({"up-projection wkv_b", "k, v assembly", "every rank's up-projection",
+                     "recompute up-projection", "dk, dv assembly"});
       double q = 0, hop[2] = {0, 0};
       for (const PhaseTime& p : on.phases) {
-        if (!p.phase.backward && (p.phase.name == "wq_a" || p.phase.name == "rmsnorm q_norm" || p.phase.name == "wq_b" ||
-                                  p.phase.name == "rope q_pe"))
+        if (!p.phase.backward && (p.phase.name == "wq_a" || p.phase.name == "rmsnorm q_norm" ||
+                                  p.phase.name == "wq_b" || p.phase.name == "rope q_pe"))
           q += p.seconds;
         if (ring.count(p.phase.name)) hop[p.phase.backward] += p.seconds / double(P);
       }
-      const std::set<std::string> sent = latent ? std::set<std::string>{"latent"} : std::set<std::string>{"k", "v"};
+      const std::set<std::string> sent =
+          latent ? std::set<std::string>{"latent"} : std::set<std::string>{"k", "v"};
       std::map<std::pair<bool, std::string>, int64_t> seen;
-      std::map<std::pair<bool, int64_t>, std::pair<double, double>> by_hop;  // (pass, hop) -> (seconds, exposed)
+      // (pass, hop) -> (seconds, exposed)
+      std::map<std::pair<bool, int64_t>, std::pair<double, double>> by_hop;
       for (const CollectiveTime& t : on.collectives) {
         if (sent.count(t.record.tensor)) {
           auto& [secs, exp] = by_hop[{t.backward, seen[{t.backward, t.record.tensor}]++}];
@@ -213,7 +224,8 @@ TEST(Model, OverlapHidesARingsPairsBehindOneHopEach) {
       for (const auto& [key, v] : by_hop) {
         const auto [backward, h] = key;
         const double window = hop[backward] + (!backward && h == 0 ? q : 0);
-        EXPECT_NEAR(v.second, std::max(0.0, v.first - window), 1e-12 * v.first) << (backward ? "bwd" : "fwd") << " hop " << h;
+        EXPECT_NEAR(v.second, std::max(0.0, v.first - window), 1e-12 * v.first)
+            << (backward ? "bwd" : "fwd") << " hop " << h;
       }
       EXPECT_LT(on.comm_s(), off.comm_s());
     }
@@ -254,7 +266,8 @@ TEST(Model, AcrossNodesRingsRunAtTheSlowerLinkAndAllToAllSplitsItsTraffic) {
   const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");
   CollectiveRecord r{CollectiveOp::all_gather, "latent", DType::bf16};
   r.tensor_bytes = 1000;
-  // P 4 over 2 nodes: S = 4000, bus bytes 3000, at min(1, 2 ranks × 0.25) GB/s, latency max(1, 3) µs.
+  // P 4 over 2 nodes: S = 4000, bus bytes 3000, at min(1, 2 ranks × 0.25) GB/s, latency max(1, 3)
+  // µs.
   EXPECT_NEAR(collective_time(hw, r, 4).seconds, 3e-6 + 3000 / 0.5e9, 1e-15);
   EXPECT_NEAR(collective_time(hw, r, 2).seconds, 1e-6 + 1000 / 1e9, 1e-15);
   r.op = CollectiveOp::all_to_all, r.tensor_bytes = 4000;  // S = 4000: 1000 to each rank
@@ -275,14 +288,17 @@ TEST(Model, AcrossNodesRingsRunAtTheSlowerLinkAndAllToAllSplitsItsTraffic) {
 
 TEST(Model, ASubGroupRunsOverItsOwnRanksAndCrossesNodesOnlyWhereTheyDo) {
   const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");  // 2 ranks per node
-  auto group = [](std::vector<int> ranks) { return std::make_shared<const std::vector<int>>(std::move(ranks)); };
+  auto group = [](std::vector<int> ranks) {
+    return std::make_shared<const std::vector<int>>(std::move(ranks));
+  };
   CollectiveRecord r{CollectiveOp::all_gather, "latent", DType::bf16};
   r.tensor_bytes = 1000;
   // In a job of 8: ranks 0 and 1 share a node: S = 2000, bus bytes 1000 at the intra 1 GB/s, 1 µs.
   r.group = group({0, 1});
   EXPECT_FALSE(collective_time(hw, r, 8).crosses_nodes);
   EXPECT_NEAR(collective_time(hw, r, 8).seconds, 1e-6 + 1000 / 1e9, 1e-15);
-  // Ranks 0, 2, 4, 6: four nodes, one rank in each: S = 4000, bus bytes 3000 at 1 × 0.25 GB/s, 3 µs.
+  // Ranks 0, 2, 4, 6: four nodes, one rank in each: S = 4000, bus bytes 3000 at 1 × 0.25 GB/s, 3
+  // µs.
   r.group = group({0, 2, 4, 6});
   EXPECT_TRUE(collective_time(hw, r, 8).crosses_nodes);
   EXPECT_NEAR(collective_time(hw, r, 8).seconds, 3e-6 + 3000 / 0.25e9, 1e-15);
@@ -291,7 +307,8 @@ TEST(Model, ASubGroupRunsOverItsOwnRanksAndCrossesNodesOnlyWhereTheyDo) {
   CollectiveRecord whole = r;
   whole.group = nullptr;
   EXPECT_NEAR(collective_time(hw, r, 8).seconds, collective_time(hw, whole, 4).seconds, 1e-15);
-  // A ring hop between ranks 1 and 3 crosses (one rank's own inter-node link); between 2 and 3 it does not.
+  // A ring hop between ranks 1 and 3 crosses (one rank's own inter-node link); between 2 and 3 it
+  // does not.
   r.op = CollectiveOp::send_recv;
   r.group = group({1, 3});
   EXPECT_NEAR(collective_time(hw, r, 8).seconds, 3e-6 + 1000 / 0.25e9, 1e-15);
@@ -302,15 +319,16 @@ TEST(Model, ASubGroupRunsOverItsOwnRanksAndCrossesNodesOnlyWhereTheyDo) {
 TEST(Model, LagaWithUlyssesGathersInsideANodeAndRingsAcrossNodes) {
   const HardwareSpec hw = HardwareSpec::from_json(toy_hw(), "toy.json");  // 2 ranks per node
   MlaConfig c = MlaConfig::preset("tiny");
-  c.seq_len = 32, c.sp = 4, c.ulysses = 2, c.form = "laga";  // groups {0, 1} and {2, 3}, rings {0, 2}, {1, 3}
+  // groups {0, 1} and {2, 3}, rings {0, 2}, {1, 3}
+  c.seq_len = 32, c.sp = 4, c.ulysses = 2, c.form = "laga";
   const FormPrediction p = predict(Config(c), hw);
   EXPECT_EQ(p.form, "laga (ulysses 2)");
   int hops = 0, gathers = 0;
   for (const CollectiveTime& t : p.collectives) {
     ASSERT_TRUE(t.record.group) << t.record.tensor;
     EXPECT_EQ(t.record.group->size(), 2u) << t.record.tensor;
-    EXPECT_EQ(t.crosses_nodes, t.record.op == CollectiveOp::send_recv) << collective_name(t.record.op) << " "
-                                                                       << t.record.tensor;
+    EXPECT_EQ(t.crosses_nodes, t.record.op == CollectiveOp::send_recv)
+        << collective_name(t.record.op) << " " << t.record.tensor;
     hops += t.record.op == CollectiveOp::send_recv;
     gathers += t.record.op == CollectiveOp::all_gather;
   }
@@ -318,14 +336,16 @@ TEST(Model, LagaWithUlyssesGathersInsideANodeAndRingsAcrossNodes) {
   EXPECT_GT(gathers, 0);
 }
 
-// The skew is what one rank waited for its peers, never more than a rank's whole wait: two ranks that
-// take turns arriving late (as oversubscribed threads do) each wait 10 ms once, a skew of 10 ms, not
-// the 20 ms a per-collective (longest − shortest) sum gives, which can exceed every rank's exposed
-// communication and the step itself.
+// The skew is what one rank waited for its peers, never more than a rank's whole wait: two ranks
+// that take turns arriving late (as oversubscribed threads do) each wait 10 ms once, a skew of 10
+// ms, not the 20 ms a per-collective (longest − shortest) sum gives, which can exceed every rank's
+// exposed communication and the step itself.
 TEST(Skew, IsTheMostOneRankWaitedForItsPeers) {
   EXPECT_DOUBLE_EQ(peer_wait_skew({{0.010, 0.000}, {0.000, 0.010}}), 0.010);
-  // The transfer (what the last arriver waits) is not skew: 2 ms on every collective, 5 ms late once.
-  EXPECT_DOUBLE_EQ(peer_wait_skew({{0.002, 0.007, 0.002}, {0.002, 0.002, 0.002}, {0.002, 0.002, 0.002}}), 0.005);
+  // The transfer (what the last arriver waits) is not skew: 2 ms on every collective, 5 ms late
+  // once.
+  EXPECT_DOUBLE_EQ(
+      peer_wait_skew({{0.002, 0.007, 0.002}, {0.002, 0.002, 0.002}, {0.002, 0.002, 0.002}}), 0.005);
   // One rank: nothing to wait for.
   EXPECT_DOUBLE_EQ(peer_wait_skew({{0.003, 0.004}}), 0.0);
   EXPECT_DOUBLE_EQ(peer_wait_skew({}), 0.0);
@@ -358,18 +378,28 @@ TEST(LatencyBandwidthFit, RecoversKnownParameters) {
 TEST(LatencyBandwidthFit, ReadsABenchCommFile) {
   // Rows as laga bench-comm writes them (bytes = nccl-tests' S), P 4: t = lat + S·factor / busbw.
   const int64_t P = 4;
-  const std::map<std::string, std::pair<double, double>> truth{
-      {"all_gather", {5e-6, 12}}, {"reduce_scatter", {6e-6, 11}}, {"all_to_all", {8e-6, 9}}, {"all_reduce", {9e-6, 10}}};
+  const std::map<std::string, std::pair<double, double>> truth{{"all_gather", {5e-6, 12}},
+                                                               {"reduce_scatter", {6e-6, 11}},
+                                                               {"all_to_all", {8e-6, 9}},
+                                                               {"all_reduce", {9e-6, 10}}};
   json rows = json::array();
   for (const auto& [op, lb] : truth)
     for (double S = 1 << 16; S <= 1 << 24; S *= 2) {
       const double factor = op == "all_reduce" ? 2.0 * (P - 1) / P : double(P - 1) / P;
       const double t = lb.first + S * factor / (lb.second * 1e9);
-      rows.push_back({{"op", op}, {"dtype", "bf16"}, {"bytes", S}, {"count", 0}, {"time_s", t}, {"algbw_GBps", S / t / 1e9},
-                      {"busbw_GBps", S * factor / t / 1e9}, {"wrong", 0}});
+      rows.push_back({{"op", op},
+                      {"dtype", "bf16"},
+                      {"bytes", S},
+                      {"count", 0},
+                      {"time_s", t},
+                      {"algbw_GBps", S / t / 1e9},
+                      {"busbw_GBps", S * factor / t / 1e9},
+                      {"wrong", 0}});
     }
-  rows.push_back({{"op", "all_gather"}, {"bytes", 1 << 20}, {"time_s", 1.0}, {"wrong", 3}});  // a wrong result: ignored
-  const LinkSpec l = link_from_bench_comm({{"command", "bench-comm"}, {"sp", P}, {"rows", rows}}, "bc.json");
+  // a wrong result: ignored
+  rows.push_back({{"op", "all_gather"}, {"bytes", 1 << 20}, {"time_s", 1.0}, {"wrong", 3}});
+  const LinkSpec l =
+      link_from_bench_comm({{"command", "bench-comm"}, {"sp", P}, {"rows", rows}}, "bc.json");
   for (const auto& [op, lb] : truth) {
     CollectiveOp o = CollectiveOp::barrier;
     for (CollectiveOp c : kModelledOps)
@@ -379,16 +409,19 @@ TEST(LatencyBandwidthFit, ReadsABenchCommFile) {
   }
 }
 
-// bench-comm --host-cost's rows set each op's host cost (a negative reading is none); a file that has
-// them for some ops only is refused.
+// bench-comm --host-cost's rows set each op's host cost (a negative reading is none); a file that
+// has them for some ops only is refused.
 TEST(LatencyBandwidthFit, ReadsTheHostCostOfABenchCommFile) {
   json rows = json::array();
   for (const char* op : {"all_gather", "reduce_scatter", "all_to_all", "all_reduce"})
-    for (double S : {1e5, 1e6}) rows.push_back({{"op", op}, {"bytes", S}, {"time_s", 1e-5 + S / 1e9}, {"wrong", 0}});
+    for (double S : {1e5, 1e6})
+      rows.push_back({{"op", op}, {"bytes", S}, {"time_s", 1e-5 + S / 1e9}, {"wrong", 0}});
   json j = {{"command", "bench-comm"}, {"sp", 2}, {"rows", rows}};
   EXPECT_TRUE(link_from_bench_comm(j, "bc.json").host_ns_per_byte.empty());
-  j["host_cost"] = json::array({{{"op", "all_gather"}, {"host_ns_per_byte", 12.5}}, {{"op", "reduce_scatter"}, {"host_ns_per_byte", -0.4}},
-                                {{"op", "all_to_all"}, {"host_ns_per_byte", 20}}, {{"op", "all_reduce"}, {"host_ns_per_byte", 8}}});
+  j["host_cost"] = json::array({{{"op", "all_gather"}, {"host_ns_per_byte", 12.5}},
+                                {{"op", "reduce_scatter"}, {"host_ns_per_byte", -0.4}},
+                                {{"op", "all_to_all"}, {"host_ns_per_byte", 20}},
+                                {{"op", "all_reduce"}, {"host_ns_per_byte", 8}}});
   const LinkSpec l = link_from_bench_comm(j, "bc.json");
   EXPECT_DOUBLE_EQ(l.host_cost(CollectiveOp::all_gather), 12.5e-9);
   EXPECT_EQ(l.host_cost(CollectiveOp::reduce_scatter), 0);
@@ -424,7 +457,8 @@ TEST(HardwareSpec, RefusesAMissingOrMistypedFieldNamingIt) {
   expect_refused(j, "compute.bf16.attention_bwd_tflops");
   j = toy_hw(), j["compute"]["bf16"]["elementwise_GBps"] = -3;
   expect_refused(j, "compute.bf16.elementwise_GBps");
-  j = toy_hw(), j["link"]["intra_node"]["busbw_GBps"] = {{"all_gather", 1}, {"all_to_all", 1}, {"all_reduce", 1}};
+  j = toy_hw(),
+  j["link"]["intra_node"]["busbw_GBps"] = {{"all_gather", 1}, {"all_to_all", 1}, {"all_reduce", 1}};
   expect_refused(j, "link.intra_node.busbw_GBps.reduce_scatter");
   j = toy_hw(), j["link"].erase("intra_node");
   expect_refused(j, "link.intra_node");
@@ -457,8 +491,8 @@ TEST(SeqRate, ReadsBetweenMeasuredLengthsInLogTAndHoldsTheEnds) {
   EXPECT_DOUBLE_EQ(r.at(4096), 30.0);
   EXPECT_DOUBLE_EQ(r.at(2048), 20.0);  // halfway in log2: 10 + (1/2)·20
   EXPECT_NEAR(r.at(1448), 10.0 + 20.0 * std::log2(1448.0 / 1024.0) / 2.0, 1e-12);
-  EXPECT_DOUBLE_EQ(r.at(64), 10.0);      // below the shortest: held, not extrapolated
-  EXPECT_DOUBLE_EQ(r.at(65536), 30.0);   // beyond the longest: held
+  EXPECT_DOUBLE_EQ(r.at(64), 10.0);     // below the shortest: held, not extrapolated
+  EXPECT_DOUBLE_EQ(r.at(65536), 30.0);  // beyond the longest: held
   EXPECT_DOUBLE_EQ(SeqRate::constant(7.0).at(123), 7.0);
   EXPECT_EQ(SeqRate::constant(7.0).to_json(), json(7.0));
   EXPECT_EQ(r.to_json(), json::parse(R"({"1024": 10.0, "4096": 30.0})"));
@@ -466,8 +500,8 @@ TEST(SeqRate, ReadsBetweenMeasuredLengthsInLogTAndHoldsTheEnds) {
 
 TEST(Model, ReadsEachRateAtTheLengthOfItsRunOrKernelCall) {
   // Rates given by T: matmul and elementwise at the run's T, attention at one kernel call's length
-  // (T for laga; T/P for ring-latent, whose hops hold T/P tokens). Each phase's time must be its work
-  // over the rate read there.
+  // (T for laga; T/P for ring-latent, whose hops hold T/P tokens). Each phase's time must be its
+  // work over the rate read there.
   json j = toy_hw();
   j["compute"]["bf16"]["matmul_tflops"] = {{"16", 1.0}, {"64", 4.0}};
   j["compute"]["bf16"]["attention_fwd_tflops"] = {{"8", 0.1}, {"32", 0.4}};
@@ -483,12 +517,22 @@ TEST(Model, ReadsEachRateAtTheLengthOfItsRunOrKernelCall) {
     for (const PhaseTime& t : p.phases) {
       double want = 0;
       switch (t.phase.op) {
-        case OpClass::matmul: want = cs.matmul_tflops.at(T) * 1e12; break;  // 2.0 at T 32
-        case OpClass::elementwise: want = 20e9; break;
-        case OpClass::accumulate: want = 60e9; break;  // halfway in log2 between 16 and 64
+        case OpClass::matmul:
+          want = cs.matmul_tflops.at(T) * 1e12;
+          break;  // 2.0 at T 32
+        case OpClass::elementwise:
+          want = 20e9;
+          break;
+        case OpClass::accumulate:
+          want = 60e9;
+          break;  // halfway in log2 between 16 and 64
         // at 32: the measured 0.4; at 16: halfway in log2 between 8 and 32, 0.25
-        case OpClass::attention_forward: want = (call == 32 ? 0.4 : 0.25) * 1e12; break;
-        case OpClass::attention_backward: want = 0.25e12; break;  // a plain number
+        case OpClass::attention_forward:
+          want = (call == 32 ? 0.4 : 0.25) * 1e12;
+          break;
+        case OpClass::attention_backward:
+          want = 0.25e12;
+          break;  // a plain number
       }
       EXPECT_DOUBLE_EQ(t.rate, want) << form << " " << t.phase.name;
       EXPECT_DOUBLE_EQ(t.seconds, (t.phase.by_bytes() ? t.phase.bytes : t.phase.flops) / want)
@@ -497,7 +541,8 @@ TEST(Model, ReadsEachRateAtTheLengthOfItsRunOrKernelCall) {
     }
     EXPECT_GT(checked, 8) << form;
   }
-  EXPECT_DOUBLE_EQ(cs.matmul_tflops.at(32), 2.5);  // log2(32/16) / log2(64/16) = 1/2 of the way from 1 to 4
+  // log2(32/16) / log2(64/16) = 1/2 of the way from 1 to 4
+  EXPECT_DOUBLE_EQ(cs.matmul_tflops.at(32), 2.5);
 }
 
 // The ring forms' fp32 merges and accumulators are their own class, timed at the file's accumulate
@@ -525,9 +570,10 @@ TEST(Model, TimesTheRingsAccumulationAtItsOwnRate) {
   expect_refused(j, "compute.bf16.accumulate_GBps");
 }
 
-// laga-fused's up-projection runs inside its kernel: timed at the file's laga_fused rate (which counts
-// the attention and those products together) when it has one, else at the fused dense attention rate,
-// never at the matmul rate; bench's op-class timer sees it as attention, and so does the comparison.
+// laga-fused's up-projection runs inside its kernel: timed at the file's laga_fused rate (which
+// counts the attention and those products together) when it has one, else at the fused dense
+// attention rate, never at the matmul rate; bench's op-class timer sees it as attention, and so
+// does the comparison.
 TEST(Model, LagaFusedTimesItsUpProjectionWithItsKernel) {
   const Config c = tiny("laga-fused", 32, 2);
   for (bool given : {false, true}) {
@@ -561,12 +607,13 @@ TEST(Model, LagaFusedTimesItsUpProjectionWithItsKernel) {
 // A calibration measurement is the median of its timed repeats, the warm-up (first) left out, as
 // bench's rows are medians: one slow repeat of three moves it not at all, the fastest is not taken.
 TEST(Calibration, AMeasurementIsTheMedianOfItsTimedRepeats) {
-  EXPECT_DOUBLE_EQ(median_after_warmup({100, 3, 1, 2}), 2);   // warm-up 100 left out
-  EXPECT_DOUBLE_EQ(median_after_warmup({0.1, 9, 1, 1.2}), 1.2);  // one slow repeat: the median holds
-  EXPECT_DOUBLE_EQ(median_after_warmup({100, 4, 2}), 3);      // two repeats: their mean
+  EXPECT_DOUBLE_EQ(median_after_warmup({100, 3, 1, 2}), 2);  // warm-up 100 left out
+  // one slow repeat: the median holds
+  EXPECT_DOUBLE_EQ(median_after_warmup({0.1, 9, 1, 1.2}), 1.2);
+  EXPECT_DOUBLE_EQ(median_after_warmup({100, 4, 2}), 3);  // two repeats: their mean
   EXPECT_DOUBLE_EQ(median_after_warmup({100, 5}), 5);
-  // The calibration's rounds keep the median of an entry's readings: two agreeing, their mean; a third
-  // read where two disagree outvotes the slow one.
+  // The calibration's rounds keep the median of an entry's readings: two agreeing, their mean; a
+  // third read where two disagree outvotes the slow one.
   EXPECT_DOUBLE_EQ(median({2.0, 2.2}), 2.1);
   EXPECT_DOUBLE_EQ(median({2.0, 3.5, 2.1}), 2.1);
   EXPECT_DOUBLE_EQ(median({7.0}), 7.0);
@@ -609,9 +656,16 @@ TEST(Model, ComparesWithABenchFileRowByRow) {
   for (const char* form : {"explicit", "laga"}) {
     c.form = form;
     const FormPrediction p = predict(Config(c), hw);
-    rows.push_back({{"variant", form}, {"seq", 32}, {"sp", 2}, {"fwd_s", 1.0}, {"bwd_s", 2.0}, {"comm_s", 0.5}, {"total_s", 3.0}});
+    rows.push_back({{"variant", form},
+                    {"seq", 32},
+                    {"sp", 2},
+                    {"fwd_s", 1.0},
+                    {"bwd_s", 2.0},
+                    {"comm_s", 0.5},
+                    {"total_s", 3.0}});
   }
-  const auto cmp = compare_with_bench({{"command", "bench"}, {"config", c.to_json()}, {"rows", rows}}, "b.json", hw);
+  const auto cmp = compare_with_bench(
+      {{"command", "bench"}, {"config", c.to_json()}, {"rows", rows}}, "b.json", hw);
   ASSERT_EQ(cmp.size(), 2u);
   c.seq_len = 32, c.form = "laga";
   EXPECT_DOUBLE_EQ(cmp[1].predicted.total_s(), predict(Config(c), hw).total_s());
@@ -620,11 +674,13 @@ TEST(Model, ComparesWithABenchFileRowByRow) {
   EXPECT_FALSE(cmp[1].rel_error_without_skew().has_value());
   // The ranks' skew: the second error is against the total less it; the judged error is unchanged.
   rows[1]["comm_skew_s"] = 0.4;
-  const auto skewed = compare_with_bench({{"command", "bench"}, {"config", c.to_json()}, {"rows", rows}}, "b.json", hw);
+  const auto skewed = compare_with_bench(
+      {{"command", "bench"}, {"config", c.to_json()}, {"rows", rows}}, "b.json", hw);
   ASSERT_TRUE(skewed[1].measured_skew.has_value());
   EXPECT_DOUBLE_EQ(*skewed[1].measured_skew, 0.4);
   EXPECT_DOUBLE_EQ(skewed[1].rel_error_total(), cmp[1].rel_error_total());
-  EXPECT_DOUBLE_EQ(*skewed[1].rel_error_without_skew(), (skewed[1].predicted.total_s() - 2.6) / 2.6);
+  EXPECT_DOUBLE_EQ(*skewed[1].rel_error_without_skew(),
+                   (skewed[1].predicted.total_s() - 2.6) / 2.6);
   for (const json& bad : {json(-0.1), json(3.0), json("0.4")}) {
     rows[1]["comm_skew_s"] = bad;
     try {

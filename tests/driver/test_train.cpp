@@ -1,9 +1,9 @@
-// The training task (driver/train.hpp): the teacher runs in the student's token layout, so a form that
-// holds other tokens than explicit's contiguous ones (the ring forms' zigzag, laga --ulysses' zigzag
-// over groups) regresses onto the same targets up to rounding, and its loss curve agrees with
-// explicit's within train's fp32 tolerance (cmd_train.cpp: 1e-3 relative). It once did not: the
-// teacher ran explicit on the student's zigzag rows, a permuted sequence, and ring-kv's losses were 7 %
-// off explicit's at P 2.
+// The training task (driver/train.hpp): the teacher runs in the student's token layout, so a form
+// that holds other tokens than explicit's contiguous ones (the ring forms' zigzag, laga --ulysses'
+// zigzag over groups) regresses onto the same targets up to rounding, and its loss curve agrees
+// with explicit's within train's fp32 tolerance (cmd_train.cpp: 1e-3 relative). It once did not:
+// the teacher ran explicit on the student's zigzag rows, a permuted sequence, and ring-kv's losses
+// were 7 % off explicit's at P 2.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -23,7 +23,8 @@ Config tiny(const std::string& form, int64_t P, int64_t ulysses = 0) {
 double max_rel(const std::vector<double>& a, const std::vector<double>& b) {
   EXPECT_EQ(a.size(), b.size());
   double m = 0;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) m = std::max(m, std::abs(a[i] - b[i]) / std::abs(b[i]));
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i)
+    m = std::max(m, std::abs(a[i] - b[i]) / std::abs(b[i]));
   return m;
 }
 
@@ -50,7 +51,8 @@ TEST(Train, EveryLayoutsLossesAgreeWithExplicits) {
 
 TEST(Train, IdentityRecordsPuOnceSoAnotherUlyssesNamesBoth) {
   TrainOptions opt;
-  const nlohmann::json plain = train_identity(tiny("laga", 4), opt), same = train_identity(tiny("laga", 4, 4), opt);
+  const nlohmann::json plain = train_identity(tiny("laga", 4), opt),
+                       same = train_identity(tiny("laga", 4, 4), opt);
   const nlohmann::json hybrid = train_identity(tiny("laga", 4, 2), opt);
   EXPECT_EQ(plain, same);  // --ulysses P is the run without it
   EXPECT_EQ(plain["ulysses"], 4);

@@ -61,7 +61,7 @@ void expect_same_weights(const Weights& a, const Weights& b) {
 
 // Weights under Hugging Face names, plus tensors a real shard holds that are not attention's.
 std::vector<std::pair<std::string, const Tensor*>> hf_list(const MlaConfig& c, const Weights& w,
-                                                            const std::vector<Tensor>& extras) {
+                                                           const std::vector<Tensor>& extras) {
   std::vector<std::pair<std::string, const Tensor*>> list;
   list.emplace_back("model.embed_tokens.weight", &extras[0]);
   for (size_t l = 0; l < w.layers.size(); ++l) {
@@ -74,7 +74,8 @@ std::vector<std::pair<std::string, const Tensor*>> hf_list(const MlaConfig& c, c
 }
 
 std::vector<Tensor> hf_extras() {
-  return {Tensor::zeros({10, 64}, DType::bf16, "extra"), Tensor::zeros({4, 64}, DType::bf16, "extra")};
+  return {Tensor::zeros({10, 64}, DType::bf16, "extra"),
+          Tensor::zeros({4, 64}, DType::bf16, "extra")};
 }
 
 std::string usage_error_of(const std::function<void()>& f) {
@@ -91,17 +92,24 @@ std::string usage_error_of(const std::function<void()>& f) {
 }  // namespace
 
 TEST_F(Checkpoint, HuggingFaceNamesFollowDeepSeek) {
-  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 3, "attn_norm"), "model.layers.3.input_layernorm.weight");
-  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "wq_a"), "model.layers.0.self_attn.q_a_proj.weight");
-  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "q_norm"), "model.layers.0.self_attn.q_a_layernorm.weight");
-  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "wq_b"), "model.layers.0.self_attn.q_b_proj.weight");
-  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "wq"), "model.layers.0.self_attn.q_proj.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 3, "attn_norm"),
+            "model.layers.3.input_layernorm.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "wq_a"),
+            "model.layers.0.self_attn.q_a_proj.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "q_norm"),
+            "model.layers.0.self_attn.q_a_layernorm.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "wq_b"),
+            "model.layers.0.self_attn.q_b_proj.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "wq"),
+            "model.layers.0.self_attn.q_proj.weight");
   EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "wkv_a"),
             "model.layers.0.self_attn.kv_a_proj_with_mqa.weight");
   EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "kv_norm"),
             "model.layers.0.self_attn.kv_a_layernorm.weight");
-  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "wkv_b"), "model.layers.0.self_attn.kv_b_proj.weight");
-  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 1, "wo"), "model.layers.1.self_attn.o_proj.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "wkv_b"),
+            "model.layers.0.self_attn.kv_b_proj.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 1, "wo"),
+            "model.layers.1.self_attn.o_proj.weight");
   EXPECT_EQ(checkpoint_name(WeightNaming::laga, 1, "wkv_b"), "layers.1.wkv_b");
 }
 
@@ -124,7 +132,8 @@ TEST_F(Checkpoint, ConvertsToTheConfigDtype) {
   Weights w = random_weights(c32);
   write_weights(path("w.safetensors"), c32, w);
   Weights back = load_weights(path("w.safetensors"), c16);
-  back.for_each([&](const std::string& n, const Tensor& t) { EXPECT_EQ(t.dtype(), DType::bf16) << n; });
+  back.for_each(
+      [&](const std::string& n, const Tensor& t) { EXPECT_EQ(t.dtype(), DType::bf16) << n; });
   expect_same_weights(back, w);
 }
 
@@ -149,7 +158,8 @@ TEST_F(Checkpoint, LoadsHuggingFaceQProjWhenQLoraRankIsZero) {
 TEST_F(Checkpoint, LoadsAShardedHuggingFaceCheckpointThroughItsIndex) {
   const MlaConfig c = tiny(2, DType::f32);
   Weights w = random_weights(c);
-  nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+  nlohmann::json index = {{"metadata", {{"total_size", 0}}},
+                          {"weight_map", nlohmann::json::object()}};
   for (size_t l = 0; l < 2; ++l) {
     const std::string shard = fmt::format("model-0000{}-of-00002.safetensors", l + 1);
     std::vector<std::pair<std::string, const Tensor*>> list;
@@ -174,7 +184,8 @@ TEST_F(Checkpoint, RejectsAWrongShapeNamingTheTensorItsShapeAndTheExpectedOne) {
   auto extras = hf_extras();
   write_safetensors(path("weights.safetensors"), hf_list(c, w, extras));
   const std::string msg = usage_error_of([&] { load_weights(path("weights.safetensors"), c); });
-  EXPECT_NE(msg.find("weights.safetensors: model.layers.0.self_attn.kv_b_proj.weight has shape [448, 32]; expected "
+  EXPECT_NE(msg.find("weights.safetensors: model.layers.0.self_attn.kv_b_proj.weight has shape "
+                     "[448, 32]; expected "
                      "[224, 32]"),
             std::string::npos)
       << msg;
@@ -186,7 +197,8 @@ TEST_F(Checkpoint, RejectsAMissingTensorNamingIt) {
   Weights w = random_weights(c);
   auto extras = hf_extras();
   auto list = hf_list(c, w, extras);
-  std::erase_if(list, [](const auto& p) { return p.first == "model.layers.1.self_attn.o_proj.weight"; });
+  std::erase_if(list,
+                [](const auto& p) { return p.first == "model.layers.1.self_attn.o_proj.weight"; });
   write_safetensors(path("hf.safetensors"), list);
   const std::string msg = usage_error_of([&] { load_weights(path("hf.safetensors"), c); });
   EXPECT_NE(msg.find("no tensor model.layers.1.self_attn.o_proj.weight"), std::string::npos) << msg;
@@ -215,7 +227,8 @@ TEST_F(Checkpoint, NamesAQLoraRankMismatch) {
 TEST_F(Checkpoint, RejectsAFileWithNeitherNaming) {
   Tensor t = Tensor::zeros({2}, DType::f32, "t");
   write_safetensors(path("other.safetensors"), {{"encoder.weight", &t}});
-  const std::string msg = usage_error_of([&] { load_weights(path("other.safetensors"), tiny(1, DType::f32)); });
+  const std::string msg =
+      usage_error_of([&] { load_weights(path("other.safetensors"), tiny(1, DType::f32)); });
   EXPECT_NE(msg.find("neither laga weights"), std::string::npos) << msg;
   EXPECT_NE(msg.find("encoder.weight"), std::string::npos) << msg;
 }
@@ -241,7 +254,8 @@ TEST_F(Checkpoint, DumpHoldsTheConfigAndEveryTensorInFp32) {
   auto f = SafetensorsFile::open(dir + "/tensors.safetensors");
   EXPECT_EQ(f.metadata().at("dtype"), "bf16");
   for (const auto& n : f.names()) EXPECT_EQ(f.entry(n).dtype, "F32") << n;
-  for (const auto& [n, t] : acts) EXPECT_EQ(f.load(n, DType::f32, "t").to_floats(), t.to_floats()) << n;
+  for (const auto& [n, t] : acts)
+    EXPECT_EQ(f.load(n, DType::f32, "t").to_floats(), t.to_floats()) << n;
   size_t count = 4;
   w.for_each([&](const std::string& n, const Tensor& t) {
     EXPECT_EQ(f.load(n, DType::f32, "t").to_floats(), t.to_floats()) << n;
@@ -261,8 +275,10 @@ TEST_F(Checkpoint, DumpRejectsActivationsOfTheWrongShape) {
   Weights w = random_weights(c);
   Tensor good = Tensor::zeros({c.seq_len, c.batch, c.hidden_size}, DType::f32, "a");
   Tensor flat = Tensor::zeros({c.seq_len * c.batch, c.hidden_size}, DType::f32, "a");
-  const std::string msg = usage_error_of([&] { write_dump(path("d"), c, good, good, flat, good, w, w); });
-  EXPECT_NE(msg.find("tensor y has shape [16, 64]; expected [16, 1, 64]"), std::string::npos) << msg;
+  const std::string msg =
+      usage_error_of([&] { write_dump(path("d"), c, good, good, flat, good, w, w); });
+  EXPECT_NE(msg.find("tensor y has shape [16, 64]; expected [16, 1, 64]"), std::string::npos)
+      << msg;
 }
 
 TEST_F(Checkpoint, UnwritableDumpDirectoryIsAUsageErrorNamingIt) {

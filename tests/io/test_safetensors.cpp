@@ -61,7 +61,8 @@ Tensor random_tensor(const Shape& shape, DType dtype, const std::string& name) {
 }
 
 bool same_bits(const Tensor& a, const Tensor& b) {
-  return a.shape() == b.shape() && a.dtype() == b.dtype() && std::memcmp(a.raw(), b.raw(), size_t(a.nbytes())) == 0;
+  return a.shape() == b.shape() && a.dtype() == b.dtype() &&
+         std::memcmp(a.raw(), b.raw(), size_t(a.nbytes())) == 0;
 }
 
 }  // namespace
@@ -70,7 +71,8 @@ TEST_F(Safetensors, RoundTripsFp32AndBf16) {
   Tensor a = random_tensor({3, 5}, DType::f32, "a");
   Tensor b = random_tensor({4, 1, 6}, DType::bf16, "b");
   Tensor c = random_tensor({7}, DType::f32, "c");
-  write_safetensors(path("t.safetensors"), {{"a", &a}, {"b.weight", &b}, {"c", &c}}, {{"format", "pt"}});
+  write_safetensors(path("t.safetensors"), {{"a", &a}, {"b.weight", &b}, {"c", &c}},
+                    {{"format", "pt"}});
 
   auto f = SafetensorsFile::open(path("t.safetensors"));
   EXPECT_EQ(f.names(), (std::vector<std::string>{"a", "b.weight", "c"}));
@@ -98,7 +100,8 @@ TEST_F(Safetensors, WritesTheSpecifiedLayoutInInsertionOrder) {
   EXPECT_EQ(header.substr(0, header.find_last_not_of(' ') + 1),
             R"({"__metadata__":{"k":"v"},"z":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
             R"("a":{"dtype":"BF16","shape":[1,1],"data_offsets":[8,10]}})");
-  EXPECT_EQ(bytes.substr(8 + n), bytes_of({0x00, 0x00, 0xc0, 0x3f, 0x00, 0x00, 0x00, 0xc0, 0x80, 0x3f}));
+  EXPECT_EQ(bytes.substr(8 + n),
+            bytes_of({0x00, 0x00, 0xc0, 0x3f, 0x00, 0x00, 0x00, 0xc0, 0x80, 0x3f}));
 }
 
 TEST_F(Safetensors, ReadsAHandCraftedFileOfEveryLoadableDtype) {
@@ -107,10 +110,13 @@ TEST_F(Safetensors, ReadsAHandCraftedFileOfEveryLoadableDtype) {
       R"({"d":{"dtype":"F64","shape":[1],"data_offsets":[18,26]},"__metadata__":{"format":"pt"},)"
       R"("b":{"dtype":"BF16","shape":[2],"data_offsets":[8,12]},"a":{"dtype":"F32","shape":[2,1],"data_offsets":[0,8]},)"
       R"("c":{"dtype":"F16","shape":[3],"data_offsets":[12,18]},"e":{"dtype":"F32","shape":[0,3],"data_offsets":[26,26]}}   )";
-  const std::string data = bytes_of({0x00, 0x00, 0xc0, 0x3f, 0x00, 0x00, 0x00, 0xc0,   // F32 1.5, -2
-                                     0x80, 0x3f, 0x00, 0xbf,                           // BF16 1, -0.5
-                                     0x00, 0x3c, 0xff, 0x7b, 0x01, 0x80,               // F16 1, 65504, -2^-24
-                                     0x9a, 0x99, 0x99, 0x99, 0x99, 0x99, 0xb9, 0x3f});  // F64 0.1
+  // F32 1.5, -2
+  const std::string data = bytes_of({0x00, 0x00, 0xc0, 0x3f, 0x00, 0x00, 0x00, 0xc0,
+                                     // BF16 1, -0.5
+                                     0x80, 0x3f, 0x00, 0xbf,
+                                     // F16 1, 65504, -2^-24
+                                     0x00, 0x3c, 0xff, 0x7b, 0x01, 0x80, 0x9a, 0x99, 0x99, 0x99,
+                                     0x99, 0x99, 0xb9, 0x3f});  // F64 0.1
   write_file(path("h.safetensors"), st_bytes(header, data));
   auto f = SafetensorsFile::open(path("h.safetensors"));
   EXPECT_EQ(f.names(), (std::vector<std::string>{"d", "b", "a", "c", "e"}));
@@ -118,16 +124,19 @@ TEST_F(Safetensors, ReadsAHandCraftedFileOfEveryLoadableDtype) {
   EXPECT_EQ(f.load("a", DType::f32, "t").to_floats(), (std::vector<float>{1.5f, -2.0f}));
   EXPECT_EQ(f.load("a", DType::f32, "t").shape(), (Shape{2, 1}));
   EXPECT_EQ(f.load("b", DType::f32, "t").to_floats(), (std::vector<float>{1.0f, -0.5f}));
-  EXPECT_EQ(f.load("c", DType::f32, "t").to_floats(), (std::vector<float>{1.0f, 65504.0f, -std::ldexp(1.0f, -24)}));
+  EXPECT_EQ(f.load("c", DType::f32, "t").to_floats(),
+            (std::vector<float>{1.0f, 65504.0f, -std::ldexp(1.0f, -24)}));
   EXPECT_EQ(f.load("d", DType::f32, "t").to_floats(), (std::vector<float>{0.1f}));
   EXPECT_EQ(f.load("e", DType::f32, "t").shape(), (Shape{0, 3}));
   // The same bytes through memory.
   auto m = SafetensorsFile::from_bytes(st_bytes(header, data), "mem");
-  EXPECT_EQ(m.load("c", DType::bf16, "t").to_floats(), (std::vector<float>{1.0f, 65536.0f, -std::ldexp(1.0f, -24)}));
+  EXPECT_EQ(m.load("c", DType::bf16, "t").to_floats(),
+            (std::vector<float>{1.0f, 65536.0f, -std::ldexp(1.0f, -24)}));
 }
 
 TEST_F(Safetensors, ConvertsOnLoadRoundingToNearestEven) {
-  Tensor a = Tensor::from_floats({3}, DType::f32, {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -3.14159f}, "a");
+  Tensor a =
+      Tensor::from_floats({3}, DType::f32, {1.0f + 1.0f / 256, 1.0f + 3.0f / 256, -3.14159f}, "a");
   write_safetensors(path("t.safetensors"), {{"a", &a}});
   auto f = SafetensorsFile::open(path("t.safetensors"));
   Tensor b = f.load("a", DType::bf16, "t");
@@ -135,7 +144,8 @@ TEST_F(Safetensors, ConvertsOnLoadRoundingToNearestEven) {
   for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(b.get(i), round_to(DType::bf16, a.get(i)));
   // bf16 -> fp32 is exact.
   write_safetensors(path("u.safetensors"), {{"b", &b}});
-  EXPECT_EQ(SafetensorsFile::open(path("u.safetensors")).load("b", DType::f32, "t").to_floats(), b.to_floats());
+  EXPECT_EQ(SafetensorsFile::open(path("u.safetensors")).load("b", DType::f32, "t").to_floats(),
+            b.to_floats());
 }
 
 TEST_F(Safetensors, StoresAsTheRequestedDtypeWithoutTrackedAllocations) {
@@ -211,8 +221,12 @@ struct Malformed {
   const char* message;  // a substring the error must contain
 };
 
-std::string entry(const std::string& name, const std::string& body) { return "\"" + name + "\":{" + body + "}"; }
-std::string one(const std::string& body, int data_bytes) { return st_bytes("{" + entry("w", body) + "}", std::string(size_t(data_bytes), '\0')); }
+std::string entry(const std::string& name, const std::string& body) {
+  return "\"" + name + "\":{" + body + "}";
+}
+std::string one(const std::string& body, int data_bytes) {
+  return st_bytes("{" + entry("w", body) + "}", std::string(size_t(data_bytes), '\0'));
+}
 const std::string kOk = R"("dtype":"F32","shape":[2])";
 
 std::vector<Malformed> malformed_files() {
@@ -223,7 +237,8 @@ std::vector<Malformed> malformed_files() {
   return {
       {"empty file", "", "too short"},
       {"shorter than the length field", "abcd", "too short"},
-      {"header longer than the file", std::string(1, char(100)) + std::string(7, '\0') + "{}", "larger than"},
+      {"header longer than the file", std::string(1, char(100)) + std::string(7, '\0') + "{}",
+       "larger than"},
       {"absurd header length", huge + "{}", "exceeds the limit"},
       {"empty header", st_bytes("", ""), "not valid JSON"},
       {"header not JSON", st_bytes("{\"w\":", ""), "not valid JSON"},
@@ -234,28 +249,40 @@ std::vector<Malformed> malformed_files() {
       {"missing dtype", one(R"("shape":[2],"data_offsets":[0,8])", 8), "has no 'dtype'"},
       {"missing shape", one(R"("dtype":"F32","data_offsets":[0,8])", 8), "has no 'shape'"},
       {"missing data_offsets", one(R"("dtype":"F32","shape":[2])", 8), "has no 'data_offsets'"},
-      {"dtype not a string", one(R"("dtype":4,"shape":[2],"data_offsets":[0,8])", 8), "not a string"},
-      {"unknown dtype", one(R"("dtype":"F33","shape":[2],"data_offsets":[0,8])", 8), "unknown dtype 'F33'"},
-      {"shape not an array", one(R"("dtype":"F32","shape":2,"data_offsets":[0,8])", 8), "not an array"},
-      {"negative dimension", one(R"("dtype":"F32","shape":[-2],"data_offsets":[0,8])", 8), "is negative"},
-      {"fractional dimension", one(R"("dtype":"F32","shape":[2.0],"data_offsets":[0,8])", 8), "not an integer"},
-      {"dimension beyond int64", one(R"("dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,8])", 8),
+      {"dtype not a string", one(R"("dtype":4,"shape":[2],"data_offsets":[0,8])", 8),
+       "not a string"},
+      {"unknown dtype", one(R"("dtype":"F33","shape":[2],"data_offsets":[0,8])", 8),
+       "unknown dtype 'F33'"},
+      {"shape not an array", one(R"("dtype":"F32","shape":2,"data_offsets":[0,8])", 8),
+       "not an array"},
+      {"negative dimension", one(R"("dtype":"F32","shape":[-2],"data_offsets":[0,8])", 8),
+       "is negative"},
+      {"fractional dimension", one(R"("dtype":"F32","shape":[2.0],"data_offsets":[0,8])", 8),
+       "not an integer"},
+      {"dimension beyond int64",
+       one(R"("dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,8])", 8),
        "out of range"},
       {"element count overflows",
-       one(R"("dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8])", 8), "overflows"},
-      {"byte count overflows", one(R"("dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8])", 8),
+       one(R"("dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8])", 8),
        "overflows"},
+      {"byte count overflows",
+       one(R"("dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8])", 8), "overflows"},
       {"rank above the limit",
-       one(R"("dtype":"F32","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,2],"data_offsets":[0,8])", 8),
+       one(R"("dtype":"F32","shape":[1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,2],"data_offsets":[0,8])",
+           8),
        "at most 32"},
-      {"data_offsets not a pair", one(kOk + R"(,"data_offsets":[0])", 8), "not an array [begin, end]"},
+      {"data_offsets not a pair", one(kOk + R"(,"data_offsets":[0])", 8),
+       "not an array [begin, end]"},
       {"data_offsets fractional", one(kOk + R"(,"data_offsets":[0,8.0])", 8), "not an integer"},
       {"data_offsets negative", one(kOk + R"(,"data_offsets":[-8,0])", 8), "is negative"},
       {"begin after end", one(kOk + R"(,"data_offsets":[8,0])", 8), "begin after end"},
-      {"offsets beyond the data", one(kOk + R"(,"data_offsets":[0,8])", 4), "beyond the 4-byte data section"},
-      {"size not numel times dtype size", one(kOk + R"(,"data_offsets":[0,4])", 4), "needs 8 bytes"},
+      {"offsets beyond the data", one(kOk + R"(,"data_offsets":[0,8])", 4),
+       "beyond the 4-byte data section"},
+      {"size not numel times dtype size", one(kOk + R"(,"data_offsets":[0,4])", 4),
+       "needs 8 bytes"},
       {"overlapping tensors",
-       st_bytes("{" + entry("a", kOk + R"(,"data_offsets":[0,8])") + "," + entry("b", kOk + R"(,"data_offsets":[4,12])") + "}",
+       st_bytes("{" + entry("a", kOk + R"(,"data_offsets":[0,8])") + "," +
+                    entry("b", kOk + R"(,"data_offsets":[4,12])") + "}",
                 std::string(12, '\0')),
        "overlaps tensor 'a'"},
       {"gap between tensors",
@@ -266,12 +293,16 @@ std::vector<Malformed> malformed_files() {
       {"gap before the first tensor", one(kOk + R"(,"data_offsets":[4,12])", 12), "gap of 4 bytes"},
       {"trailing bytes", one(kOk + R"(,"data_offsets":[0,8])", 9), "1 bytes after the last tensor"},
       {"duplicate tensor name",
-       st_bytes("{" + entry("a", kOk + R"(,"data_offsets":[0,8])") + "," + entry("a", kOk + R"(,"data_offsets":[0,8])") + "}",
+       st_bytes("{" + entry("a", kOk + R"(,"data_offsets":[0,8])") + "," +
+                    entry("a", kOk + R"(,"data_offsets":[0,8])") + "}",
                 std::string(8, '\0')),
        "duplicate key \"a\""},
-      {"duplicate key inside an entry", one(kOk + R"(,"dtype":"F32","data_offsets":[0,8])", 8), "duplicate key \"dtype\""},
-      {"metadata not an object", st_bytes(R"({"__metadata__":[1]})", ""), "__metadata__ is a JSON array"},
-      {"metadata value not a string", st_bytes(R"({"__metadata__":{"k":1}})", ""), "value 'k' is a JSON number"},
+      {"duplicate key inside an entry", one(kOk + R"(,"dtype":"F32","data_offsets":[0,8])", 8),
+       "duplicate key \"dtype\""},
+      {"metadata not an object", st_bytes(R"({"__metadata__":[1]})", ""),
+       "__metadata__ is a JSON array"},
+      {"metadata value not a string", st_bytes(R"({"__metadata__":{"k":1}})", ""),
+       "value 'k' is a JSON number"},
   };
 }
 }  // namespace
@@ -283,13 +314,16 @@ TEST_F(Safetensors, RejectsEveryMalformedFileWithAUsageErrorNamingTheProblem) {
     write_file(file, m.bytes);
     for (int in_memory = 0; in_memory < 2; ++in_memory) {
       try {
-        if (in_memory) SafetensorsFile::from_bytes(m.bytes, file);
-        else SafetensorsFile::open(file);
+        if (in_memory)
+          SafetensorsFile::from_bytes(m.bytes, file);
+        else
+          SafetensorsFile::open(file);
         ADD_FAILURE() << "accepted";
       } catch (const Error& e) {
         EXPECT_EQ(e.exit_status(), 2);
         EXPECT_NE(e.message().find(m.message), std::string::npos) << e.message();
-        EXPECT_EQ(e.message().rfind(file, 0), 0u) << "the message starts with the file: " << e.message();
+        EXPECT_EQ(e.message().rfind(file, 0), 0u)
+            << "the message starts with the file: " << e.message();
         EXPECT_EQ(e.message().find('\n'), std::string::npos) << "one line: " << e.message();
       }
     }
@@ -297,7 +331,8 @@ TEST_F(Safetensors, RejectsEveryMalformedFileWithAUsageErrorNamingTheProblem) {
 }
 
 TEST_F(Safetensors, HeaderLengthLargerThanTheFileIsRejected) {
-  std::string bytes = st_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'));
+  std::string bytes =
+      st_bytes(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}})", std::string(4, '\0'));
   bytes[0] = char(uint8_t(bytes[0]) + 8);  // claims 8 more header bytes than there are
   write_file(path("t.safetensors"), bytes.substr(0, bytes.size() - 1));
   try {
@@ -332,7 +367,8 @@ TEST_F(Safetensors, SurvivesEveryTruncationAndRandomCorruption) {
     }
   };
   EXPECT_TRUE(attempt(good));
-  for (size_t n = 0; n < good.size(); ++n) EXPECT_FALSE(attempt(good.substr(0, n))) << "prefix of " << n << " bytes";
+  for (size_t n = 0; n < good.size(); ++n)
+    EXPECT_FALSE(attempt(good.substr(0, n))) << "prefix of " << n << " bytes";
   std::mt19937 rng(12345);
   for (int trial = 0; trial < 4000; ++trial) {
     std::string bytes = good;

@@ -1,7 +1,7 @@
-// Training checkpoints (io/train_checkpoint.hpp): the state reads back bit for bit; a new checkpoint
-// replaces latest only once complete and keeps the previous one; leftovers of a killed writer are
-// cleaned; the manifest round-trips and its checksum, sizes, file checksums and identity are enforced
-// with usage errors naming the file and the expected and found values.
+// Training checkpoints (io/train_checkpoint.hpp): the state reads back bit for bit; a new
+// checkpoint replaces latest only once complete and keeps the previous one; leftovers of a killed
+// writer are cleaned; the manifest round-trips and its checksum, sizes, file checksums and identity
+// are enforced with usage errors naming the file and the expected and found values.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -58,14 +58,16 @@ TEST_F(TrainCheckpoint, StateReadsBackBitForBit) {
   EXPECT_EQ(got.manifest.next_data_seed, 1004u);
   ASSERT_EQ(got.manifest.losses.size(), 4u);
   EXPECT_EQ(std::memcmp(got.manifest.losses.data(), want.manifest.losses.data(), 4 * 8), 0);
-  EXPECT_EQ(std::memcmp(got.master[0].data(), want.master[0].data(), 12), 0);  // -0.0 and a denormal too
+  // -0.0 and a denormal too
+  EXPECT_EQ(std::memcmp(got.master[0].data(), want.master[0].data(), 12), 0);
   EXPECT_EQ(got.m2[1], want.m2[1]);
 }
 
 TEST_F(TrainCheckpoint, KeepsThePreviousCheckpointAndCleansLeftovers) {
   write_train_checkpoint(tmp_.dir().string(), state(2));
-  fs::create_directories(tmp_.dir() / ".tmp-step-00000003-1");   // a writer killed mid-checkpoint
-  fs::create_directories(tmp_.dir() / "step-00000003");          // renamed, but latest never pointed at it
+  fs::create_directories(tmp_.dir() / ".tmp-step-00000003-1");  // a writer killed mid-checkpoint
+  // renamed, but latest never pointed at it
+  fs::create_directories(tmp_.dir() / "step-00000003");
   write_train_checkpoint(tmp_.dir().string(), state(4));
   write_train_checkpoint(tmp_.dir().string(), state(6));
   EXPECT_FALSE(fs::exists(tmp_.dir() / ".tmp-step-00000003-1"));
@@ -108,9 +110,12 @@ TEST_F(TrainCheckpoint, ManifestRoundTripsAndItsChecksumIsEnforced) {
   EXPECT_EQ(back.identity, identity_);
   std::string edited = text;
   edited.replace(edited.find("\"bytes\": 42"), 11, "\"bytes\": 43");
-  EXPECT_NE(usage_error([&] { parse_train_manifest(edited, "m"); }).find("manifest checksum"), std::string::npos);
+  EXPECT_NE(usage_error([&] { parse_train_manifest(edited, "m"); }).find("manifest checksum"),
+            std::string::npos);
   EXPECT_NO_THROW(parse_train_manifest(edited, "m", /*check_self_hash=*/false));
-  EXPECT_NE(usage_error([&] { parse_train_manifest(text.substr(0, text.size() / 2), "m"); }).find("not valid JSON"),
+  EXPECT_NE(usage_error([&] {
+              parse_train_manifest(text.substr(0, text.size() / 2), "m");
+            }).find("not valid JSON"),
             std::string::npos);
 }
 

@@ -1,9 +1,10 @@
-// The planner (run_rank on meta tensors) against the tracking allocator and the ledger of real runs:
-// every memory figure equal to the byte, every collective equal in operation, tensor, dtype and both
-// byte counts, over a sweep of small configurations (T, P, H, L, q_lora_rank, B, both dtypes, every
-// registered form and kernel). And the plan against the closed-form formulas of docs/accounting.md,
-// written here from the dataflow, not from the code: saved bytes per form, laga's excess over explicit,
-// and the communication of each form in both byte conventions, at several points up to DeepSeek-V3.
+// The planner (run_rank on meta tensors) against the tracking allocator and the ledger of real
+// runs: every memory figure equal to the byte, every collective equal in operation, tensor, dtype
+// and both byte counts, over a sweep of small configurations (T, P, H, L, q_lora_rank, B, both
+// dtypes, every registered form and kernel). And the plan against the closed-form formulas of
+// docs/accounting.md, written here from the dataflow, not from the code: saved bytes per form,
+// laga's excess over explicit, and the communication of each form in both byte conventions, at
+// several points up to DeepSeek-V3.
 #include <gtest/gtest.h>
 
 #include "laga/driver/plan.hpp"
@@ -24,15 +25,17 @@ struct Case {
 };
 
 std::string name(const Case& k) {
-  return fmt::format("{} {} {} T{} P{} H{} L{} Lq{} B{} dlatent sum {} attn backward {}", k.form, kernel_name(k.kernel),
-                     dtype_name(k.dt), k.T, k.P, k.H, k.L, k.Lq, k.B, dlatent_sum_name(k.dlatent_sum),
-                     attn_backward_name(k.attn_backward));
+  return fmt::format("{} {} {} T{} P{} H{} L{} Lq{} B{} dlatent sum {} attn backward {}", k.form,
+                     kernel_name(k.kernel), dtype_name(k.dt), k.T, k.P, k.H, k.L, k.Lq, k.B,
+                     dlatent_sum_name(k.dlatent_sum), attn_backward_name(k.attn_backward));
 }
 
 MlaConfig config(const Case& k) {
   MlaConfig c = MlaConfig::preset("tiny");
-  c.form = k.form, c.kernel = k.kernel, c.dtype = k.dt, c.dlatent_sum = k.dlatent_sum, c.attn_backward = k.attn_backward;
-  c.seq_len = k.T, c.sp = k.P, c.num_attention_heads = k.H, c.num_layers = k.L, c.q_lora_rank = k.Lq, c.batch = k.B;
+  c.form = k.form, c.kernel = k.kernel, c.dtype = k.dt, c.dlatent_sum = k.dlatent_sum,
+  c.attn_backward = k.attn_backward;
+  c.seq_len = k.T, c.sp = k.P, c.num_attention_heads = k.H, c.num_layers = k.L,
+  c.q_lora_rank = k.Lq, c.batch = k.B;
   return c;
 }
 
@@ -42,14 +45,19 @@ std::vector<Case> sweep() {
   for (const Form* form : registered_forms())
     for (Kernel kernel : {Kernel::fused, Kernel::eager})
       for (DType dt : {DType::f32, DType::bf16}) {
-        // Vary the shape with the case so the sweep covers T, P, H, L, Lq and B without a full product.
+        // Vary the shape with the case so the sweep covers T, P, H, L, Lq and B without a full
+        // product.
         const int64_t Ts[] = {16, 40, 64, 24}, Ps[] = {1, 2, 4, 8}, Hs[] = {8, 8, 16, 8};
         const int64_t P = Ps[(i / 2) % 4], H = Hs[i % 4];
         // A zigzag form needs T a multiple of 2P: the next one up.
-        const int64_t T = form->layout() == TokenLayout::zigzag ? (Ts[i % 4] + 2 * P - 1) / (2 * P) * (2 * P) : Ts[i % 4];
-        cases.push_back({std::string(form->name()), kernel, dt, T, P, H, 1 + i % 2, (i % 3 == 2) ? 0 : 48, 1 + (i % 5 == 4),
+        const int64_t T = form->layout() == TokenLayout::zigzag
+                              ? (Ts[i % 4] + 2 * P - 1) / (2 * P) * (2 * P)
+                              : Ts[i % 4];
+        cases.push_back({std::string(form->name()), kernel, dt, T, P, H, 1 + i % 2,
+                         (i % 3 == 2) ? 0 : 48, 1 + (i % 5 == 4),
                          i % 3 == 1 ? DlatentSum::storage : DlatentSum::fp32,
-                         kernel == Kernel::fused && i % 4 < 2 ? AttnBackward::one_pass : AttnBackward::two_pass});
+                         kernel == Kernel::fused && i % 4 < 2 ? AttnBackward::one_pass
+                                                              : AttnBackward::two_pass});
         ++i;
       }
   return cases;
@@ -57,8 +65,8 @@ std::vector<Case> sweep() {
 
 }  // namespace
 
-// With overlap on and off: overlap changes when buffers held by collectives in flight are released, so
-// it can change the peaks (never the saved bytes); the plan follows, being the same code.
+// With overlap on and off: overlap changes when buffers held by collectives in flight are released,
+// so it can change the peaks (never the saved bytes); the plan follows, being the same code.
 TEST(Planner, MatchesMeasuredMemoryAndLedgerToTheByte) {
   for (const Case& k : sweep())
     for (bool overlap : {false, true}) {
@@ -68,7 +76,8 @@ TEST(Planner, MatchesMeasuredMemoryAndLedgerToTheByte) {
       const PlannedComm comm = plan_comm(c);
       const std::vector<RankResult> ranks = run_group(c, RunOptions{});
       for (const RankResult& r : ranks) {
-        SCOPED_TRACE(name(k) + (overlap ? " overlap on" : " overlap off") + " rank " + std::to_string(r.rank));
+        SCOPED_TRACE(name(k) + (overlap ? " overlap on" : " overlap off") + " rank " +
+                     std::to_string(r.rank));
         EXPECT_EQ(plan.baseline_bytes, r.memory.baseline_bytes);
         EXPECT_EQ(plan.activation_peak_bytes, r.memory.activation_peak_bytes);
         EXPECT_EQ(plan.saved_bytes, r.memory.saved_bytes);
@@ -97,15 +106,18 @@ struct ClosedForm {
 };
 
 ClosedForm closed_form(const MlaConfig& c) {
-  const int64_t s = dtype_size(c.dtype), P = c.sp, N = c.seq_len / P, E = N * c.batch, G = c.seq_len * c.batch;
-  const int64_t D = c.hidden_size, H = c.num_attention_heads, Hr = H / P, Lq = c.q_lora_rank, Lkv = c.kv_lora_rank;
-  const int64_t Dr = c.qk_rope_head_dim, Dqk = c.qk_head_dim(), Dv = c.v_head_dim, Dl = Lkv + Dr, T = c.seq_len;
+  const int64_t s = dtype_size(c.dtype), P = c.sp, N = c.seq_len / P, E = N * c.batch,
+                G = c.seq_len * c.batch;
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, Hr = H / P, Lq = c.q_lora_rank,
+                Lkv = c.kv_lora_rank;
+  const int64_t Dr = c.qk_rope_head_dim, Dqk = c.qk_head_dim(), Dv = c.v_head_dim, Dl = Lkv + Dr,
+                T = c.seq_len;
   // Every form: xn, cq and cqn, kv, o (wo's input), y; and the attention kernel's own saved tensor.
   int64_t saved = (2 * E * D + 2 * E * Lq + E * (Lkv + Dr) + E * H * Dv) * s;
   if (c.form == "ring-kv") {
-    // The local latent, q, k, v, and o (the block's o: the same storage) and each local chunk's fp32
-    // lse (the fused kernel's whatever --kernel says); per layer and rank, P − 1 hops of k and v
-    // forward, again in backward, and of fp32 dk and dv: tensor = wire bytes.
+    // The local latent, q, k, v, and o (the block's o: the same storage) and each local chunk's
+    // fp32 lse (the fused kernel's whatever --kernel says); per layer and rank, P − 1 hops of k and
+    // v forward, again in backward, and of fp32 dk and dv: tensor = wire bytes.
     ClosedForm f;
     f.saved = c.num_layers * (saved + (E * Dl + E * H * (2 * Dqk + Dv)) * s + c.batch * H * N * 4);
     f.tensor = f.wire = c.num_layers * (P - 1) * E * H * (Dqk + Dv) * (2 * s + 4);
@@ -122,18 +134,22 @@ ClosedForm closed_form(const MlaConfig& c) {
   // (laga-fused runs its own latent kernel whatever the kernel: its lse.)
   const bool probs = c.kernel == Kernel::eager && c.form != "laga-fused";
   saved += probs ? c.batch * Hr * T * T * s : c.batch * Hr * T * 4;
-  int64_t a2a_width = 0, shard = 0;  // per layer and direction: all-to-all'd head widths; all-gathered latent rows
-  int64_t again_width = 0;           // per layer: head widths all-to-all'd once more in backward (recomputed)
+  // per layer and direction: all-to-all'd head widths; all-gathered latent rows
+  int64_t a2a_width = 0, shard = 0;
+  // per layer: head widths all-to-all'd once more in backward (recomputed)
+  int64_t again_width = 0;
   if (c.form == "explicit") {
     saved += (E * Dl + E * H * (2 * Dqk + 2 * Dv)) * s;
     a2a_width = 2 * Dqk + 2 * Dv;
-  } else if (c.form == "explicit-recompute") {  // the local latent, q and o_att; k and v rebuilt and re-sent
+    // the local latent, q and o_att; k and v rebuilt and re-sent
+  } else if (c.form == "explicit-recompute") {
     saved += (E * Dl + E * H * (Dqk + Dv)) * s;
     a2a_width = 2 * Dqk + 2 * Dv, again_width = Dqk + Dv;
   } else if (c.form == "laga") {
     saved += (G * Dl + E * H * (2 * Dqk + 2 * Dv)) * s;
     a2a_width = Dqk + Dv, shard = E * Dl;
-  } else if (c.form == "laga-recompute") {  // the gathered latent, q and o_att; k and v rebuilt locally
+    // the gathered latent, q and o_att; k and v rebuilt locally
+  } else if (c.form == "laga-recompute") {
     saved += (G * Dl + E * H * (Dqk + Dv)) * s;
     a2a_width = Dqk + Dv, shard = E * Dl;
   } else if (c.form == "laga-fused") {  // laga-recompute's set: the gathered latent, q and o_att
@@ -143,19 +159,23 @@ ClosedForm closed_form(const MlaConfig& c) {
     saved += (G * Dl + E * H * (Dqk + Dl + Lkv)) * s;
     a2a_width = Dqk + Dv, shard = E * Dl;
   } else if (c.form == "absorbed-expanded") {
-    const int64_t Lkv_out = c.kernel == Kernel::fused ? Dl : Lkv;  // V and o padded to Dl for the fused kernel
+    // V and o padded to Dl for the fused kernel
+    const int64_t Lkv_out = c.kernel == Kernel::fused ? Dl : Lkv;
     saved += (G * Dl + E * H * (Dqk + 2 * Dl + 2 * Lkv_out)) * s;
     a2a_width = Dqk + Dv, shard = E * Dl;
   } else {
     ADD_FAILURE() << "no closed form for " << c.form << ": write it in docs/accounting.md and here";
   }
-  const int64_t a2a = E * H * a2a_width * s, again = E * H * again_width * s;  // one direction, one layer
-  // The latent all-gathered in the storage dtype; its adjoint's partial sums in c.dlatent_sum_dtype().
+  // one direction, one layer
+  const int64_t a2a = E * H * a2a_width * s, again = E * H * again_width * s;
+  // The latent all-gathered in the storage dtype; its adjoint's partial sums in
+  // c.dlatent_sum_dtype().
   const int64_t gathered = shard * s, reduced = shard * dtype_size(c.dlatent_sum_dtype());
   ClosedForm f;
   f.saved = c.num_layers * saved;
   f.tensor = c.num_layers * (2 * a2a + gathered + reduced + again);
-  f.wire = c.num_layers * (2 * (a2a / P * (P - 1)) + (gathered + reduced) * (P - 1) + again / P * (P - 1));
+  f.wire = c.num_layers *
+           (2 * (a2a / P * (P - 1)) + (gathered + reduced) * (P - 1) + again / P * (P - 1));
   return f;
 }
 
@@ -167,58 +187,72 @@ TEST(Planner, MatchesTheClosedFormsOfTheAccounting) {
     Kernel kernel;
     DlatentSum dlatent_sum = DlatentSum::storage;
   };
-  const Point points[] = {{"tiny", 64, 4, 2, 2, DType::bf16, Kernel::fused},  {"tiny", 48, 8, 1, 1, DType::f32, Kernel::eager},
-                          {"small", 4096, 2, 1, 3, DType::bf16, Kernel::eager}, {"deepseek-v2-lite", 8192, 4, 2, 1, DType::f32, Kernel::fused},
-                          {"deepseek-v3", 16384, 8, 1, 4, DType::bf16, Kernel::fused},
-                          {"deepseek-v3", 4096, 16, 1, 1, DType::bf16, Kernel::eager},
-                          {"deepseek-v3", 16384, 8, 1, 2, DType::bf16, Kernel::fused, DlatentSum::fp32},
-                          {"small", 2048, 4, 2, 1, DType::bf16, Kernel::eager, DlatentSum::fp32}};
-  // Overlap on and off alike: it moves when buffers of collectives in flight are released, not what is
-  // saved or sent; and at these points every form's peak sits in its attention's forward or backward,
-  // where no collective is in flight, so the peak does not move either (measured, not assumed) — with
-  // partial sums in the storage dtype. With fp32 partials, laga-recompute's backward peak comes while
-  // the query path's backward runs behind the dlatent reduce-scatter, whose fp32 input is still held
-  // (DeepSeek-V3 T 16384 P 8 L 2: +3.0 MB): a real cost of overlapping, planned as measured.
+  const Point points[] = {
+      {"tiny", 64, 4, 2, 2, DType::bf16, Kernel::fused},
+      {"tiny", 48, 8, 1, 1, DType::f32, Kernel::eager},
+      {"small", 4096, 2, 1, 3, DType::bf16, Kernel::eager},
+      {"deepseek-v2-lite", 8192, 4, 2, 1, DType::f32, Kernel::fused},
+      {"deepseek-v3", 16384, 8, 1, 4, DType::bf16, Kernel::fused},
+      {"deepseek-v3", 4096, 16, 1, 1, DType::bf16, Kernel::eager},
+      {"deepseek-v3", 16384, 8, 1, 2, DType::bf16, Kernel::fused, DlatentSum::fp32},
+      {"small", 2048, 4, 2, 1, DType::bf16, Kernel::eager, DlatentSum::fp32}};
+  // Overlap on and off alike: it moves when buffers of collectives in flight are released, not what
+  // is saved or sent; and at these points every form's peak sits in its attention's forward or
+  // backward, where no collective is in flight, so the peak does not move either (measured, not
+  // assumed) — with partial sums in the storage dtype. With fp32 partials, laga-recompute's
+  // backward peak comes while the query path's backward runs behind the dlatent reduce-scatter,
+  // whose fp32 input is still held (DeepSeek-V3 T 16384 P 8 L 2: +3.0 MB): a real cost of
+  // overlapping, planned as measured.
   for (const Point& pt : points)
     for (const Form* form : registered_forms())
       for (bool overlap : {false, true}) {
         MlaConfig c = MlaConfig::preset(pt.model);
-        c.seq_len = pt.T, c.sp = pt.P, c.batch = pt.B, c.num_layers = pt.L, c.dtype = pt.dt, c.kernel = pt.kernel;
+        c.seq_len = pt.T, c.sp = pt.P, c.batch = pt.B, c.num_layers = pt.L, c.dtype = pt.dt,
+        c.kernel = pt.kernel;
         c.form = std::string(form->name()), c.overlap = overlap, c.dlatent_sum = pt.dlatent_sum;
-        SCOPED_TRACE(fmt::format("{} {} T{} P{} B{} L{} {} {} overlap {} dlatent sum {}", pt.model, c.form, pt.T, pt.P,
-                                 pt.B, pt.L, dtype_name(pt.dt), kernel_name(pt.kernel), overlap ? "on" : "off",
+        SCOPED_TRACE(fmt::format("{} {} T{} P{} B{} L{} {} {} overlap {} dlatent sum {}", pt.model,
+                                 c.form, pt.T, pt.P, pt.B, pt.L, dtype_name(pt.dt),
+                                 kernel_name(pt.kernel), overlap ? "on" : "off",
                                  dlatent_sum_name(pt.dlatent_sum)));
         const Plan plan = plan_run(c);
         if (overlap) {
-          const int64_t off = plan_run(Config(c).with([](MlaConfig& m) { m.overlap = false; })).memory.activation_peak_bytes;
-          if (c.dlatent_sum == DlatentSum::storage || c.dtype == DType::f32) EXPECT_EQ(plan.memory.activation_peak_bytes, off);
-          else EXPECT_GE(plan.memory.activation_peak_bytes, off);
+          const int64_t off = plan_run(Config(c).with([](MlaConfig& m) {
+                                m.overlap = false;
+                              })).memory.activation_peak_bytes;
+          if (c.dlatent_sum == DlatentSum::storage || c.dtype == DType::f32)
+            EXPECT_EQ(plan.memory.activation_peak_bytes, off);
+          else
+            EXPECT_GE(plan.memory.activation_peak_bytes, off);
         }
         const ClosedForm f = closed_form(c);
         EXPECT_EQ(plan.memory.saved_bytes, f.saved);
         EXPECT_EQ(plan.comm.tensor_bytes(), f.tensor);
         EXPECT_EQ(plan.comm.wire_bytes(), f.wire);
         if (c.form == "laga" || c.form == "laga-recompute") {
-          // laga's whole excess over explicit is the gathered latent replacing the local one, peak included;
-          // laga-recompute's saved excess over explicit-recompute is the same (their peaks differ: §6).
+          // laga's whole excess over explicit is the gathered latent replacing the local one, peak
+          // included; laga-recompute's saved excess over explicit-recompute is the same (their
+          // peaks differ: §6).
           const bool recompute = c.form == "laga-recompute";
-          const Plan e = plan_run(Config(c).with([&](MlaConfig& m) { m.form = recompute ? "explicit-recompute" : "explicit"; }));
-          const int64_t latent_excess = c.num_layers * (c.sp - 1) * c.tokens_per_rank() * c.batch * c.latent_dim() *
-                                        dtype_size(c.dtype);
+          const Plan e = plan_run(Config(c).with(
+              [&](MlaConfig& m) { m.form = recompute ? "explicit-recompute" : "explicit"; }));
+          const int64_t latent_excess = c.num_layers * (c.sp - 1) * c.tokens_per_rank() * c.batch *
+                                        c.latent_dim() * dtype_size(c.dtype);
           EXPECT_EQ(plan.memory.saved_bytes - e.memory.saved_bytes, latent_excess);
           if (!recompute) {
-            EXPECT_EQ(plan.memory.activation_peak_bytes - e.memory.activation_peak_bytes, latent_excess)
-                << "the peak sits in the last layer's backward, with every layer's saved latent live";
+            EXPECT_EQ(plan.memory.activation_peak_bytes - e.memory.activation_peak_bytes,
+                      latent_excess)
+                << "the peak sits in the last layer's backward, with every layer's saved latent "
+                   "live";
           }
         }
       }
 }
 
 TEST(Planner, LagaMovesHalfOfExplicitsTrafficAtDeepSeekV3Heads) {
-  // docs/design.md §4: per token, explicit moves q, k, v, o = (192 + 192 + 128 + 128)·H elements, laga
-  // q, o and the latent = (192 + 128)·H + 576: 640·128 / (320·128 + 576) = 1.972 at H = 128.
-  // The paper sends dlatent's partial sums in bf16 (dlatent_sum storage, the default); in fp32 laga's backward
-  // moves 576 more bytes per token: 640·128 / (320·128 + 576·3/2) = 1.959.
+  // docs/design.md §4: per token, explicit moves q, k, v, o = (192 + 192 + 128 + 128)·H elements,
+  // laga q, o and the latent = (192 + 128)·H + 576: 640·128 / (320·128 + 576) = 1.972 at H = 128.
+  // The paper sends dlatent's partial sums in bf16 (dlatent_sum storage, the default); in fp32
+  // laga's backward moves 576 more bytes per token: 640·128 / (320·128 + 576·3/2) = 1.959.
   MlaConfig c = MlaConfig::preset("deepseek-v3");
   c.seq_len = 4096, c.sp = 8;
   c.dlatent_sum = DlatentSum::storage;
@@ -232,5 +266,6 @@ TEST(Planner, LagaMovesHalfOfExplicitsTrafficAtDeepSeekV3Heads) {
     EXPECT_EQ(plan_comm(c).tensor_bytes(), int64_t(l));
   }
   c.form = "laga", c.dlatent_sum = DlatentSum::fp32;
-  EXPECT_NEAR(e / double(plan_comm(c).tensor_bytes()), 640.0 * 128 / (320.0 * 128 + 576 * 1.5), 1e-9);
+  EXPECT_NEAR(e / double(plan_comm(c).tensor_bytes()), 640.0 * 128 / (320.0 * 128 + 576 * 1.5),
+              1e-9);
 }

@@ -24,7 +24,8 @@ struct Result {
 
 // One rank, explicit form: weights drawn from the seed, then `scale` applied to q's and k's
 // up-projections (logits grow with its square) and x scaled by `x_scale`.
-Result run(const MlaConfig& c, double scale, double x_scale, ref::RefWeights* w_out, ref::Array* x_out, ref::Array* dy_out) {
+Result run(const MlaConfig& c, double scale, double x_scale, ref::RefWeights* w_out,
+           ref::Array* x_out, ref::Array* dy_out) {
   Result r;
   run_threads(1, [&](Communicator& comm) {
     Weights w = allocate_weights(c);
@@ -73,15 +74,16 @@ TEST_P(Extreme, LargeLogitsStayFiniteAndCorrect) {
   MlaConfig c = MlaConfig::preset("tiny");
   c.dtype = DType::f32, c.kernel = GetParam(), c.seq_len = 32, c.num_layers = 1;
   // ×6 on both up-projections: logits ×36, into the hundreds — exp() of them overflows fp32 unless
-  // the softmax subtracts the row maximum. The probabilities become nearly one-hot, so gradients are
-  // ill-conditioned: a relative 1e-3 (vs ~1e-6 at scale 1) is what fp32 keeps here.
+  // the softmax subtracts the row maximum. The probabilities become nearly one-hot, so gradients
+  // are ill-conditioned: a relative 1e-3 (vs ~1e-6 at scale 1) is what fp32 keeps here.
   check_against_reference(c, 6.0, 1.0, 1e-3);
 }
 
 TEST_P(Extreme, LargeActivationsStayFiniteAndCorrect) {
   MlaConfig c = MlaConfig::preset("tiny");
   c.dtype = DType::f32, c.kernel = GetParam(), c.seq_len = 32, c.num_layers = 2;
-  // x ×1e4: the residual carries it; RMSNorm must not overflow its sum of squares (1e8² · D fits fp32).
+  // x ×1e4: the residual carries it; RMSNorm must not overflow its sum of squares (1e8² · D fits
+  // fp32).
   check_against_reference(c, 1.0, 1e4, 1e-4);
 }
 

@@ -1,10 +1,11 @@
 // Every registered form under sequence parallelism, judged by the one verification rule
-// (verify/forms.hpp, verify/compare.hpp — what `laga verify` runs): explicit within kExplicitFactor of
-// a plain same-precision implementation's error against the fp64 reference, every other form within
-// kFormFactor of the larger of explicit's (same P and dtype) and the plain one's, per tensor, and the exact forms (laga)
-// bit-identical to explicit at P = 1. Over tiny and small (DeepSeek's head dims), fp32 and bf16, both
-// kernels, T not a power of two, L 1–2, B 1–2, P 1, 2, 4 (8 for laga at DeepSeek's head dims). Also: each
-// form's ledger holds exactly the collectives it declares, and bad form names are refused.
+// (verify/forms.hpp, verify/compare.hpp — what `laga verify` runs): explicit within kExplicitFactor
+// of a plain same-precision implementation's error against the fp64 reference, every other form
+// within kFormFactor of the larger of explicit's (same P and dtype) and the plain one's, per
+// tensor, and the exact forms (laga) bit-identical to explicit at P = 1. Over tiny and small
+// (DeepSeek's head dims), fp32 and bf16, both kernels, T not a power of two, L 1–2, B 1–2, P 1, 2,
+// 4 (8 for laga at DeepSeek's head dims). Also: each form's ledger holds exactly the collectives it
+// declares, and bad form names are refused.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -31,8 +32,8 @@ struct Case {
   Kernel kernel;
   int64_t T, L, B, Lq = -1;  // Lq -1: the preset's
   std::string name() const {
-    return fmt::format("{} {} {} T{} L{} B{}{}", model, dtype_name(dt), kernel_name(kernel), T, L, B,
-                       Lq >= 0 ? fmt::format(" Lq{}", Lq) : "");
+    return fmt::format("{} {} {} T{} L{} B{}{}", model, dtype_name(dt), kernel_name(kernel), T, L,
+                       B, Lq >= 0 ? fmt::format(" Lq{}", Lq) : "");
   }
   Config config() const {
     MlaConfig c = MlaConfig::preset(model);
@@ -42,7 +43,8 @@ struct Case {
   }
 };
 
-verify::FormsReport check(const Case& k, const std::vector<int64_t>& sps, std::vector<std::string> forms = {}) {
+verify::FormsReport check(const Case& k, const std::vector<int64_t>& sps,
+                          std::vector<std::string> forms = {}) {
   verify::FormsReport report;
   launch(LaunchKind::threads, [&](Launcher& l) {
     verify::FormsOptions opt;
@@ -55,10 +57,11 @@ verify::FormsReport check(const Case& k, const std::vector<int64_t>& sps, std::v
 void expect_pass(const Case& k, const verify::FormsReport& report) {
   EXPECT_FALSE(report.cases.empty());
   for (const auto& c : report.cases) {
-    fmt::print("[measured] {} P{} {} vs {}: worst {} at {:.3f} of allowed{}\n", k.name(), c.sp, c.form, c.vs, c.worst,
-               c.worst_ratio, c.vs == "fp64" ? "" : (c.bitwise ? " (bitwise)" : " (NOT bitwise)"));
-    EXPECT_TRUE(c.pass) << k.name() << " P" << c.sp << " " << c.form << " vs " << c.vs << ": worst " << c.worst << " at "
-                        << c.worst_ratio << " of allowed; " << c.criterion;
+    fmt::print("[measured] {} P{} {} vs {}: worst {} at {:.3f} of allowed{}\n", k.name(), c.sp,
+               c.form, c.vs, c.worst, c.worst_ratio,
+               c.vs == "fp64" ? "" : (c.bitwise ? " (bitwise)" : " (NOT bitwise)"));
+    EXPECT_TRUE(c.pass) << k.name() << " P" << c.sp << " " << c.form << " vs " << c.vs << ": worst "
+                        << c.worst << " at " << c.worst_ratio << " of allowed; " << c.criterion;
   }
 }
 
@@ -71,7 +74,8 @@ TEST(Forms, EveryRegisteredFormPassesTheRuleAtEveryP) {
       sweep.push_back({"tiny", dt, kernel, 24, 1, 2});
       sweep.push_back({"tiny", dt, kernel, 40, 2, 1});
     }
-  sweep.push_back({"tiny", DType::bf16, Kernel::fused, 16, 2, 2, /*Lq=*/0});  // a single wq, no q_norm
+  // a single wq, no q_norm
+  sweep.push_back({"tiny", DType::bf16, Kernel::fused, 16, 2, 2, /*Lq=*/0});
   sweep.push_back({"small", DType::bf16, Kernel::fused, 24, 2, 1});
   sweep.push_back({"small", DType::f32, Kernel::eager, 40, 1, 1});
   for (const Case& k : sweep) {
@@ -84,20 +88,22 @@ TEST(Forms, EveryRegisteredFormPassesTheRuleAtEveryP) {
   }
 }
 
-// laga passes the rule at P 1, 2, 4 and 8 on the small preset (DeepSeek's head dims) in bf16 with the
-// fused kernel at T 128: the longest sequence and the most ranks of this file. The rule measures each
-// form against the fp64 reference, never against explicit's output, because two bf16 computations of
-// the same error differ from each other by up to twice that error; at this size laga's distance from
-// explicit is of the order of explicit's own error, so only the reference tells a form's error apart.
+// laga passes the rule at P 1, 2, 4 and 8 on the small preset (DeepSeek's head dims) in bf16 with
+// the fused kernel at T 128: the longest sequence and the most ranks of this file. The rule
+// measures each form against the fp64 reference, never against explicit's output, because two bf16
+// computations of the same error differ from each other by up to twice that error; at this size
+// laga's distance from explicit is of the order of explicit's own error, so only the reference
+// tells a form's error apart.
 TEST(Forms, LagaHoldsAtDeepSeekHeadDimsInBf16UpToP8) {
   const Case k{"small", DType::bf16, Kernel::fused, 128, 1, 1};
   expect_pass(k, check(k, {1, 2, 4, 8}, {"laga"}));
 }
 
 TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
-  // tiny (H 8) at T 80, P 16: no head-scatter form runs (16 ∤ 8) and no ring form (32 ∤ 80), but laga
-  // --ulysses 4 does (4 | 8, 2 × 4 groups | 80). verify must check that row, held to explicit's error
-  // at P 1, instead of refusing the P.
+  // tiny (H 8) at T 80, P 16: no head-scatter form runs (16 ∤ 8) and no ring form (32 ∤ 80), but
+  // laga
+  // --ulysses 4 does (4 | 8, 2 × 4 groups | 80). verify must check that row, held to explicit's
+  // error at P 1, instead of refusing the P.
   const Case k{"tiny", DType::f32, Kernel::fused, 80, 1, 1};
   verify::FormsReport report;
   launch(LaunchKind::threads, [&](Launcher& l) {
@@ -117,7 +123,8 @@ TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
     }
   }
   EXPECT_EQ(ulysses_rows, 1);
-  EXPECT_EQ(not_run_at_16, int(registered_forms().size()));  // every registered form listed as not run
+  // every registered form listed as not run
+  EXPECT_EQ(not_run_at_16, int(registered_forms().size()));
   EXPECT_TRUE(report.pass);
   // A P where nothing runs, laga --ulysses included, is still refused as a whole.
   launch(LaunchKind::threads, [&](Launcher& l) {
@@ -129,12 +136,15 @@ TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
 
 namespace {
 
-// verify's forms on a custom configuration (dims: config.json keys), fp32, fused kernel, T seq (48 unless
-// given), under threads; prints and checks every case that ran (pass), and returns the report.
-verify::FormsReport check_custom(const nlohmann::json& dims, int64_t layers, int64_t batch, std::vector<int64_t> sps,
-                                 std::vector<std::string> forms, uint64_t seed, int64_t seq = 48) {
+// verify's forms on a custom configuration (dims: config.json keys), fp32, fused kernel, T seq (48
+// unless given), under threads; prints and checks every case that ran (pass), and returns the
+// report.
+verify::FormsReport check_custom(const nlohmann::json& dims, int64_t layers, int64_t batch,
+                                 std::vector<int64_t> sps, std::vector<std::string> forms,
+                                 uint64_t seed, int64_t seq = 48) {
   MlaConfig c = MlaConfig::from_json(dims);
-  c.dtype = DType::f32, c.kernel = Kernel::fused, c.seq_len = seq, c.num_layers = layers, c.batch = batch;
+  c.dtype = DType::f32, c.kernel = Kernel::fused, c.seq_len = seq, c.num_layers = layers,
+  c.batch = batch;
   verify::FormsReport report;
   launch(LaunchKind::threads, [&](Launcher& l) {
     verify::FormsOptions opt;
@@ -144,8 +154,10 @@ verify::FormsReport check_custom(const nlohmann::json& dims, int64_t layers, int
   });
   for (const auto& k : report.cases) {
     if (k.vs == "not run") continue;
-    fmt::print("[measured] {} P{} vs {}: worst {} at {:.3f} of allowed\n", k.form, k.sp, k.vs, k.worst, k.worst_ratio);
-    EXPECT_TRUE(k.pass) << k.form << " P" << k.sp << ": " << k.worst << " at " << k.worst_ratio << "; " << k.criterion;
+    fmt::print("[measured] {} P{} vs {}: worst {} at {:.3f} of allowed\n", k.form, k.sp, k.vs,
+               k.worst, k.worst_ratio);
+    EXPECT_TRUE(k.pass) << k.form << " P" << k.sp << ": " << k.worst << " at " << k.worst_ratio
+                        << "; " << k.criterion;
   }
   EXPECT_TRUE(report.pass);
   return report;
@@ -154,16 +166,22 @@ verify::FormsReport check_custom(const nlohmann::json& dims, int64_t layers, int
 }  // namespace
 
 // Both absorbed forms pass the rule on a random configuration (seed 1234, H 5, two layers), and the
-// rule names the absorbed order among its baselines. The plain baseline is, per tensor, the largest of
-// three plain implementations of the block (verify/compare.hpp): explicit's per-head order, the same
-// with FlashAttention's output delta, and the absorbed order (reference Core::absorbed) in which the
-// absorbed forms compute, so that a form's allowance reflects the rounding of the order it computes
-// in rather than explicit's alone. The measured ratios are printed ([measured]).
+// rule names the absorbed order among its baselines. The plain baseline is, per tensor, the largest
+// of three plain implementations of the block (verify/compare.hpp): explicit's per-head order, the
+// same with FlashAttention's output delta, and the absorbed order (reference Core::absorbed) in
+// which the absorbed forms compute, so that a form's allowance reflects the rounding of the order
+// it computes in rather than explicit's alone. The measured ratios are printed ([measured]).
 TEST(Forms, PlainBaselineIncludesTheAbsorbedOrder) {
-  const verify::FormsReport report = check_custom(
-      {{"hidden_size", 48}, {"num_attention_heads", 5}, {"q_lora_rank", 16}, {"kv_lora_rank", 24},
-       {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8}, {"v_head_dim", 12}, {"rope_scaling", nullptr}},
-      2, 2, {1}, {"absorbed-expanded", "absorbed-shared"}, 1234);
+  const verify::FormsReport report =
+      check_custom({{"hidden_size", 48},
+                    {"num_attention_heads", 5},
+                    {"q_lora_rank", 16},
+                    {"kv_lora_rank", 24},
+                    {"qk_nope_head_dim", 16},
+                    {"qk_rope_head_dim", 8},
+                    {"v_head_dim", 12},
+                    {"rope_scaling", nullptr}},
+                   2, 2, {1}, {"absorbed-expanded", "absorbed-shared"}, 1234);
   int absorbed = 0;
   for (const auto& k : report.cases) absorbed += k.form.rfind("absorbed", 0) == 0;
   EXPECT_EQ(absorbed, 2);
@@ -171,43 +189,61 @@ TEST(Forms, PlainBaselineIncludesTheAbsorbedOrder) {
 }
 
 // ring-kv and ring-latent pass the rule at P 8 over T 48 on a random configuration: 3-token chunks,
-// so up to 15 log-sum-exp merges per query row, the most of any test. Each merge rounds its result, so
-// the merges must not add error with their count: each is computed in fp64 and rounded once (an fp32
-// log and exp of the lse per merge does not hold over this many). explicit refuses P 8 here (H 4), so
-// the ring forms are held to explicit's error at P 1. The measured ratios are printed ([measured]).
+// so up to 15 log-sum-exp merges per query row, the most of any test. Each merge rounds its result,
+// so the merges must not add error with their count: each is computed in fp64 and rounded once (an
+// fp32 log and exp of the lse per merge does not hold over this many). explicit refuses P 8 here (H
+// 4), so the ring forms are held to explicit's error at P 1. The measured ratios are printed
+// ([measured]).
 TEST(Forms, RingMergesHoldOverShortChunks) {
-  const verify::FormsReport report = check_custom(
-      {{"hidden_size", 32}, {"num_attention_heads", 4}, {"q_lora_rank", 16}, {"kv_lora_rank", 16},
-       {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 32},
-       {"rope_scaling", {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64},
-                         {"beta_fast", 32}, {"beta_slow", 1}, {"mscale", 1.0}, {"mscale_all_dim", 1.0}}}},
-      1, 1, {1, 8}, {"ring-kv", "ring-latent"}, 480899);
+  const verify::FormsReport report = check_custom({{"hidden_size", 32},
+                                                   {"num_attention_heads", 4},
+                                                   {"q_lora_rank", 16},
+                                                   {"kv_lora_rank", 16},
+                                                   {"qk_nope_head_dim", 8},
+                                                   {"qk_rope_head_dim", 4},
+                                                   {"v_head_dim", 32},
+                                                   {"rope_scaling",
+                                                    {{"type", "yarn"},
+                                                     {"factor", 4.0},
+                                                     {"original_max_position_embeddings", 64},
+                                                     {"beta_fast", 32},
+                                                     {"beta_slow", 1},
+                                                     {"mscale", 1.0},
+                                                     {"mscale_all_dim", 1.0}}}},
+                                                  1, 1, {1, 8}, {"ring-kv", "ring-latent"}, 480899);
   int at8 = 0;
   for (const auto& k : report.cases) at8 += k.sp == 8 && k.vs == "fp64";
   EXPECT_EQ(at8, 2);
 }
 
 // explicit passes the rule (against the plain baseline) at six tokens, the shortest sequence of any
-// rule test: there the first token's row, whose one key gives it dS = 0 exactly, is a large share of
-// every weight's gradient. The fused kernel takes delta = dO·O in another order than dP, so dP − delta
-// keeps a rounding residue on rows of few keys; the kernel gives a one-key row dS = 0 and takes the
-// first key tile's delta from that tile, and the plain baseline includes the output-delta order, so
-// the residue stays within explicit's allowance. The measured ratios are printed ([measured]).
+// rule test: there the first token's row, whose one key gives it dS = 0 exactly, is a large share
+// of every weight's gradient. The fused kernel takes delta = dO·O in another order than dP, so dP −
+// delta keeps a rounding residue on rows of few keys; the kernel gives a one-key row dS = 0 and
+// takes the first key tile's delta from that tile, and the plain baseline includes the output-delta
+// order, so the residue stays within explicit's allowance. The measured ratios are printed
+// ([measured]).
 TEST(Forms, ExplicitHoldsAtSixTokens) {
-  const verify::FormsReport report = check_custom(
-      {{"hidden_size", 48}, {"num_attention_heads", 4}, {"q_lora_rank", 32}, {"kv_lora_rank", 64},
-       {"qk_nope_head_dim", 8}, {"qk_rope_head_dim", 4}, {"v_head_dim", 16}, {"rope_scaling", nullptr}},
-      2, 2, {1}, {"explicit", "laga"}, 947624, 6);
+  const verify::FormsReport report = check_custom({{"hidden_size", 48},
+                                                   {"num_attention_heads", 4},
+                                                   {"q_lora_rank", 32},
+                                                   {"kv_lora_rank", 64},
+                                                   {"qk_nope_head_dim", 8},
+                                                   {"qk_rope_head_dim", 4},
+                                                   {"v_head_dim", 16},
+                                                   {"rope_scaling", nullptr}},
+                                                  2, 2, {1}, {"explicit", "laga"}, 947624, 6);
   int explicit_rows = 0;
   for (const auto& k : report.cases) explicit_rows += k.form == "explicit" && k.vs == "fp64";
   EXPECT_EQ(explicit_rows, 1);
 }
 
-// Under --kernel eager a form with a kernel of its own (ring-latent: always the fused kernel) is held
-// to explicit run with the fused kernel, and passes; the forms on the config's kernel (laga) keep eager
-// explicit as their baseline. Like with like: the two kernels round differently, so a form's allowance
-// comes from explicit run with the kernel the form runs; on this configuration (tiny T 64 L 2 seed 7,
-// P 2) ring-latent's dq_norm.0 error is at the edge of what eager explicit's error would allow.
+// Under --kernel eager a form with a kernel of its own (ring-latent: always the fused kernel) is
+// held to explicit run with the fused kernel, and passes; the forms on the config's kernel (laga)
+// keep eager explicit as their baseline. Like with like: the two kernels round differently, so a
+// form's allowance comes from explicit run with the kernel the form runs; on this configuration
+// (tiny T 64 L 2 seed 7, P 2) ring-latent's dq_norm.0 error is at the edge of what eager explicit's
+// error would allow.
 TEST(Forms, VerifyHoldsAFormWithItsOwnKernelToExplicitWithThatKernel) {
   const Case k{"tiny", DType::f32, Kernel::eager, 64, 2, 1};
   verify::FormsReport report;
@@ -222,7 +258,9 @@ TEST(Forms, VerifyHoldsAFormWithItsOwnKernelToExplicitWithThatKernel) {
     if (c.form == "ring-latent") {
       ++rows;
       EXPECT_TRUE(c.pass) << c.worst << " " << c.worst_ratio;
-      EXPECT_NE(c.criterion.find("explicit's error at P 2 with the fused kernel"), std::string::npos) << c.criterion;
+      EXPECT_NE(c.criterion.find("explicit's error at P 2 with the fused kernel"),
+                std::string::npos)
+          << c.criterion;
     }
     if (c.form == "laga" && c.vs == "fp64") {
       EXPECT_EQ(c.criterion.find("fused kernel"), std::string::npos) << c.criterion;
@@ -233,8 +271,8 @@ TEST(Forms, VerifyHoldsAFormWithItsOwnKernelToExplicitWithThatKernel) {
 }
 
 // Where explicit refuses P (P ∤ H), the forms that run P are held to explicit's error at P 1; that
-// error is judged by the rule too, once, as a case of P 1 — so a sweep without P 1 (bench's validation
-// at P > H) still has explicit's verdict and allowances.
+// error is judged by the rule too, once, as a case of P 1 — so a sweep without P 1 (bench's
+// validation at P > H) still has explicit's verdict and allowances.
 TEST(Forms, WhereExplicitRefusesPItsErrorAtP1IsJudgedOnce) {
   const Case k{"tiny", DType::f32, Kernel::fused, 32, 1, 1};
   for (const std::vector<int64_t>& sps : {std::vector<int64_t>{16}, {1, 16}}) {
@@ -253,16 +291,15 @@ TEST(Forms, WhereExplicitRefusesPItsErrorAtP1IsJudgedOnce) {
 }
 
 TEST(Forms, LedgerHoldsExactlyTheDeclaredCollectives) {
-  // Per layer: the form's declared pairs (a ring pair once per hop, P − 1 times) plus, for a form whose
-  // output is on its heads, the block's o / do, forward then backward, op and name; the forward in the
-  // declared order (then o), with overlap on and off alike (it moves waits, not issues); the
-  // backward's adjoints in an order of the form's own, so compared as a set.
+  // Per layer: the form's declared pairs (a ring pair once per hop, P − 1 times) plus, for a form
+  // whose output is on its heads, the block's o / do, forward then backward, op and name; the
+  // forward in the declared order (then o), with overlap on and off alike (it moves waits, not
+  // issues); the backward's adjoints in an order of the form's own, so compared as a set.
   for (const Form* f : registered_forms())
     for (bool overlap : {false, true}) {
       const int P = 4;
-      const Config c = Case{"tiny", DType::bf16, Kernel::fused, 32, 1, 1}.config().with([&](MlaConfig& m) {
-        m.form = std::string(f->name()), m.sp = P, m.overlap = overlap;
-      });
+      const Config c = Case{"tiny", DType::bf16, Kernel::fused, 32, 1, 1}.config().with(
+          [&](MlaConfig& m) { m.form = std::string(f->name()), m.sp = P, m.overlap = overlap; });
       const bool heads = f->output() == Form::Output::heads;
       std::vector<std::pair<CollectiveOp, std::string>> want_fwd, want_bwd, fwd, bwd;
       if (heads) want_bwd.push_back({CollectiveOp::all_to_all, "do"});
@@ -270,12 +307,15 @@ TEST(Forms, LedgerHoldsExactlyTheDeclaredCollectives) {
       for (int hop = -1; hop < P - 1; ++hop)
         for (const auto& d : f->collectives())
           if (d.per_ring_hop == (hop >= 0)) {
-            want_fwd.push_back({d.forward_op, d.forward}), want_bwd.push_back({d.backward_op, d.backward});
-            if (d.forward_again_in_backward) want_bwd.push_back({d.forward_op, d.forward});  // recomputed
+            want_fwd.push_back({d.forward_op, d.forward}),
+                want_bwd.push_back({d.backward_op, d.backward});
+            // recomputed
+            if (d.forward_again_in_backward) want_bwd.push_back({d.forward_op, d.forward});
           }
       if (heads) want_fwd.push_back({CollectiveOp::all_to_all, "o"});
       const PlannedComm plan = plan_comm(c);
-      for (const auto& r : plan.attention) (fwd.size() < want_fwd.size() ? fwd : bwd).push_back({r.op, r.tensor});
+      for (const auto& r : plan.attention)
+        (fwd.size() < want_fwd.size() ? fwd : bwd).push_back({r.op, r.tensor});
       for (auto* v : {&want_bwd, &bwd}) std::sort(v->begin(), v->end());
       EXPECT_EQ(fwd, want_fwd) << f->name() << (overlap ? " overlap on" : " overlap off");
       EXPECT_EQ(bwd, want_bwd) << f->name() << (overlap ? " overlap on" : " overlap off");
@@ -322,7 +362,8 @@ TEST(Forms, RegistryStartsWithTheBaselineAndNamesAreUnique) {
 TEST(Forms, FamilyAndRegimeNameOneVariant) {
   EXPECT_EQ(resolve_form_label("absorbed", "shared"), "absorbed-shared");
   EXPECT_EQ(resolve_form_label("absorbed", "expanded"), "absorbed-expanded");
-  EXPECT_EQ(resolve_form_label("absorbed-shared", "expanded"), "absorbed-shared");  // a full label wins
+  // a full label wins
+  EXPECT_EQ(resolve_form_label("absorbed-shared", "expanded"), "absorbed-shared");
   EXPECT_EQ(resolve_form_label("laga", "shared"), "laga");
 }
 
@@ -334,7 +375,9 @@ TEST(Forms, UnknownFormIsAUsageErrorNamingTheRegisteredOnes) {
     FAIL() << "expected a usage error";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_status(), 2);
-    EXPECT_NE(e.message().find("unknown form 'implicit'; valid: " + form_names()), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("unknown form 'implicit'; valid: " + form_names()),
+              std::string::npos)
+        << e.message();
   }
 }
 
@@ -346,7 +389,8 @@ TEST(Forms, SpThatDoesNotDivideHeadsIsAUsageError) {
     FAIL() << "expected a usage error";
   } catch (const Error& e) {
     EXPECT_EQ(e.exit_status(), 2);
-    EXPECT_NE(e.message().find("--sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8"), std::string::npos)
+    EXPECT_NE(e.message().find("--sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8"),
+              std::string::npos)
         << e.message();
   }
 }

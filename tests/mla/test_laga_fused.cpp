@@ -1,9 +1,9 @@
 // The laga-fused form (docs/design.md §2.4.1): on the plan (which equals measurement:
-// Planner.MatchesMeasuredMemoryAndLedgerToTheByte covers every registered form), at DeepSeek-V3, T 16384,
-// P 8, bf16: laga-recompute's saved bytes and laga's traffic, an activation peak below laga-recompute's
-// at 1 and 4 layers, and no whole-sequence K, V, dK or dV live at the peak. Its numbers against explicit
-// and fp64 are the form sweep's (tests/mla/test_forms.cpp); the kernel's own claims are
-// tests/ops/test_latent_attention.cpp's.
+// Planner.MatchesMeasuredMemoryAndLedgerToTheByte covers every registered form), at DeepSeek-V3, T
+// 16384, P 8, bf16: laga-recompute's saved bytes and laga's traffic, an activation peak below
+// laga-recompute's at 1 and 4 layers, and no whole-sequence K, V, dK or dV live at the peak. Its
+// numbers against explicit and fp64 are the form sweep's (tests/mla/test_forms.cpp); the kernel's
+// own claims are tests/ops/test_latent_attention.cpp's.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -17,7 +17,8 @@ namespace {
 
 MlaConfig deepseek_v3(const std::string& form, int64_t layers) {
   MlaConfig c = MlaConfig::preset("deepseek-v3");
-  c.seq_len = 16384, c.sp = 8, c.batch = 1, c.num_layers = layers, c.dtype = DType::bf16, c.kernel = Kernel::fused;
+  c.seq_len = 16384, c.sp = 8, c.batch = 1, c.num_layers = layers, c.dtype = DType::bf16,
+  c.kernel = Kernel::fused;
   c.form = form;
   return c;
 }
@@ -26,24 +27,33 @@ MlaConfig deepseek_v3(const std::string& form, int64_t layers) {
 
 TEST(LagaFused, PeaksBelowLagaRecomputeAtDeepSeekV3WithItsSavedBytesAndLagasTraffic) {
   for (int64_t layers : {1, 4}) {
-    const Plan f = plan_run(deepseek_v3("laga-fused", layers)), r = plan_run(deepseek_v3("laga-recompute", layers));
-    const Plan l = plan_run(deepseek_v3("laga", layers)), e = plan_run(deepseek_v3("explicit", layers));
-    fmt::print("[measured] DeepSeek-V3 T 16384 P 8 bf16 L {}: activation peak explicit {} laga {} laga-recompute {} "
-               "laga-fused {} ({:.3f}x laga-recompute)\n", layers, e.memory.activation_peak_bytes,
-               l.memory.activation_peak_bytes, r.memory.activation_peak_bytes, f.memory.activation_peak_bytes,
-               double(f.memory.activation_peak_bytes) / double(r.memory.activation_peak_bytes));
+    const Plan f = plan_run(deepseek_v3("laga-fused", layers)),
+               r = plan_run(deepseek_v3("laga-recompute", layers));
+    const Plan l = plan_run(deepseek_v3("laga", layers)),
+               e = plan_run(deepseek_v3("explicit", layers));
+    fmt::print(
+        "[measured] DeepSeek-V3 T 16384 P 8 bf16 L {}: activation peak explicit {} laga {} "
+        "laga-recompute {} "
+        "laga-fused {} ({:.3f}x laga-recompute)\n",
+        layers, e.memory.activation_peak_bytes, l.memory.activation_peak_bytes,
+        r.memory.activation_peak_bytes, f.memory.activation_peak_bytes,
+        double(f.memory.activation_peak_bytes) / double(r.memory.activation_peak_bytes));
     EXPECT_LT(f.memory.activation_peak_bytes, r.memory.activation_peak_bytes) << layers;
     EXPECT_EQ(f.memory.saved_bytes, r.memory.saved_bytes) << layers;
     EXPECT_EQ(f.comm.tensor_bytes(), l.comm.tensor_bytes()) << layers;
     EXPECT_EQ(f.comm.wire_bytes(), l.comm.wire_bytes()) << layers;
-    // At the peak: no per-head K, V or their gradients of the whole sequence, and no kernel buffer in the
-    // storage dtype as large as one of them (its fp32 sums of o and dq are the shard's rows, not K/V).
+    // At the peak: no per-head K, V or their gradients of the whole sequence, and no kernel buffer
+    // in the storage dtype as large as one of them (its fp32 sums of o and dq are the shard's rows,
+    // not K/V).
     const MlaConfig c = deepseek_v3("laga-fused", layers);
-    const int64_t kv_bytes = c.seq_len * c.batch * c.heads_per_rank() * c.qk_head_dim() * dtype_size(c.dtype);
+    const int64_t kv_bytes =
+        c.seq_len * c.batch * c.heads_per_rank() * c.qk_head_dim() * dtype_size(c.dtype);
     for (const auto& [tag, bytes] : f.memory.peak_breakdown) {
-      for (const char* no : {"act.k", "act.v", "grad.k", "grad.v", "recompute.k", "recompute.v", "act.kvb", "grad.kvb"})
+      for (const char* no : {"act.k", "act.v", "grad.k", "grad.v", "recompute.k", "recompute.v",
+                             "act.kvb", "grad.kvb"})
         EXPECT_NE(tag, no) << layers;
-      if (tag.rfind("attn.", 0) == 0 && tag != "attn.o_sum" && tag != "attn.dq_sum" && tag != "attn.lse") {
+      if (tag.rfind("attn.", 0) == 0 && tag != "attn.o_sum" && tag != "attn.dq_sum" &&
+          tag != "attn.lse") {
         EXPECT_LT(bytes, kv_bytes / 8) << layers << " " << tag;
       }
     }
@@ -55,9 +65,11 @@ TEST(LagaFused, CountsTheUpProjectionItsBackwardRunsAgain) {
   const Form& f = find_form("laga-fused");
   EXPECT_EQ(f.attention_forward_flops(c), find_form("laga").attention_forward_flops(c));
   EXPECT_EQ(f.recompute_flops(c), 2.0 * double(c.seq_len * c.batch) * double(c.kv_lora_rank) *
-                                      double(c.num_attention_heads) * double(c.qk_nope_head_dim + c.v_head_dim));
+                                      double(c.num_attention_heads) *
+                                      double(c.qk_nope_head_dim + c.v_head_dim));
   MlaConfig r = c;
-  r.form = "laga-recompute";  // the same attention and the same recomputed up-projection, into backward
+  // the same attention and the same recomputed up-projection, into backward
+  r.form = "laga-recompute";
   EXPECT_EQ(block_flops(c).backward, block_flops(r).backward);
   EXPECT_EQ(block_flops(c).forward, block_flops(r).forward);
 }

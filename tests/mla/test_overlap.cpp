@@ -1,11 +1,12 @@
-// --overlap on|off (docs/design.md §2.6, docs/architecture.md §3): the forms' collectives left in flight
-// behind the query path and the rest of the work that does not need them, or each waited where it is
-// issued. Claims: the results are bitwise the same either way (y, dx and every synced weight gradient,
-// every registered form, P 1, 2, 4, both kernels, both dtypes); with overlap on laga's latent all-gather
-// is issued before the query path's all-to-all and completed after it was issued, with time hidden, and
-// its dlatent reduce-scatter stays in flight across the dq all-to-all and the query path's backward
-// (explicit likewise with k, v and dk, dv); with overlap off no two collectives are ever in flight at
-// once. Timings are never compared with each other here: only the order of events on one rank's clock.
+// --overlap on|off (docs/design.md §2.6, docs/architecture.md §3): the forms' collectives left in
+// flight behind the query path and the rest of the work that does not need them, or each waited
+// where it is issued. Claims: the results are bitwise the same either way (y, dx and every synced
+// weight gradient, every registered form, P 1, 2, 4, both kernels, both dtypes); with overlap on
+// laga's latent all-gather is issued before the query path's all-to-all and completed after it was
+// issued, with time hidden, and its dlatent reduce-scatter stays in flight across the dq all-to-all
+// and the query path's backward (explicit likewise with k, v and dk, dv); with overlap off no two
+// collectives are ever in flight at once. Timings are never compared with each other here: only the
+// order of events on one rank's clock.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -33,12 +34,14 @@ MlaConfig tiny(const std::string& form, int64_t P, bool overlap) {
 struct Layer0 {
   std::vector<CollectiveRecord> all;  // every attention record, issue order
   const CollectiveRecord& operator[](const std::string& tensor) const {
-    auto it = std::find_if(all.begin(), all.end(), [&](const CollectiveRecord& r) { return r.tensor == tensor; });
+    auto it = std::find_if(all.begin(), all.end(),
+                           [&](const CollectiveRecord& r) { return r.tensor == tensor; });
     if (it == all.end()) throw std::runtime_error("no collective '" + tensor + "' in the ledger");
     return *it;
   }
   size_t index(const std::string& tensor) const {
-    auto it = std::find_if(all.begin(), all.end(), [&](const CollectiveRecord& r) { return r.tensor == tensor; });
+    auto it = std::find_if(all.begin(), all.end(),
+                           [&](const CollectiveRecord& r) { return r.tensor == tensor; });
     return size_t(it - all.begin());
   }
 };
@@ -65,7 +68,8 @@ TEST(Overlap, ResultsAreBitwiseTheSameWithAndWithoutOverlapForEveryFormAndP) {
         for (int64_t P : {1, 2, 4}) {
           MlaConfig c = tiny(std::string(f->name()), P, false);
           c.dtype = dt, c.kernel = kernel;
-          const std::string name = fmt::format("{} {} {} P{}", f->name(), dtype_name(dt), kernel_name(kernel), P);
+          const std::string name =
+              fmt::format("{} {} {} P{}", f->name(), dtype_name(dt), kernel_name(kernel), P);
           const verify::Tensors off = run_tensors(c);
           c.overlap = true;
           const verify::Tensors on = run_tensors(c);
@@ -79,7 +83,8 @@ TEST(Overlap, WithoutOverlapNoTwoCollectivesAreEverInFlightAtOnce) {
     for (const Layer0& l : ledgers(tiny(std::string(f->name()), 4, false)))
       for (size_t i = 0; i + 1 < l.all.size(); ++i) {
         EXPECT_LE(l.all[i].completed_s, l.all[i + 1].issued_s)
-            << f->name() << ": '" << l.all[i].tensor << "' still in flight when '" << l.all[i + 1].tensor << "' was issued";
+            << f->name() << ": '" << l.all[i].tensor << "' still in flight when '"
+            << l.all[i + 1].tensor << "' was issued";
         EXPECT_GE(l.all[i].completed_s, l.all[i].issued_s);
       }
 }
@@ -92,7 +97,8 @@ TEST(Overlap, LagaIssuesTheLatentAllGatherBeforeTheQueryPathAndWaitsForItAfter) 
       EXPECT_EQ(latent.op, CollectiveOp::all_gather);
       EXPECT_LT(l.index("latent"), l.index("q")) << "the all-gather is issued first";
       EXPECT_LT(latent.issued_s, q.issued_s) << "the query path ran between the two issues";
-      EXPECT_GT(latent.completed_s, q.issued_s) << "the all-gather was still in flight when q's all-to-all was issued";
+      EXPECT_GT(latent.completed_s, q.issued_s)
+          << "the all-gather was still in flight when q's all-to-all was issued";
       EXPECT_GT(hidden(latent), 0) << "the query path ran while the all-gather was in flight";
     }
 }
@@ -108,8 +114,10 @@ TEST(Overlap, LagaKeepsTheDlatentReduceScatterInFlightAcrossTheQueryPathsBackwar
       // the query path's backward ran while it was in flight.
       EXPECT_GT(dlatent.completed_s, dq.completed_s);
       EXPECT_GT(hidden(dlatent), 0);
-      if (form.rfind("laga", 0) == 0) EXPECT_LT(l.index("dq"), l.index("dlatent"));
-      else EXPECT_LT(l.index("dlatent"), l.index("dq"));
+      if (form.rfind("laga", 0) == 0)
+        EXPECT_LT(l.index("dq"), l.index("dlatent"));
+      else
+        EXPECT_LT(l.index("dlatent"), l.index("dq"));
     }
 }
 
@@ -124,7 +132,8 @@ TEST(Overlap, ExplicitSendsKAndVBehindTheQueryPathAndDkDvBehindItsBackward) {
       EXPECT_GT(v.completed_s, q.issued_s);
       EXPECT_GT(hidden(k), 0);
       const CollectiveRecord &dq = l["dq"], &dk = l["dk"], &dv = l["dv"];
-      EXPECT_GT(dk.completed_s, dq.completed_s) << "dk's all-to-all was in flight across the query path's backward";
+      EXPECT_GT(dk.completed_s, dq.completed_s)
+          << "dk's all-to-all was in flight across the query path's backward";
       EXPECT_GT(dv.completed_s, dq.completed_s);
       EXPECT_GT(hidden(dk), 0);
     }

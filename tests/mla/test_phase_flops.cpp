@@ -13,7 +13,8 @@ TEST(PhaseFlops, SumToBlockFlopsForEveryForm) {
     for (Kernel kernel : {Kernel::eager, Kernel::fused})
       for (const Form* form : registered_forms()) {
         MlaConfig c = MlaConfig::preset(model);
-        c.seq_len = 64, c.sp = 2, c.batch = 2, c.num_layers = 3, c.kernel = kernel, c.form = std::string(form->name());
+        c.seq_len = 64, c.sp = 2, c.batch = 2, c.num_layers = 3, c.kernel = kernel,
+        c.form = std::string(form->name());
         const Config cfg(c);
         const BlockFlops total = block_flops(*cfg);
         double fwd = 0, bwd = 0, attn_fwd = 0, attn_bwd = 0;
@@ -26,7 +27,8 @@ TEST(PhaseFlops, SumToBlockFlopsForEveryForm) {
             EXPECT_GT(p.bytes, 0) << p.name;
           }
         }
-        SCOPED_TRACE(std::string(model) + " " + std::string(form->name()) + " " + std::string(kernel_name(kernel)));
+        SCOPED_TRACE(std::string(model) + " " + std::string(form->name()) + " " +
+                     std::string(kernel_name(kernel)));
         EXPECT_DOUBLE_EQ(fwd, total.forward);
         EXPECT_DOUBLE_EQ(bwd, total.backward);
         EXPECT_DOUBLE_EQ(attn_fwd, total.attention_forward);
@@ -80,7 +82,8 @@ TEST(PhaseFlops, OnlyLagaFusedRunsProductsInsideItsKernel) {
       assembly = assembly || p.name == "k, v assembly" || p.name == "dk, dv assembly";
     }
     // U over all ranks and layers, written out: 2 · T·B · Lkv · H · (Dn + Dv) · L
-    const double U = 2.0 * 128 * 2 * c.kv_lora_rank * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim) * 2;
+    const double U = 2.0 * 128 * 2 * c.kv_lora_rank * c.num_attention_heads *
+                     (c.qk_nope_head_dim + c.v_head_dim) * 2;
     EXPECT_DOUBLE_EQ(fwd, fused ? U : 0) << form->name();
     EXPECT_DOUBLE_EQ(bwd, fused ? 3 * U : 0) << form->name();
     if (form->family() != "absorbed") {
@@ -89,11 +92,12 @@ TEST(PhaseFlops, OnlyLagaFusedRunsProductsInsideItsKernel) {
   }
 }
 
-// The ring forms' elementwise traffic beyond the block's phases (Form::extra_elementwise_bytes): only
-// the ring forms have it; laga --ulysses 1 runs ring-latent's ring (the latent travelling, every head
-// on every rank), so it moves ring-latent's bytes; ring-kv's forward merges are ring-latent's (the
-// same pairs, the same o) but its backward has no per-hop latent work; and the fp32 merges grow with
-// the hops' pairs: doubling P at a fixed T doubles the chunk pairs per rank minus one.
+// The ring forms' elementwise traffic beyond the block's phases (Form::extra_elementwise_bytes):
+// only the ring forms have it; laga --ulysses 1 runs ring-latent's ring (the latent travelling,
+// every head on every rank), so it moves ring-latent's bytes; ring-kv's forward merges are
+// ring-latent's (the same pairs, the same o) but its backward has no per-hop latent work; and the
+// fp32 merges grow with the hops' pairs: doubling P at a fixed T doubles the chunk pairs per rank
+// minus one.
 TEST(PhaseFlops, OnlyTheRingsAddElementwiseTrafficAndTheSameRingTheSameBytes) {
   MlaConfig c = MlaConfig::preset("small");
   c.seq_len = 256, c.sp = 2, c.batch = 2, c.num_layers = 2;
@@ -103,8 +107,10 @@ TEST(PhaseFlops, OnlyTheRingsAddElementwiseTrafficAndTheSameRingTheSameBytes) {
     const Config cfg(m);
     return form_of(*cfg).extra_elementwise_bytes(*cfg, bwd);
   };
-  for (const char* form : {"explicit", "laga", "laga-fused", "laga-recompute", "explicit-recompute", "absorbed-shared"})
-    for (bool bwd : {false, true}) EXPECT_EQ(extra(form, 0, bwd).fp32 + extra(form, 0, bwd).storage, 0) << form;
+  for (const char* form : {"explicit", "laga", "laga-fused", "laga-recompute", "explicit-recompute",
+                           "absorbed-shared"})
+    for (bool bwd : {false, true})
+      EXPECT_EQ(extra(form, 0, bwd).fp32 + extra(form, 0, bwd).storage, 0) << form;
   for (bool bwd : {false, true}) {
     EXPECT_EQ(extra("laga", 1, bwd).fp32, extra("ring-latent", 0, bwd).fp32) << bwd;
     EXPECT_EQ(extra("laga", 1, bwd).storage, extra("ring-latent", 0, bwd).storage) << bwd;
@@ -115,7 +121,8 @@ TEST(PhaseFlops, OnlyTheRingsAddElementwiseTrafficAndTheSameRingTheSameBytes) {
   EXPECT_GT(extra("ring-latent", 0, true).storage, extra("ring-latent", 0, false).storage);
   // small, T 256, B 2, P 2, bf16: 5 pairs of C 64 rows merged (12 bytes per element of o), o_acc
   // [128, 2, 16, 128] rounded (6 bytes per element), on 2 ranks.
-  EXPECT_EQ(extra("ring-kv", 0, false).fp32, 2.0 * (5 * 12 * 64 * 2 * 16 * 128 + 128 * 2 * 16 * 128 * 6));
+  EXPECT_EQ(extra("ring-kv", 0, false).fp32,
+            2.0 * (5 * 12 * 64 * 2 * 16 * 128 + 128 * 2 * 16 * 128 * 6));
   // The phases carry it, per layer, as the accumulate class (and nothing else is in that class).
   MlaConfig m = c;
   m.form = "ring-kv";

@@ -1,8 +1,9 @@
 // The ring forms' own claims: the zigzag layout (token segments cover the sequence once, balanced);
 // ring-kv and ring-latent run with more ranks than heads and match explicit in fp32 within 1e-5
 // relative; their tokens stay home (no all-to-all) and every hop sends exactly its tensor bytes;
-// ring-latent moves Dl per token instead of H·(Dqk + Dv), at the price of every rank's up-projections. The sweeps over every
-// registered form (test_forms.cpp, test_overlap.cpp, the planner) cover the rest.
+// ring-latent moves Dl per token instead of H·(Dqk + Dv), at the price of every rank's
+// up-projections. The sweeps over every registered form (test_forms.cpp, test_overlap.cpp, the
+// planner) cover the rest.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -35,11 +36,13 @@ TEST(Ring, ZigzagSegmentsCoverTheSequenceOnceWithEqualCausalWork) {
       EXPECT_EQ(segs[1].pos0, (2 * P - 1 - r) * 8);
       int64_t w = 0;
       for (const auto& s : segs)
-        for (int64_t t = s.pos0; t < s.pos0 + s.len; ++t) ++seen[size_t(t)], w += t + 1;  // keys a causal query sees
+        // keys a causal query sees
+        for (int64_t t = s.pos0; t < s.pos0 + s.len; ++t) ++seen[size_t(t)], w += t + 1;
       work.push_back(w);
     }
     EXPECT_TRUE(std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; })) << "P " << P;
-    EXPECT_TRUE(std::all_of(work.begin(), work.end(), [&](int64_t w) { return w == work[0]; })) << "P " << P;
+    EXPECT_TRUE(std::all_of(work.begin(), work.end(), [&](int64_t w) { return w == work[0]; }))
+        << "P " << P;
     const auto contiguous = token_segments(tiny("explicit", 16 * P, P), P - 1);
     ASSERT_EQ(contiguous.size(), 1u);
     EXPECT_EQ(contiguous[0].pos0, (P - 1) * 16);
@@ -75,9 +78,11 @@ TEST(Ring, RingLatentTradesTrafficForUpProjections) {
   c.form = "ring-latent";
   const PlannedComm lat = plan_comm(Config(c));
   const BlockFlops lat_flops = block_flops(c);
-  EXPECT_EQ(kv.tensor_bytes() * c.latent_dim(), lat.tensor_bytes() * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim));
-  const double up = 2.0 * double(c.seq_len) * double(c.kv_lora_rank * c.num_attention_heads *
-                                                     (c.qk_nope_head_dim + c.v_head_dim));
+  EXPECT_EQ(kv.tensor_bytes() * c.latent_dim(),
+            lat.tensor_bytes() * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim));
+  const double up =
+      2.0 * double(c.seq_len) *
+      double(c.kv_lora_rank * c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim));
   EXPECT_DOUBLE_EQ(lat_flops.forward - kv_flops.forward, 7 * up);
   EXPECT_DOUBLE_EQ(lat_flops.backward - kv_flops.backward, 8 * up + 14 * up);
 }
@@ -90,7 +95,8 @@ TEST(Ring, RingKvSendsOnlyItsHopsAndAcceptsMoreRanksThanHeads) {
   for (const auto& r : plan.attention) {
     EXPECT_EQ(r.op, CollectiveOp::send_recv) << r.tensor;
     const int64_t width = r.tensor == "k" || r.tensor == "dk" ? c->qk_head_dim() : c->v_head_dim;
-    EXPECT_EQ(r.tensor_bytes, E * H * width * 4) << r.tensor;  // an fp32 run: k, v and the fp32 dk, dv alike
+    // an fp32 run: k, v and the fp32 dk, dv alike
+    EXPECT_EQ(r.tensor_bytes, E * H * width * 4) << r.tensor;
     EXPECT_EQ(r.wire_bytes, r.tensor_bytes);
     ++hops;
   }

@@ -1,7 +1,8 @@
 // laga with --ulysses Pu < P (head scatter in groups of Pu ranks × a ring over the P/Pu groups):
-// its token layout (zigzag over groups, 1 or 2 segments per rank) covers the sequence once; it matches
-// explicit in fp32 within 1e-5 relative with more ranks than heads, and bf16 by the project's rule
-// (each tensor's error against fp64 ≤ 2 × max(explicit's, the plain implementation's) + floor);
+// its token layout (zigzag over groups, 1 or 2 segments per rank) covers the sequence once; it
+// matches explicit in fp32 within 1e-5 relative with more ranks than heads, and bf16 by the
+// project's rule (each tensor's error against fp64 ≤ 2 × max(explicit's, the plain
+// implementation's) + floor);
 // --ulysses P is plain laga bit for bit; overlap on and off give the same bits; the plan equals the
 // measured run to the byte (memory and every ledger record, the sub-groups' collectives included);
 // the ledger holds exactly the declared collectives (the ring pair Pr − 1 times); and the refusals
@@ -29,7 +30,8 @@ namespace {
 // tiny has H = 8; with Pu = 3 (H 12) a rank's rows straddle its group's two chunks (two segments).
 MlaConfig tiny(int64_t T, int64_t P, int64_t Pu, DType dt = DType::f32) {
   MlaConfig c = MlaConfig::preset("tiny");
-  c.seq_len = T, c.sp = P, c.ulysses = Pu, c.batch = 2, c.num_layers = 2, c.dtype = dt, c.form = "laga";
+  c.seq_len = T, c.sp = P, c.ulysses = Pu, c.batch = 2, c.num_layers = 2, c.dtype = dt,
+  c.form = "laga";
   if (Pu == 3) c.num_attention_heads = 12;
   return c;
 }
@@ -41,7 +43,8 @@ std::string problems_of(const MlaConfig& c) {
 }
 
 TEST(Ulysses, SegmentsCoverTheSequenceOnceGroupByGroupInZigzagChunks) {
-  for (auto [T, P, Pu] : std::vector<std::array<int64_t, 3>>{{32, 4, 2}, {48, 4, 2}, {32, 16, 8}, {32, 16, 4}, {24, 6, 3}}) {
+  for (auto [T, P, Pu] : std::vector<std::array<int64_t, 3>>{
+           {32, 4, 2}, {48, 4, 2}, {32, 16, 8}, {32, 16, 4}, {24, 6, 3}}) {
     const MlaConfig c = tiny(T, P, Pu);
     ASSERT_EQ(problems_of(c), "") << T << " " << P << " " << Pu;
     const int64_t Pr = P / Pu, C = T / (2 * Pr), N = T / P;
@@ -71,7 +74,8 @@ TEST(Ulysses, SegmentsCoverTheSequenceOnceGroupByGroupInZigzagChunks) {
 }
 
 TEST(Ulysses, MatchesExplicitInFp32WithMoreRanksThanHeads) {
-  const verify::Tensors want = verify::run_tensors(Config(tiny(32, 1, 0)).with([](MlaConfig& m) { m.form = "explicit"; }));
+  const verify::Tensors want =
+      verify::run_tensors(Config(tiny(32, 1, 0)).with([](MlaConfig& m) { m.form = "explicit"; }));
   for (auto [P, Pu] : std::vector<std::array<int64_t, 2>>{{4, 2}, {16, 8}, {16, 4}, {8, 1}}) {
     const verify::Tensors got = verify::run_tensors(Config(tiny(32, P, Pu)));
     double worst = 0;
@@ -79,8 +83,8 @@ TEST(Ulysses, MatchesExplicitInFp32WithMoreRanksThanHeads) {
       EXPECT_LE(e.max_abs, 1e-5 * e.scale) << "P " << P << " Pu " << Pu << " " << name;
       worst = std::max(worst, e.max_abs / e.scale);
     }
-    std::printf("laga --sp %lld --ulysses %lld vs explicit P 1 (fp32): worst relative error %.3g\n", (long long)P,
-                (long long)Pu, worst);
+    std::printf("laga --sp %lld --ulysses %lld vs explicit P 1 (fp32): worst relative error %.3g\n",
+                (long long)P, (long long)Pu, worst);
   }
   // H 12, P 6 = 3 × 2: ranks with two token segments (RoPE and the driver's rows per segment)
   MlaConfig m12 = tiny(24, 1, 3);
@@ -92,7 +96,8 @@ TEST(Ulysses, MatchesExplicitInFp32WithMoreRanksThanHeads) {
 }
 
 TEST(Ulysses, Bf16WithinTheProjectsRule) {
-  const Config e1 = Config(tiny(32, 1, 0, DType::bf16)).with([](MlaConfig& m) { m.form = "explicit"; });
+  const Config e1 =
+      Config(tiny(32, 1, 0, DType::bf16)).with([](MlaConfig& m) { m.form = "explicit"; });
   RunOptions opt;
   opt.gather_tensors = true;
   const RankResult one = run_group(e1, opt).front();
@@ -105,10 +110,12 @@ TEST(Ulysses, Bf16WithinTheProjectsRule) {
     // explicit at the same P where it runs (P | H), else at P = 1
     const Config e = e1.with([&](MlaConfig& m) { m.sp = P <= 8 ? P : 1; });
     const auto e_err = verify::errors(verify::run_tensors(e), exact);
-    const auto err = verify::errors(verify::run_tensors(Config(tiny(32, P, Pu, DType::bf16))), exact);
+    const auto err =
+        verify::errors(verify::run_tensors(Config(tiny(32, P, Pu, DType::bf16))), exact);
     const verify::Verdict v = verify::form_vs_baseline(err, e_err, plain_err, DType::bf16);
     EXPECT_TRUE(v.pass) << "P " << P << " Pu " << Pu << ": " << verify::summary(v);
-    std::printf("laga --sp %lld --ulysses %lld bf16: %s\n", (long long)P, (long long)Pu, verify::summary(v).c_str());
+    std::printf("laga --sp %lld --ulysses %lld bf16: %s\n", (long long)P, (long long)Pu,
+                verify::summary(v).c_str());
   }
 }
 
@@ -141,7 +148,8 @@ TEST(Ulysses, PlanMatchesMeasuredMemoryAndLedgerToTheByte) {
         const PlannedMemory plan = plan_memory(c);
         const PlannedComm comm = plan_comm(c);
         for (const RankResult& r : run_group(c, RunOptions{})) {
-          SCOPED_TRACE(fmt::format("T {} P {} Pu {} {} overlap {} rank {}", T, P, Pu, dtype_name(dt), overlap, r.rank));
+          SCOPED_TRACE(fmt::format("T {} P {} Pu {} {} overlap {} rank {}", T, P, Pu,
+                                   dtype_name(dt), overlap, r.rank));
           EXPECT_EQ(plan.activation_peak_bytes, r.memory.activation_peak_bytes);
           EXPECT_EQ(plan.saved_bytes, r.memory.saved_bytes);
           EXPECT_EQ(plan.forward_peak_bytes, r.memory.forward_peak_bytes);
@@ -155,8 +163,8 @@ TEST(Ulysses, PlanMatchesMeasuredMemoryAndLedgerToTheByte) {
             EXPECT_EQ(planned[i].tensor, r.collectives[i].tensor) << i;
             EXPECT_EQ(planned[i].tensor_bytes, r.collectives[i].tensor_bytes) << i;
             EXPECT_EQ(planned[i].wire_bytes, r.collectives[i].wire_bytes) << i;
-            // The group each ran on, as the job's ranks (the model's sub-group times read it): the plan
-            // is rank 0's.
+            // The group each ran on, as the job's ranks (the model's sub-group times read it): the
+            // plan is rank 0's.
             ASSERT_EQ(bool(planned[i].group), bool(r.collectives[i].group)) << i;
             if (planned[i].group && r.rank == 0) {
               EXPECT_EQ(*planned[i].group, *r.collectives[i].group) << i;
@@ -166,10 +174,10 @@ TEST(Ulysses, PlanMatchesMeasuredMemoryAndLedgerToTheByte) {
       }
 }
 
-// Per layer and rank, closed form: the group's all-gather and reduce-scatter (Pu − 1)·E·Dl·s wire each,
-// 2(Pr − 1) hops of the group's latent Tg·B·Dl·s and (Pr − 1) of its fp32 dlatent, q's/dq's and o's/do's
-// all-to-alls (Pu − 1)/Pu of E·H·(Dqk | Dv)·s; and the forward's issue order: latent, q, the ring hop by
-// hop, o.
+// Per layer and rank, closed form: the group's all-gather and reduce-scatter (Pu − 1)·E·Dl·s wire
+// each, 2(Pr − 1) hops of the group's latent Tg·B·Dl·s and (Pr − 1) of its fp32 dlatent, q's/dq's
+// and o's/do's all-to-alls (Pu − 1)/Pu of E·H·(Dqk | Dv)·s; and the forward's issue order: latent,
+// q, the ring hop by hop, o.
 TEST(Ulysses, LedgerHoldsExactlyTheDeclaredCollectivesWithTheClosedFormBytes) {
   const int64_t T = 32, P = 8, Pu = 2, Pr = 4;
   const Config c(tiny(T, P, Pu, DType::bf16));
@@ -183,7 +191,8 @@ TEST(Ulysses, LedgerHoldsExactlyTheDeclaredCollectivesWithTheClosedFormBytes) {
   std::vector<std::string> want{"latent", "q", "latent_g", "latent_g", "latent_g", "o"};
   EXPECT_EQ(fwd, want);
   const int64_t s = 2, E = T / P * c->batch, Eg = E * Pu, Dl = c->latent_dim(), H = 8;
-  const int64_t per_layer_wire = 2 * (Pu - 1) * E * Dl * s + 2 * (Pr - 1) * Eg * Dl * s + (Pr - 1) * Eg * Dl * 4 +
+  const int64_t per_layer_wire = 2 * (Pu - 1) * E * Dl * s + 2 * (Pr - 1) * Eg * Dl * s +
+                                 (Pr - 1) * Eg * Dl * 4 +
                                  2 * (Pu - 1) * E * H * (c->qk_head_dim() + c->v_head_dim) * s / Pu;
   EXPECT_EQ(plan.wire_bytes(), c->num_layers * per_layer_wire);
   EXPECT_EQ(int64_t(plan.attention.size()), c->num_layers * (6 + 3 * (Pr - 1)));
@@ -193,9 +202,10 @@ TEST(Ulysses, UpProjectionFlopsCountEveryHopsHeadShard) {
   const MlaConfig c = tiny(32, 16, 4);
   MlaConfig laga = c;
   laga.sp = 8, laga.ulysses = 0;  // plain laga (P | H): one up-projection of the sequence
-  const double up = 2.0 * 32 * 2 * double(c.kv_lora_rank) * 8 * double(c.qk_nope_head_dim + c.v_head_dim);
+  const double up =
+      2.0 * 32 * 2 * double(c.kv_lora_rank) * 8 * double(c.qk_nope_head_dim + c.v_head_dim);
   const BlockFlops a = block_flops(c), b = block_flops(laga);
-  EXPECT_DOUBLE_EQ(a.forward - b.forward, 3 * up * 2);            // Pr − 1 = 3 more, 2 layers
+  EXPECT_DOUBLE_EQ(a.forward - b.forward, 3 * up * 2);              // Pr − 1 = 3 more, 2 layers
   EXPECT_DOUBLE_EQ(a.backward - b.backward, (4 + 2 * 3) * up * 2);  // Pr recomputed + 2(Pr − 1)
 }
 
@@ -207,9 +217,13 @@ TEST(Ulysses, RefusalsNameTheValueAndTheValidOnes) {
   has(tiny(32, 8, 3), "--ulysses 3 does not divide --sp 8; try 1, 2, 4, 8");
   MlaConfig e = tiny(32, 8, 2);
   e.form = "explicit";
-  has(e, "--ulysses 2 (< --sp 8) applies to laga only, not to form 'explicit'; try --ulysses 8 or --form laga");
-  has(tiny(48, 12, 6), "--ulysses 6 does not divide num_attention_heads 8; try --ulysses 1, 2, 4");  // H 8
-  has(tiny(16, 16, 0), "--sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8, or --ulysses 2, 4, 8");
+  has(e,
+      "--ulysses 2 (< --sp 8) applies to laga only, not to form 'explicit'; try --ulysses 8 or "
+      "--form laga");
+  // H 8
+  has(tiny(48, 12, 6), "--ulysses 6 does not divide num_attention_heads 8; try --ulysses 1, 2, 4");
+  has(tiny(16, 16, 0),
+      "--sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8, or --ulysses 2, 4, 8");
   has(tiny(12, 4, 1), "--seq 12 is not a multiple of 2 × (--sp 4 / --ulysses 1) = 8");
   EXPECT_EQ(problems_of(tiny(32, 8, 8)), "");
   EXPECT_EQ(problems_of(tiny(32, 8, 0)), "");

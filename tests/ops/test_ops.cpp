@@ -44,7 +44,8 @@ TEST_P(OpsTest, LinearForwardAndBackwardMatchReference) {
   Tensor y = linear_forward(x, w, "y");
   ref::Array y_ref = ref::linear_forward(xr, wr);
   double base = max_abs_diff(plain_linear(xr, wr, t), y_ref);
-  EXPECT_TRUE(within_baseline(max_abs_diff(y, y_ref), base, max_abs(y_ref))) << max_abs_diff(y, y_ref) << " vs " << base;
+  EXPECT_TRUE(within_baseline(max_abs_diff(y, y_ref), base, max_abs(y_ref)))
+      << max_abs_diff(y, y_ref) << " vs " << base;
 
   Tensor dx = Tensor::empty({M, I}, t, "dx");
   Tensor dw = Tensor::zeros({O, I}, t, "dw");
@@ -96,28 +97,33 @@ TEST_P(OpsTest, RmsNormForwardAndBackwardMatchReference) {
   check(dw, g.dw, "dw");
 }
 
-// The weight gradient is a sum over every row (every token of a rank: T·B/P of them) and is summed in
-// fp64, rounded once into dw. With positive terms the exact sum is about M times a term, and the only
-// other errors are the per-row rstd's fp32 rounding (random in sign, about eps/√M of the sum here), so
-// the result is the exact gradient to about one rounding. Summed in fp32, 8192 such terms keep a
-// relative error of tens of ulps (the old fp32 sum: 14 of these 16 elements off by more than one
-// ulp, the worst by 23); the same kind of sum was the largest error of the norm gradients in every
-// form (src/ops/rmsnorm.cpp).
+// The weight gradient is a sum over every row (every token of a rank: T·B/P of them) and is summed
+// in fp64, rounded once into dw. With positive terms the exact sum is about M times a term, and the
+// only other errors are the per-row rstd's fp32 rounding (random in sign, about eps/√M of the sum
+// here), so the result is the exact gradient to about one rounding. Summed in fp32, 8192 such terms
+// keep a relative error of tens of ulps (the old fp32 sum: 14 of these 16 elements off by more than
+// one ulp, the worst by 23); the same kind of sum was the largest error of the norm gradients in
+// every form (src/ops/rmsnorm.cpp).
 TEST(Ops, RmsNormWeightGradientIsRoundedOnceOverManyRows) {
   const int64_t M = 8192, C = 16;
   const double eps = 1e-6;
   std::mt19937_64 rng(77);
   std::uniform_real_distribution<float> pos(0.5f, 1.5f);
-  std::vector<float> xv(static_cast<size_t>(M * C)), dyv(xv.size()), wv(static_cast<size_t>(C)), dw0(wv.size());
+  std::vector<float> xv(static_cast<size_t>(M * C)), dyv(xv.size()), wv(static_cast<size_t>(C)),
+      dw0(wv.size());
   for (float& v : xv) v = pos(rng);
   for (float& v : dyv) v = pos(rng);
   for (float& v : wv) v = pos(rng);
-  for (float& v : dw0) v = 100.0f * pos(rng);  // dw accumulates (+=): a nonzero start is part of the one sum
-  Tensor x = Tensor::from_floats({M, C}, DType::f32, xv, "x"), dy = Tensor::from_floats({M, C}, DType::f32, dyv, "dy");
-  Tensor w = Tensor::from_floats({C}, DType::f32, wv, "w"), dw = Tensor::from_floats({C}, DType::f32, dw0, "dw");
+  // dw accumulates (+=): a nonzero start is part of the one sum
+  for (float& v : dw0) v = 100.0f * pos(rng);
+  Tensor x = Tensor::from_floats({M, C}, DType::f32, xv, "x"),
+         dy = Tensor::from_floats({M, C}, DType::f32, dyv, "dy");
+  Tensor w = Tensor::from_floats({C}, DType::f32, wv, "w"),
+         dw = Tensor::from_floats({C}, DType::f32, dw0, "dw");
   Tensor dx = Tensor::empty({M, C}, DType::f32, "dx");
   rmsnorm_backward(x, w, dy, eps, dx, dw);
-  const auto g = ref::rmsnorm_backward(ref::from_tensor(x), ref::from_tensor(w), ref::from_tensor(dy), eps);
+  const auto g =
+      ref::rmsnorm_backward(ref::from_tensor(x), ref::from_tensor(w), ref::from_tensor(dy), eps);
   const ref::Array got = ref::from_tensor(dw);
   for (int64_t c = 0; c < C; ++c) {
     const double want = double(dw0[size_t(c)]) + g.dw[c];
@@ -137,18 +143,21 @@ TEST_P(OpsTest, RopeForwardAndBackwardMatchReferenceBothLayouts) {
     Tensor x = random_tensor({T, inner, Dr}, t, 7, "x");
     ref::Array xr = ref::from_tensor(x);
     RopeParams p = rope_params(c.rope(), c.dtype);
-    p.x = x.raw(), p.T = T, p.inner = inner, p.t_stride = inner * Dr, p.inner_stride = Dr, p.pos0 = pos0;
+    p.x = x.raw(), p.T = T, p.inner = inner, p.t_stride = inner * Dr, p.inner_stride = Dr,
+    p.pos0 = pos0;
     rope_forward(p);
     ref::Array y_ref = ref::rope_forward(xr, c, pos0);
     double floor = t == DType::f32 ? 1e-6 : 1e-3;
-    EXPECT_TRUE(within_baseline(max_abs_diff(x, y_ref), max_abs_diff(rounded(y_ref, t), y_ref), 2.0, 4.0, floor))
+    EXPECT_TRUE(within_baseline(max_abs_diff(x, y_ref), max_abs_diff(rounded(y_ref, t), y_ref), 2.0,
+                                4.0, floor))
         << "forward, interleaved " << interleaved;
     Tensor dy = random_tensor({T, inner, Dr}, t, 8, "dy");
     ref::Array dyr = ref::from_tensor(dy);
     p.x = dy.raw();
     rope_backward(p);
     ref::Array dx_ref = ref::rope_backward(dyr, c, pos0);
-    EXPECT_TRUE(within_baseline(max_abs_diff(dy, dx_ref), max_abs_diff(rounded(dx_ref, t), dx_ref), 2.0, 4.0, floor))
+    EXPECT_TRUE(within_baseline(max_abs_diff(dy, dx_ref), max_abs_diff(rounded(dx_ref, t), dx_ref),
+                                2.0, 4.0, floor))
         << "backward, interleaved " << interleaved;
   }
 }

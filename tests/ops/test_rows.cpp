@@ -1,7 +1,8 @@
-// The row operations of the attention kernels (src/ops/rows.hpp), on every SIMD target this CPU runs
-// (an AVX-512 machine checks the AVX2 kernels too), against their scalar definition in double: every
-// row length from 0 to past two vectors (each tail), guard values after every output row (a stray
-// write is caught), bf16 rounded exactly as to_bf16(), and every element the same bits on every target.
+// The row operations of the attention kernels (src/ops/rows.hpp), on every SIMD target this CPU
+// runs (an AVX-512 machine checks the AVX2 kernels too), against their scalar definition in double:
+// every row length from 0 to past two vectors (each tail), guard values after every output row (a
+// stray write is caught), bf16 rounded exactly as to_bf16(), and every element the same bits on
+// every target.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -81,7 +82,8 @@ TEST(Rows, EveryTargetMatchesTheScalarDefinitionAtEveryLength) {
         EXPECT_NEAR(p[i], e, 3e-7 * e) << "row_exp2 element " << i;
         EXPECT_EQ(pb[i].bits, to_bf16(p[i]).bits) << "row_exp2 bf16 element " << i;
       }
-      for (int64_t i = n; i < nk; ++i) EXPECT_TRUE(p[i] == 0 && pb[i].bits == 0) << "row_exp2 pad " << i;
+      for (int64_t i = n; i < nk; ++i)
+        EXPECT_TRUE(p[i] == 0 && pb[i].bits == 0) << "row_exp2 pad " << i;
       EXPECT_NEAR(sum, want_sum, 1e-6 * want_sum + 1e-30);
       EXPECT_EQ(bits(sum), bits(sum_b));
       EXPECT_TRUE(guards_intact(p, nk) && guards_intact(pb, nk));
@@ -107,11 +109,13 @@ TEST(Rows, EveryTargetMatchesTheScalarDefinitionAtEveryLength) {
       for (int64_t i = 0; i < n; ++i) {
         const double e = exp2_of(s[i], c, lse[i]);
         EXPECT_NEAR(sp[i], e, 3e-7 * e);
-        EXPECT_NEAR(sd[i], e * (double(dp[i]) - dl[i]), 5e-7 * std::abs(e * (dp[i] - dl[i])) + 1e-30);
+        EXPECT_NEAR(sd[i], e * (double(dp[i]) - dl[i]),
+                    5e-7 * std::abs(e * (dp[i] - dl[i])) + 1e-30);
         EXPECT_EQ(spb[i].bits, to_bf16(sp[i]).bits);
         EXPECT_EQ(sdb[i].bits, to_bf16(sd[i]).bits);
       }
-      EXPECT_TRUE(guards_intact(sp, n) && guards_intact(sd, n) && guards_intact(spb, n) && guards_intact(sdb, n));
+      EXPECT_TRUE(guards_intact(sp, n) && guards_intact(sd, n) && guards_intact(spb, n) &&
+                  guards_intact(sdb, n));
       // dots, in fp32 and in fp64
       std::vector<bf16> sb(static_cast<size_t>(nk));
       for (int64_t i = 0; i < nk; ++i) sb[i] = to_bf16(s[i]);
@@ -123,7 +127,9 @@ TEST(Rows, EveryTargetMatchesTheScalarDefinitionAtEveryLength) {
       EXPECT_NEAR(k.dot_f32_f32(s.data(), dp.data(), n), dot, 1e-6 * l1 + 1e-30);
       EXPECT_NEAR(k.dot_bf16_f32(sb.data(), dp.data(), n), dot_b, 1e-6 * l1 + 1e-30);
       // fp64 sums of exact products, rounded once: within one fp32 ulp of the exact sum
-      auto ulp = [](double v) { return std::nextafter(std::abs(float(v)), INFINITY) - std::abs(float(v)); };
+      auto ulp = [](double v) {
+        return std::nextafter(std::abs(float(v)), INFINITY) - std::abs(float(v));
+      };
       EXPECT_NEAR(k.dot_f64_f32_f32(s.data(), dp.data(), n), dot, ulp(dot));
       EXPECT_NEAR(k.dot_f64_bf16_f32(sb.data(), dp.data(), n), dot_b, ulp(dot_b));
       EXPECT_NEAR(k.dot_f64_bf16_bf16(sb.data(), sb.data(), n), dot_bb, ulp(dot_bb));
@@ -142,7 +148,8 @@ TEST(Rows, EveryTargetMatchesTheScalarDefinitionAtEveryLength) {
         EXPECT_EQ(g[i], s[i] * (dp[i] - delta));
         EXPECT_EQ(gb[i].bits, to_bf16(to_float(sb[i]) * (dp[i] - delta)).bits);
       }
-      EXPECT_TRUE(guards_intact(y, n) && guards_intact(yb, n) && guards_intact(g, n) && guards_intact(gb, n));
+      EXPECT_TRUE(guards_intact(y, n) && guards_intact(yb, n) && guards_intact(g, n) &&
+                  guards_intact(gb, n));
     }
   }
 }
@@ -160,7 +167,8 @@ TEST(Rows, TileDeltasAreTheNormalisedSumsOfTheirRows) {
         const double pk = exp2_of(s[i], c, lse2);
         sum += pk * dp[i], mass += pk;
       }
-      EXPECT_NEAR(k.tile_delta_row(s.data(), dp.data(), n, c, lse2), sum / mass, 1e-6 * std::abs(sum / mass) + 1e-7);
+      EXPECT_NEAR(k.tile_delta_row(s.data(), dp.data(), n, c, lse2), sum / mass,
+                  1e-6 * std::abs(sum / mass) + 1e-7);
       // columns: token t0 + r sees keys 0 .. t0 + r of a [keys, ld] transposed tile
       const int64_t t0 = n % 5, ld = n + 3, keys = t0 + n;
       const auto st = random_row(keys * ld, 11 + uint32_t(n), -4, 2);
@@ -182,17 +190,28 @@ TEST(Rows, TileDeltasAreTheNormalisedSumsOfTheirRows) {
 }
 
 TEST(Rows, Bf16ConversionsAreToBf16AndExactWidening) {
-  std::vector<float> x = {0.0f, -0.0f, 1.0f, 1.00390625f, 1.01171875f, 1.0f + 1.0f / 256 + 1.0f / 65536,
-                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
-                          std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::denorm_min(),
-                          1e-40f, -3.4e38f, 3.3961776e38f, 65504.0f};
+  std::vector<float> x = {0.0f,
+                          -0.0f,
+                          1.0f,
+                          1.00390625f,
+                          1.01171875f,
+                          1.0f + 1.0f / 256 + 1.0f / 65536,
+                          std::numeric_limits<float>::infinity(),
+                          -std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::denorm_min(),
+                          1e-40f,
+                          -3.4e38f,
+                          3.3961776e38f,
+                          65504.0f};
   for (float v : random_row(40, 21, -1e6f, 1e6f)) x.push_back(v);
   const int64_t n = int64_t(x.size());
   for (const rows::Kernels& k : rows::every_target()) {
     SCOPED_TRACE(k.target);
     auto b = guarded<bf16>(n);
     k.narrow(x.data(), b.data(), n);
-    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(b[i].bits, to_bf16(x[i]).bits) << "element " << i << " = " << x[i];
+    for (int64_t i = 0; i < n; ++i)
+      EXPECT_EQ(b[i].bits, to_bf16(x[i]).bits) << "element " << i << " = " << x[i];
     EXPECT_TRUE(guards_intact(b, n));
     auto w = guarded<float>(n);
     k.widen(b.data(), w.data(), n);
@@ -214,7 +233,8 @@ TEST(Rows, EveryTargetGivesEachElementTheSameBits) {
     exps.push_back(p), grads.push_back(g);
   }
   for (size_t t = 1; t < targets.size(); ++t) {
-    EXPECT_EQ(std::memcmp(exps[t].data(), exps[0].data(), nk * 4), 0) << targets[t].target << " vs " << targets[0].target;
+    EXPECT_EQ(std::memcmp(exps[t].data(), exps[0].data(), nk * 4), 0)
+        << targets[t].target << " vs " << targets[0].target;
     EXPECT_EQ(std::memcmp(grads[t].data(), grads[0].data(), nk * 4), 0) << targets[t].target;
   }
 }

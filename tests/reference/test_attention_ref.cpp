@@ -45,7 +45,8 @@ double fd_error(ref::Array& x, const ref::Array& analytic, const std::function<d
   return err / mag;
 }
 
-void check_finite_differences(int64_t T, int64_t B, int64_t Hq, int64_t Hkv, int64_t Dqk, int64_t Dv, bool causal) {
+void check_finite_differences(int64_t T, int64_t B, int64_t Hq, int64_t Hkv, int64_t Dqk,
+                              int64_t Dv, bool causal) {
   ref::Array q = random_array({T, B, Hq, Dqk}, "q"), k = random_array({T, B, Hkv, Dqk}, "k");
   ref::Array v = random_array({T, B, Hkv, Dv}, "v"), g = random_array({T, B, Hq, Dv}, "g");
   const double scale = 0.7;
@@ -60,9 +61,13 @@ void check_finite_differences(int64_t T, int64_t B, int64_t Hq, int64_t Hkv, int
 
 TEST(AttentionRef, MatchesFiniteDifferences) { check_finite_differences(5, 2, 2, 2, 3, 2, true); }
 
-TEST(AttentionRef, MatchesFiniteDifferencesWithGroupedHeads) { check_finite_differences(4, 1, 4, 2, 3, 5, true); }
+TEST(AttentionRef, MatchesFiniteDifferencesWithGroupedHeads) {
+  check_finite_differences(4, 1, 4, 2, 3, 5, true);
+}
 
-TEST(AttentionRef, MatchesFiniteDifferencesWithoutMask) { check_finite_differences(4, 2, 3, 1, 2, 3, false); }
+TEST(AttentionRef, MatchesFiniteDifferencesWithoutMask) {
+  check_finite_differences(4, 2, 3, 1, 2, 3, false);
+}
 
 TEST(AttentionRef, FirstCausalRowCopiesItsValue) {
   const ref::Array q = random_array({6, 2, 4, 3}, "q"), k = random_array({6, 2, 2, 3}, "k");
@@ -70,12 +75,14 @@ TEST(AttentionRef, FirstCausalRowCopiesItsValue) {
   const ref::Array o = ref::attention_forward(q, k, v, 0.5, true);
   for (int64_t b = 0; b < 2; ++b)
     for (int64_t h = 0; h < 4; ++h)
-      for (int64_t d = 0; d < 5; ++d) EXPECT_DOUBLE_EQ(o[(b * 4 + h) * 5 + d], v[(b * 2 + h / 2) * 5 + d]);
+      for (int64_t d = 0; d < 5; ++d)
+        EXPECT_DOUBLE_EQ(o[(b * 4 + h) * 5 + d], v[(b * 2 + h / 2) * 5 + d]);
 }
 
 TEST(AttentionRef, ZeroQueriesAverageTheVisibleValues) {
   const int64_t T = 5, Dv = 3;
-  const ref::Array q({T, 1, 1, 4}), k = random_array({T, 1, 1, 4}, "k"), v = random_array({T, 1, 1, Dv}, "v");
+  const ref::Array q({T, 1, 1, 4}), k = random_array({T, 1, 1, 4}, "k"),
+                                    v = random_array({T, 1, 1, Dv}, "v");
   const ref::Array o = ref::attention_forward(q, k, v, 1.0, true);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t d = 0; d < Dv; ++d) {
@@ -92,10 +99,12 @@ TEST(AttentionRef, GroupedHeadsEqualRepeatedKeyValueHeads) {
   ref::Array ke({T, B, Hq, Dqk}), ve({T, B, Hq, Dv});  // every query head with its own copy
   for (int64_t tb = 0; tb < T * B; ++tb)
     for (int64_t h = 0; h < Hq; ++h) {
-      for (int64_t d = 0; d < Dqk; ++d) ke[(tb * Hq + h) * Dqk + d] = k[(tb * Hkv + h / g) * Dqk + d];
+      for (int64_t d = 0; d < Dqk; ++d)
+        ke[(tb * Hq + h) * Dqk + d] = k[(tb * Hkv + h / g) * Dqk + d];
       for (int64_t d = 0; d < Dv; ++d) ve[(tb * Hq + h) * Dv + d] = v[(tb * Hkv + h / g) * Dv + d];
     }
-  const ref::Array o = ref::attention_forward(q, k, v, 0.8, true), oe = ref::attention_forward(q, ke, ve, 0.8, true);
+  const ref::Array o = ref::attention_forward(q, k, v, 0.8, true),
+                   oe = ref::attention_forward(q, ke, ve, 0.8, true);
   for (int64_t i = 0; i < o.numel(); ++i) EXPECT_NEAR(o[i], oe[i], 1e-14);
   const ref::AttentionGrads gr = ref::attention_backward(q, k, v, dout, 0.8, true);
   const ref::AttentionGrads ge = ref::attention_backward(q, ke, ve, dout, 0.8, true);
@@ -115,9 +124,10 @@ TEST(AttentionRef, GroupedHeadsEqualRepeatedKeyValueHeads) {
     }
 }
 
-// The reference runs heads (forward) and K/V heads with their query groups (backward) in parallel; every
-// sum keeps the order one thread gives it, so its bits do not depend on the thread count. 11 keys is a
-// block of 8 key sums side by side and a part block; grouped heads share their K/V head's dk, dv.
+// The reference runs heads (forward) and K/V heads with their query groups (backward) in parallel;
+// every sum keeps the order one thread gives it, so its bits do not depend on the thread count. 11
+// keys is a block of 8 key sums side by side and a part block; grouped heads share their K/V head's
+// dk, dv.
 TEST(AttentionRef, IsIndependentOfThreadCount) {
   const ref::Array q = random_array({11, 2, 4, 5}, "q"), k = random_array({11, 2, 2, 5}, "k");
   const ref::Array v = random_array({11, 2, 2, 3}, "v"), g = random_array({11, 2, 4, 3}, "g");
@@ -131,6 +141,7 @@ TEST(AttentionRef, IsIndependentOfThreadCount) {
     }
     omp_set_num_threads(keep);
     for (size_t t = 0; t < runs[0].size(); ++t)
-      EXPECT_EQ(runs[0][t].data, runs[1][t].data) << "output " << t << (storage ? " (bf16 storage)" : " (exact)");
+      EXPECT_EQ(runs[0][t].data, runs[1][t].data)
+          << "output " << t << (storage ? " (bf16 storage)" : " (exact)");
   }
 }

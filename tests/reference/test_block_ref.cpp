@@ -1,10 +1,10 @@
 // The fp64 reference block stack (reference/block_ref.cpp) checked against central finite
 // differences of L = ⟨g, y⟩ (g random, never sum(y)) for dx and every weight of every layer, over
-// q_lora_rank > 0 and = 0, both RoPE layouts, B = 1 and 2, YaRN on, off and with an attention factor
-// ≠ 1; and against facts that need no code: wo = 0 makes the block the identity, the block is
-// causal, batch entries do not mix, one token attends only to itself, and one layer equals docs/design.md's
-// equations written out with explicit index loops (which pins the softmax scale and head layouts,
-// things finite differences cannot see). Math: docs/block.md.
+// q_lora_rank > 0 and = 0, both RoPE layouts, B = 1 and 2, YaRN on, off and with an attention
+// factor ≠ 1; and against facts that need no code: wo = 0 makes the block the identity, the block
+// is causal, batch entries do not mix, one token attends only to itself, and one layer equals
+// docs/design.md's equations written out with explicit index loops (which pins the softmax scale
+// and head layouts, things finite differences cannot see). Math: docs/block.md.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -40,8 +40,8 @@ double dot(const Array& a, const Array& b) {
 
 struct Case {
   std::string name;
-  bool q_lora;        // tiny's q_lora_rank 48, or 0 (a single wq)
-  bool interleaved;   // RoPE layout
+  bool q_lora;       // tiny's q_lora_rank 48, or 0 (a single wq)
+  bool interleaved;  // RoPE layout
   int64_t B;
   enum Yarn { on, off, factor } yarn = on;  // factor: mscale_all_dim 0.5, attention factor ≠ 1
 };
@@ -75,10 +75,11 @@ Array input(const MlaConfig& c) { return random_array({c.seq_len, c.batch, c.hid
 // Step and tolerance. ε = 1e-5 in fp64. The central difference's truncation error is
 // ε²/6 · |∂³L/∂v³| ≈ 1e-11 · O(1–10); its rounding error is ≈ u · Σ|g·y| / ε with u = 1.1e-16 and
 // Σ|g·y| ≈ T·B·D ≈ 10³, i.e. ≈ 1e-8 absolute. Projections of the gradient are O(0.1–10), so the
-// relative error should land around 1e-8 to 1e-9; 1e-6 leaves two orders of margin and is still five
-// orders below what a real mistake (a dropped term, a sign, a transposed index: relative error 1e-2
-// and up) produces. Error is relative to max(|analytic|, rms of the tensor's gradient): the absolute
-// error does not shrink with a small entry, so a near-zero entry must not blow the ratio up.
+// relative error should land around 1e-8 to 1e-9; 1e-6 leaves two orders of margin and is still
+// five orders below what a real mistake (a dropped term, a sign, a transposed index: relative error
+// 1e-2 and up) produces. Error is relative to max(|analytic|, rms of the tensor's gradient): the
+// absolute error does not shrink with a small entry, so a near-zero entry must not blow the ratio
+// up.
 constexpr double kEps = 1e-5;
 constexpr double kFdTolerance = 1e-6;
 
@@ -120,7 +121,8 @@ TEST_P(BlockRefGradients, MatchFiniteDifferences) {
       *p = p0;
       const double fd = (up - down) / (2 * kEps), analytic = dot(grad, v);
       const double err = std::abs(fd - analytic) / std::max(std::abs(analytic), rms);
-      EXPECT_LT(err, kFdTolerance) << what << ": finite difference " << fd << ", analytic " << analytic;
+      EXPECT_LT(err, kFdTolerance)
+          << what << ": finite difference " << fd << ", analytic " << analytic;
       worst = std::max(worst, err);
     };
     // Three random directions, normalised.
@@ -133,7 +135,8 @@ TEST_P(BlockRefGradients, MatchFiniteDifferences) {
     }
     // Four single entries: three drawn at random and the largest gradient.
     std::vector<int64_t> entries;
-    for (int e = 0; e < 3; ++e) entries.push_back(int64_t(uniform01(3, dir_stream, draw++) * double(p->numel())));
+    for (int e = 0; e < 3; ++e)
+      entries.push_back(int64_t(uniform01(3, dir_stream, draw++) * double(p->numel())));
     int64_t largest = 0;
     for (int64_t i = 0; i < grad.numel(); ++i)
       if (std::abs(grad[i]) > std::abs(grad[largest])) largest = i;
@@ -150,12 +153,14 @@ TEST_P(BlockRefGradients, MatchFiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Variants, BlockRefGradients,
-    testing::Values(Case{"qlora_interleaved_b1", true, true, 1}, Case{"qlora_interleaved_b2", true, true, 2},
-                    Case{"qlora_halves_b1", true, false, 1}, Case{"qlora_halves_b2", true, false, 2},
-                    Case{"noqlora_interleaved_b1", false, true, 1}, Case{"noqlora_interleaved_b2", false, true, 2},
-                    Case{"noqlora_halves_b1", false, false, 1}, Case{"noqlora_halves_b2", false, false, 2},
-                    Case{"qlora_halves_b2_plain_rope", true, false, 2, Case::off},
-                    Case{"noqlora_interleaved_b2_yarn_factor", false, true, 2, Case::factor}),
+    testing::Values(
+        Case{"qlora_interleaved_b1", true, true, 1}, Case{"qlora_interleaved_b2", true, true, 2},
+        Case{"qlora_halves_b1", true, false, 1}, Case{"qlora_halves_b2", true, false, 2},
+        Case{"noqlora_interleaved_b1", false, true, 1},
+        Case{"noqlora_interleaved_b2", false, true, 2}, Case{"noqlora_halves_b1", false, false, 1},
+        Case{"noqlora_halves_b2", false, false, 2},
+        Case{"qlora_halves_b2_plain_rope", true, false, 2, Case::off},
+        Case{"noqlora_interleaved_b2_yarn_factor", false, true, 2, Case::factor}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------------
@@ -206,7 +211,8 @@ TEST(BlockRef, IsCausal) {
   const Array y2 = ref::block_forward(c, w, x2);
   for (int64_t i = 0; i < t0 * BD; ++i) ASSERT_NEAR(y2[i], y[i], 1e-14) << "token " << i / BD;
   double change = 0;
-  for (int64_t i = t0 * BD; i < (t0 + 1) * BD; ++i) change = std::max(change, std::abs(y2[i] - y[i]));
+  for (int64_t i = t0 * BD; i < (t0 + 1) * BD; ++i)
+    change = std::max(change, std::abs(y2[i] - y[i]));
   EXPECT_GT(change, 0.1);
 }
 
@@ -232,13 +238,15 @@ TEST(BlockRef, BatchEntriesDoNotMix) {
 TEST(BlockRef, SingleTokenAttendsOnlyToItsOwnValue) {
   // With T = 1 the softmax has one entry, so o = v whatever q, k and the scale are:
   // y = x + wo · [per head h: wkv_b's v-rows of head h · rmsnorm(kv[:Lkv]; kv_norm)], with
-  // kv = wkv_a · rmsnorm(x; attn_norm). Checks the head layout of wkv_b (Dn k-rows, then Dv v-rows).
+  // kv = wkv_a · rmsnorm(x; attn_norm). Checks the head layout of wkv_b (Dn k-rows, then Dv
+  // v-rows).
   MlaConfig c = config_for({"", true, true, 1});
   c.num_layers = 1;
   c.seq_len = 1;
   const ref::RefWeights w = ref_weights(c);
   const Array x = input(c);
-  const int64_t H = c.num_attention_heads, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim, Lkv = c.kv_lora_rank;
+  const int64_t H = c.num_attention_heads, Dn = c.qk_nope_head_dim, Dv = c.v_head_dim,
+                Lkv = c.kv_lora_rank;
   const Array xn = ref::rmsnorm_forward(x, w.at("layers.0.attn_norm"), c.rms_norm_eps);
   const Array kv = ref::linear_forward(xn, w.at("layers.0.wkv_a"));
   Array c_kv({1, 1, Lkv});
@@ -248,31 +256,34 @@ TEST(BlockRef, SingleTokenAttendsOnlyToItsOwnValue) {
   Array o({1, 1, H * Dv});
   for (int64_t h = 0; h < H; ++h)
     for (int64_t j = 0; j < Dv; ++j)
-      for (int64_t i = 0; i < Lkv; ++i) o[h * Dv + j] += wkv_b[(h * (Dn + Dv) + Dn + j) * Lkv + i] * ckv[i];
+      for (int64_t i = 0; i < Lkv; ++i)
+        o[h * Dv + j] += wkv_b[(h * (Dn + Dv) + Dn + j) * Lkv + i] * ckv[i];
   const Array attn = ref::linear_forward(o, w.at("layers.0.wo"));
   const Array y = ref::block_forward(c, w, x);
   for (int64_t d = 0; d < c.hidden_size; ++d) EXPECT_NEAR(y[d], x[d] + attn[d], 1e-13);
 }
 
 TEST(BlockRef, MatchesTheEquationsWrittenOutByHand) {
-  // One layer of docs/design.md §2.1–§2.2 restated with explicit index loops, independent of block_ref's
-  // helpers: q's per-head layout [nope | pe], kpe broadcast to every head, wkv_b's per-head
-  // [Dn k-rows | Dv v-rows], and the softmax scale. tiny: Dqk = 16 + 8 = 24, YaRN factor 40,
-  // mscale_all_dim 1: scale = (0.1 · ln 40 + 1)² / √24 = 1.3688879² / 4.8989795 = 0.3824989.
+  // One layer of docs/design.md §2.1–§2.2 restated with explicit index loops, independent of
+  // block_ref's helpers: q's per-head layout [nope | pe], kpe broadcast to every head, wkv_b's
+  // per-head [Dn k-rows | Dv v-rows], and the softmax scale. tiny: Dqk = 16 + 8 = 24, YaRN factor
+  // 40, mscale_all_dim 1: scale = (0.1 · ln 40 + 1)² / √24 = 1.3688879² / 4.8989795 = 0.3824989.
   for (bool yarn : {true, false}) {
     MlaConfig c = config_for({"", true, true, 2});
     c.num_layers = 1;
     c.seq_len = 5;
     c.rope_scaling.enabled = yarn;
     const double mscale = 0.1 * std::log(40.0) + 1;
-    const double scale = yarn ? mscale * mscale / std::sqrt(24.0) : 1 / std::sqrt(24.0);  // plain: 0.2041241
+    // plain: 0.2041241
+    const double scale = yarn ? mscale * mscale / std::sqrt(24.0) : 1 / std::sqrt(24.0);
     EXPECT_NEAR(scale, yarn ? 0.3824989 : 0.2041241, 1e-7);
     const ref::RefWeights w = ref_weights(c);
     const Array x = input(c);
     const int64_t T = c.seq_len, B = 2, H = 8, Lkv = 32, Dn = 16, Dr = 8, Dv = 12, Dqk = 24;
     auto W = [&](const char* n) -> const Array& { return w.at(std::string("layers.0.") + n); };
     const Array xn = ref::rmsnorm_forward(x, W("attn_norm"), c.rms_norm_eps);
-    const Array cqn = ref::rmsnorm_forward(ref::linear_forward(xn, W("wq_a")), W("q_norm"), c.rms_norm_eps);
+    const Array cqn =
+        ref::rmsnorm_forward(ref::linear_forward(xn, W("wq_a")), W("q_norm"), c.rms_norm_eps);
     const Array q_flat = ref::linear_forward(cqn, W("wq_b"));  // [T, B, H·Dqk]
     const Array kv = ref::linear_forward(xn, W("wkv_a"));      // [T, B, Lkv + Dr]
     Array kv_c({T, B, Lkv}), kv_pe({T, B, Dr}), q_pe({T, B, H, Dr});
@@ -280,7 +291,8 @@ TEST(BlockRef, MatchesTheEquationsWrittenOutByHand) {
       for (int64_t j = 0; j < Lkv; ++j) kv_c[tb * Lkv + j] = kv[tb * (Lkv + Dr) + j];
       for (int64_t j = 0; j < Dr; ++j) kv_pe[tb * Dr + j] = kv[tb * (Lkv + Dr) + Lkv + j];
       for (int64_t h = 0; h < H; ++h)
-        for (int64_t j = 0; j < Dr; ++j) q_pe[(tb * H + h) * Dr + j] = q_flat[(tb * H + h) * Dqk + Dn + j];
+        for (int64_t j = 0; j < Dr; ++j)
+          q_pe[(tb * H + h) * Dr + j] = q_flat[(tb * H + h) * Dqk + Dn + j];
     }
     const Array ckv = ref::rmsnorm_forward(kv_c, W("kv_norm"), c.rms_norm_eps);
     const Array kpe = ref::rope_forward(kv_pe, c, 0), q_pe_rot = ref::rope_forward(q_pe, c, 0);
@@ -296,7 +308,8 @@ TEST(BlockRef, MatchesTheEquationsWrittenOutByHand) {
           q[(tb * H + h) * Dqk + Dn + j] = q_pe_rot[(tb * H + h) * Dr + j];
           k[(tb * H + h) * Dqk + Dn + j] = kpe[tb * Dr + j];
         }
-        for (int64_t j = 0; j < Dv; ++j) v[(tb * H + h) * Dv + j] = kvb[(tb * H + h) * (Dn + Dv) + Dn + j];
+        for (int64_t j = 0; j < Dv; ++j)
+          v[(tb * H + h) * Dv + j] = kvb[(tb * H + h) * (Dn + Dv) + Dn + j];
       }
     Array o = ref::attention_forward(q, k, v, scale, true);
     o.shape = {T, B, H * Dv};
@@ -307,18 +320,20 @@ TEST(BlockRef, MatchesTheEquationsWrittenOutByHand) {
 }
 
 // The absorbed association order (W_UK folded into the query, one attention over the latent, W_UV
-// after) and the per-head order with FlashAttention's delta (rowsum(dO∘O) over the stored output) are
-// the same function: in exact arithmetic y, dx and every weight gradient agree with the per-head
-// order to fp64 rounding, over both q paths, both RoPE layouts and B 1–2. Their plain fp32 versions
-// (sums in fp32) differ from the exact values by fp32 rounding, not more, and not by zero.
+// after) and the per-head order with FlashAttention's delta (rowsum(dO∘O) over the stored output)
+// are the same function: in exact arithmetic y, dx and every weight gradient agree with the
+// per-head order to fp64 rounding, over both q paths, both RoPE layouts and B 1–2. Their plain fp32
+// versions (sums in fp32) differ from the exact values by fp32 rounding, not more, and not by zero.
 TEST(BlockRef, OtherAssociationOrdersAreTheSameFunction) {
-  for (const Case& k : {Case{"qlora_interleaved_b2", true, true, 2}, Case{"wq_halves_b1", false, false, 1}}) {
+  for (const Case& k :
+       {Case{"qlora_interleaved_b2", true, true, 2}, Case{"wq_halves_b1", false, false, 1}}) {
     SCOPED_TRACE(k.name);
     const MlaConfig c = config_for(k);
     const ref::RefWeights w = ref_weights(c);
     const Array x = input(c);
     const Array g = random_array(x.shape, "g");
-    auto check = [&](const Array& got, const Array& want, const std::string& name, double lo, double hi) {
+    auto check = [&](const Array& got, const Array& want, const std::string& name, double lo,
+                     double hi) {
       double worst = 0, scale = 0;
       for (int64_t i = 0; i < want.numel(); ++i) {
         worst = std::max(worst, std::abs(got[i] - want[i]));
@@ -330,8 +345,9 @@ TEST(BlockRef, OtherAssociationOrdersAreTheSameFunction) {
     const Array y = ref::block_forward(c, w, x);
     const ref::BlockGrads d = ref::block_backward(c, w, x, g);
     for (ref::Core core : {ref::Core::absorbed, ref::Core::per_head_output_delta})
-      for (const auto& [st, lo, hi] : {std::tuple<std::optional<DType>, double, double>{std::nullopt, 0.0, 1e-12},
-                                       {DType::f32, 1e-9, 1e-4}}) {
+      for (const auto& [st, lo, hi] :
+           {std::tuple<std::optional<DType>, double, double>{std::nullopt, 0.0, 1e-12},
+            {DType::f32, 1e-9, 1e-4}}) {
         SCOPED_TRACE(core == ref::Core::absorbed ? "absorbed" : "per-head, delta from the output");
         check(ref::block_forward(c, w, x, st, core), y, "y", lo, hi);
         const ref::BlockGrads a = ref::block_backward(c, w, x, g, st, core);

@@ -2,10 +2,12 @@
 // finite differences of a random-projection loss L = ⟨g, y⟩ (g random: never sum(y)), and facts
 // about RoPE/YaRN that hold independently of any code — norm preservation, the identity at
 // position 0, plain frequencies, DeepSeek-V3's YaRN correction range worked out by hand, relative
-// positions, the two layouts being one permutation apart. The math is in docs/design.md §1.1 and docs/block.md.
+// positions, the two layouts being one permutation apart. The math is in docs/design.md §1.1 and
+// docs/block.md.
 //
-// Frequencies are measured through rope_forward itself (the angle a unit pair turns by at position 1),
-// so no test reads MlaConfig::rope_inv_freq(): the reference and the fast code stay independent.
+// Frequencies are measured through rope_forward itself (the angle a unit pair turns by at position
+// 1), so no test reads MlaConfig::rope_inv_freq(): the reference and the fast code stay
+// independent.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <omp.h>
@@ -23,7 +25,8 @@ using laga::ref::Array;
 
 namespace {
 
-Array random_array(const Shape& s, const std::string& name, double std = 1.0, double mean = 0.0, uint64_t seed = 7) {
+Array random_array(const Shape& s, const std::string& name, double std = 1.0, double mean = 0.0,
+                   uint64_t seed = 7) {
   Array a(s);
   const uint64_t stream = stream_id(name);
   for (int64_t i = 0; i < a.numel(); ++i) a[i] = mean + std * normal(seed, stream, uint64_t(i));
@@ -38,12 +41,14 @@ double dot(const Array& a, const Array& b) {
 
 // Central differences on every entry of `param` against the analytic gradient `grad` of L(param).
 // Step and tolerance: L here is a sum of ~10² terms of size O(1), so the rounding error of one
-// difference is ≈ u · Σ|g·y| / ε ≈ 1e-16 · 1e2 / 1e-5 = 1e-9, and the truncation error ε²/6 · L''' is
-// ≈ 1e-11 (RoPE and linear are linear in the checked input: no truncation error at all). Gradients
-// are O(0.1–1), so the relative error should sit near 1e-8; 1e-6 keeps two orders of margin, while a
-// wrong sign, a dropped term or a swapped index shows as 1e-2 or more. The error is taken relative to
-// max(|analytic|, rms of the whole gradient), since the absolute error does not shrink with the entry.
-double max_fd_error(Array param, const Array& grad, const std::function<double(const Array&)>& loss) {
+// difference is ≈ u · Σ|g·y| / ε ≈ 1e-16 · 1e2 / 1e-5 = 1e-9, and the truncation error ε²/6 · L'''
+// is ≈ 1e-11 (RoPE and linear are linear in the checked input: no truncation error at all).
+// Gradients are O(0.1–1), so the relative error should sit near 1e-8; 1e-6 keeps two orders of
+// margin, while a wrong sign, a dropped term or a swapped index shows as 1e-2 or more. The error is
+// taken relative to max(|analytic|, rms of the whole gradient), since the absolute error does not
+// shrink with the entry.
+double max_fd_error(Array param, const Array& grad,
+                    const std::function<double(const Array&)>& loss) {
   constexpr double eps = 1e-5;
   double rms = 0;
   for (int64_t i = 0; i < grad.numel(); ++i) rms += grad[i] * grad[i];
@@ -82,7 +87,9 @@ MlaConfig rope_config(int64_t Dr, bool interleaved, bool yarn) {
 
 // The two indices docs/design.md §1.1 pairs under each layout.
 int64_t first(const MlaConfig& c, int64_t i) { return c.rope_interleaved ? 2 * i : i; }
-int64_t second(const MlaConfig& c, int64_t i) { return c.rope_interleaved ? 2 * i + 1 : i + c.qk_rope_head_dim / 2; }
+int64_t second(const MlaConfig& c, int64_t i) {
+  return c.rope_interleaved ? 2 * i + 1 : i + c.qk_rope_head_dim / 2;
+}
 
 // The frequency of each pair, measured: rotate (1, 0) at position 1 and read the angle.
 std::vector<double> measured_inv_freq(const MlaConfig& c) {
@@ -109,7 +116,8 @@ std::vector<MlaConfig> rope_variants(int64_t Dr) {
 }
 
 std::string variant_name(const MlaConfig& c) {
-  return std::string(c.rope_interleaved ? "interleaved" : "halves") + (c.rope_scaling.enabled ? ", yarn" : ", plain");
+  return std::string(c.rope_interleaved ? "interleaved" : "halves") +
+         (c.rope_scaling.enabled ? ", yarn" : ", plain");
 }
 
 }  // namespace
@@ -118,7 +126,8 @@ std::string variant_name(const MlaConfig& c) {
 // Finite differences
 
 TEST(LinearRef, GradientsMatchFiniteDifferences) {
-  const Array x = random_array({3, 2, 5}, "x"), w = random_array({4, 5}, "w"), g = random_array({3, 2, 4}, "g");
+  const Array x = random_array({3, 2, 5}, "x"), w = random_array({4, 5}, "w"),
+              g = random_array({3, 2, 4}, "g");
   const auto grads = ref::linear_backward(x, w, g);
   EXPECT_EQ(grads.dx.shape, x.shape);
   EXPECT_EQ(grads.dw.shape, w.shape);
@@ -126,11 +135,12 @@ TEST(LinearRef, GradientsMatchFiniteDifferences) {
   expect_fd("dw", w, grads.dw, [&](const Array& p) { return dot(g, ref::linear_forward(x, p)); });
 }
 
-// The reference's products run blocks of kRefRows output rows in parallel; every sum keeps the order
-// one thread gives it, so the bits depend neither on the thread count nor on the blocks: 13 rows and 11
-// output columns are one block of 8 and a part block either way, in both accumulations.
+// The reference's products run blocks of kRefRows output rows in parallel; every sum keeps the
+// order one thread gives it, so the bits depend neither on the thread count nor on the blocks: 13
+// rows and 11 output columns are one block of 8 and a part block either way, in both accumulations.
 TEST(LinearRef, IsIndependentOfThreadCount) {
-  const Array x = random_array({13, 7}, "x"), w = random_array({11, 7}, "w"), dy = random_array({13, 11}, "dy");
+  const Array x = random_array({13, 7}, "x"), w = random_array({11, 7}, "w"),
+              dy = random_array({13, 11}, "dy");
   for (ref::Accum acc : {ref::Accum::exact, ref::Accum::f32}) {
     std::vector<Array> runs[2];
     const int keep = omp_get_max_threads();
@@ -140,7 +150,8 @@ TEST(LinearRef, IsIndependentOfThreadCount) {
       runs[i] = {ref::linear_forward(x, w, acc), g.dx, g.dw};
     }
     omp_set_num_threads(keep);
-    for (size_t t = 0; t < runs[0].size(); ++t) EXPECT_EQ(runs[0][t].data, runs[1][t].data) << "output " << t;
+    for (size_t t = 0; t < runs[0].size(); ++t)
+      EXPECT_EQ(runs[0][t].data, runs[1][t].data) << "output " << t;
   }
 }
 
@@ -148,13 +159,16 @@ TEST(RmsNormRef, GradientsMatchFiniteDifferences) {
   // eps 1e-6 (DeepSeek's) and a large eps, so that the eps term inside the root is exercised too.
   for (double eps : {1e-6, 0.5}) {
     SCOPED_TRACE(eps);
-    const Array x = random_array({3, 2, 7}, "x"), w = random_array({7}, "w", 0.1, 1.0), g = random_array({3, 2, 7}, "g");
+    const Array x = random_array({3, 2, 7}, "x"), w = random_array({7}, "w", 0.1, 1.0),
+                g = random_array({3, 2, 7}, "g");
     const auto grads = ref::rmsnorm_backward(x, w, g, eps);
     EXPECT_EQ(grads.dx.shape, x.shape);
     EXPECT_EQ(grads.dw.shape, w.shape);
     const std::string tag = fmt::format("eps_{}", eps);
-    expect_fd("dx." + tag, x, grads.dx, [&](const Array& p) { return dot(g, ref::rmsnorm_forward(p, w, eps)); });
-    expect_fd("dw." + tag, w, grads.dw, [&](const Array& p) { return dot(g, ref::rmsnorm_forward(x, p, eps)); });
+    expect_fd("dx." + tag, x, grads.dx,
+              [&](const Array& p) { return dot(g, ref::rmsnorm_forward(p, w, eps)); });
+    expect_fd("dw." + tag, w, grads.dw,
+              [&](const Array& p) { return dot(g, ref::rmsnorm_forward(x, p, eps)); });
   }
 }
 
@@ -166,9 +180,11 @@ TEST(RopeRef, GradientsMatchFiniteDifferences) {
       const Array x = random_array({4, 3, 8}, "x"), g = random_array({4, 3, 8}, "g");
       const Array dx = ref::rope_backward(g, c, pos0);
       EXPECT_EQ(dx.shape, x.shape);
-      const std::string tag = fmt::format("{}_{}_pos{}", c.rope_interleaved ? "interleaved" : "halves",
-                                          c.rope_scaling.enabled ? "yarn" : "plain", pos0);
-      expect_fd("dx." + tag, x, dx, [&](const Array& p) { return dot(g, ref::rope_forward(p, c, pos0)); });
+      const std::string tag =
+          fmt::format("{}_{}_pos{}", c.rope_interleaved ? "interleaved" : "halves",
+                      c.rope_scaling.enabled ? "yarn" : "plain", pos0);
+      expect_fd("dx." + tag, x, dx,
+                [&](const Array& p) { return dot(g, ref::rope_forward(p, c, pos0)); });
     }
   }
 }
@@ -183,7 +199,8 @@ TEST(RopeRef, PreservesPairNorms) {
     const Array x = random_array({6, 2, 8}, "x");
     const Array y = ref::rope_forward(x, c, 3);
     for (int64_t row = 0; row < 12; ++row)
-      for (int64_t i = 0; i < 4; ++i) EXPECT_NEAR(pair_norm(y, c, row, i), pair_norm(x, c, row, i), 1e-14);
+      for (int64_t i = 0; i < 4; ++i)
+        EXPECT_NEAR(pair_norm(y, c, row, i), pair_norm(x, c, row, i), 1e-14);
   }
 }
 
@@ -197,7 +214,8 @@ TEST(RopeRef, ScalesPairNormsByYarnAttentionFactor) {
   const Array x = random_array({5, 8}, "x");
   const Array y = ref::rope_forward(x, c, 2);
   for (int64_t row = 0; row < 5; ++row)
-    for (int64_t i = 0; i < 4; ++i) EXPECT_NEAR(pair_norm(y, c, row, i), factor * pair_norm(x, c, row, i), 1e-13);
+    for (int64_t i = 0; i < 4; ++i)
+      EXPECT_NEAR(pair_norm(y, c, row, i), factor * pair_norm(x, c, row, i), 1e-13);
 }
 
 TEST(RopeRef, IsIdentityAtPositionZero) {
@@ -214,7 +232,9 @@ TEST(RopeRef, BackwardIsTheInverseRotation) {
   for (MlaConfig c : rope_variants(8)) {
     c.rope_scaling.mscale_all_dim = 0.5;
     SCOPED_TRACE(variant_name(c));
-    const double f2 = c.rope_scaling.enabled ? std::pow((0.1 * std::log(40.0) + 1) / (0.05 * std::log(40.0) + 1), 2) : 1.0;
+    const double f2 = c.rope_scaling.enabled
+                          ? std::pow((0.1 * std::log(40.0) + 1) / (0.05 * std::log(40.0) + 1), 2)
+                          : 1.0;
     const Array x = random_array({4, 2, 8}, "x");
     const Array back = ref::rope_backward(ref::rope_forward(x, c, 77), c, 77);
     for (int64_t i = 0; i < x.numel(); ++i) EXPECT_NEAR(back[i], f2 * x[i], 1e-13);
@@ -226,7 +246,8 @@ TEST(RopeRef, PlainFrequenciesAreThetaPowers) {
   for (bool interleaved : {true, false}) {
     MlaConfig c = rope_config(16, interleaved, false);
     const auto f = measured_inv_freq(c);
-    for (int64_t i = 0; i < 8; ++i) EXPECT_NEAR(f[size_t(i)], std::pow(10000.0, -2.0 * double(i) / 16.0), 1e-15) << i;
+    for (int64_t i = 0; i < 8; ++i)
+      EXPECT_NEAR(f[size_t(i)], std::pow(10000.0, -2.0 * double(i) / 16.0), 1e-15) << i;
   }
 }
 
@@ -239,8 +260,10 @@ TEST(RopeRef, YarnCorrectionRangeMatchesDeepSeekV3ByHand) {
   //            = 64 · 6.479754 / 18.420681 = 22.513  → high = ceil  = 23
   // so pairs 0..10 keep theta^(-2i/64), pairs 23..31 are divided by 40, and pair i between
   // interpolates with ramp (i - 10) / 13.
-  EXPECT_NEAR(64 * std::log(4096 / (2 * std::numbers::pi * 32)) / (2 * std::log(10000.0)), 10.472, 1e-3);
-  EXPECT_NEAR(64 * std::log(4096 / (2 * std::numbers::pi * 1)) / (2 * std::log(10000.0)), 22.513, 1e-3);
+  EXPECT_NEAR(64 * std::log(4096 / (2 * std::numbers::pi * 32)) / (2 * std::log(10000.0)), 10.472,
+              1e-3);
+  EXPECT_NEAR(64 * std::log(4096 / (2 * std::numbers::pi * 1)) / (2 * std::log(10000.0)), 22.513,
+              1e-3);
   for (bool interleaved : {true, false}) {
     MlaConfig c = rope_config(64, interleaved, true);
     c.rope_theta = 10000;
@@ -258,15 +281,16 @@ TEST(RopeRef, YarnCorrectionRangeMatchesDeepSeekV3ByHand) {
         EXPECT_NEAR(f[size_t(i)] / plain, 1.0, 1e-12) << "pair " << i << " must be unscaled";
       }
       if (i >= 23) {
-        EXPECT_NEAR(f[size_t(i)] / plain, 1.0 / 40, 1e-12) << "pair " << i << " must be divided by 40";
+        EXPECT_NEAR(f[size_t(i)] / plain, 1.0 / 40, 1e-12)
+            << "pair " << i << " must be divided by 40";
       }
     }
   }
 }
 
 TEST(RopeRef, DotProductDependsOnlyOnRelativePosition) {
-  // ⟨rope(q, m), rope(k, n)⟩ = factor² · qᵀ R(m)ᵀ R(n) k = factor² · qᵀ R(n - m) k: the same for every
-  // shift of both positions. With factor ≠ 1 it is factor² times the plain rotation's value.
+  // ⟨rope(q, m), rope(k, n)⟩ = factor² · qᵀ R(m)ᵀ R(n) k = factor² · qᵀ R(n - m) k: the same for
+  // every shift of both positions. With factor ≠ 1 it is factor² times the plain rotation's value.
   for (MlaConfig c : rope_variants(8)) {
     c.rope_scaling.mscale_all_dim = 0.5;
     SCOPED_TRACE(variant_name(c));
@@ -274,8 +298,10 @@ TEST(RopeRef, DotProductDependsOnlyOnRelativePosition) {
     for (int64_t delta : {0, 3, -5, 40}) {
       const double base = dot(ref::rope_forward(q, c, 50 + delta), ref::rope_forward(k, c, 50));
       for (int64_t shift : {-50, -17, 1, 900, 100000}) {
-        const double other = dot(ref::rope_forward(q, c, 50 + delta + shift), ref::rope_forward(k, c, 50 + shift));
-        EXPECT_NEAR(other, base, 1e-9 * (1 + std::abs(base))) << "delta " << delta << " shift " << shift;
+        const double other =
+            dot(ref::rope_forward(q, c, 50 + delta + shift), ref::rope_forward(k, c, 50 + shift));
+        EXPECT_NEAR(other, base, 1e-9 * (1 + std::abs(base)))
+            << "delta " << delta << " shift " << shift;
       }
     }
   }

@@ -1,6 +1,6 @@
-// What fuzzing (fuzz/, scripts/fuzz.sh) and the review of its oracles found, each kept as a claim so it
-// stays fixed: bad input gets a clear usage error, never a crash or a silent wrong number. The inputs
-// themselves are replayed from fuzz/regressions/ by the fuzz.replay.* tests.
+// What fuzzing (fuzz/, scripts/fuzz.sh) and the review of its oracles found, each kept as a claim
+// so it stays fixed: bad input gets a clear usage error, never a crash or a silent wrong number.
+// The inputs themselves are replayed from fuzz/regressions/ by the fuzz.replay.* tests.
 //
 // Not here: the reader's and the CLI's ordinary bad-input cases (tests/io/test_safetensors.cpp,
 // tests/cli/cli_bad_input.sh).
@@ -43,9 +43,9 @@ nlohmann::json tiny_json() {
 
 }  // namespace
 
-// Found by fuzz_safetensors on a seed: two zero-size tensors under one tag shared a tracker entry of 0
-// bytes, which the first release erased and the second could not find — an assert in a destructor,
-// so std::terminate.
+// Found by fuzz_safetensors on a seed: two zero-size tensors under one tag shared a tracker entry
+// of 0 bytes, which the first release erased and the second could not find — an assert in a
+// destructor, so std::terminate.
 TEST(Memory, ZeroByteTensorsUnderOneTagReleaseInAnyOrder) {
   MemoryTracker tracker;
   TrackerScope scope(tracker);
@@ -92,36 +92,46 @@ TEST(Config, RejectsAFloatOrAnOutOfRangeNumberWhereAnIntegerBelongs) {
   }
   nlohmann::json j = tiny_json();
   j["rope_scaling"]["original_max_position_embeddings"] = 4096.5;
-  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("original_max_position_embeddings"), std::string::npos);
+  EXPECT_NE(usage_error([&] {
+              (void)Config(MlaConfig::from_json(j));
+            }).find("original_max_position_embeddings"),
+            std::string::npos);
   j = tiny_json();
   j["num_layers"] = 1e300;
-  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("num_layers"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("num_layers"),
+            std::string::npos);
 }
 
 // Found reviewing fuzz_config's oracle (finite, positive derived quantities): a RoPE scaling that
-// validated but made the softmax scale inf, or the attention factor negative — silent infs and NaNs.
+// validated but made the softmax scale inf, or the attention factor negative — silent infs and
+// NaNs.
 TEST(Config, RejectsRopeScalingThatMakesTheSoftmaxScaleOrAttentionFactorUnusable) {
   nlohmann::json j = tiny_json();
   j["rope_scaling"]["mscale_all_dim"] = 1e300;
-  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("softmax scale"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("softmax scale"),
+            std::string::npos);
   j = tiny_json();
   j["rope_scaling"]["mscale"] = -1e300;
-  EXPECT_NE(usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("RoPE attention factor"), std::string::npos);
+  EXPECT_NE(
+      usage_error([&] { (void)Config(MlaConfig::from_json(j)); }).find("RoPE attention factor"),
+      std::string::npos);
   MlaConfig c = MlaConfig::preset("tiny");
   c.rope_theta = std::numeric_limits<double>::infinity();
-  EXPECT_NE(usage_error([&] { (void)Config(c); }).find("rope_theta = inf must be a finite number"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)Config(c); }).find("rope_theta = inf must be a finite number"),
+            std::string::npos);
   c = MlaConfig::preset("tiny");
   c.rope_scaling.beta_fast = std::nan("");
   EXPECT_NE(usage_error([&] { (void)Config(c); }).find("beta_fast"), std::string::npos);
 }
 
-// Found reviewing fuzz_config's oracle: a dimension of 2^62 validated, then rope_inv_freq asked for a
-// vector of 2^61 doubles (std::length_error: exit 3), and element counts overflowed int64.
+// Found reviewing fuzz_config's oracle: a dimension of 2^62 validated, then rope_inv_freq asked for
+// a vector of 2^61 doubles (std::length_error: exit 3), and element counts overflowed int64.
 TEST(Config, RejectsSizesThatCannotBeAddressed) {
   MlaConfig c = MlaConfig::preset("tiny");
   c.qk_rope_head_dim = int64_t(1) << 62;
-  EXPECT_NE(usage_error([&] { (void)Config(c); }).find("qk_rope_head_dim = 4611686018427387904 exceeds"),
-            std::string::npos);
+  EXPECT_NE(
+      usage_error([&] { (void)Config(c); }).find("qk_rope_head_dim = 4611686018427387904 exceeds"),
+      std::string::npos);
   c = MlaConfig::preset("tiny");
   c.seq_len = int64_t(1) << 40;
   EXPECT_NE(usage_error([&] { (void)Config(c); }).find("too large to address"), std::string::npos);
@@ -130,14 +140,18 @@ TEST(Config, RejectsSizesThatCannotBeAddressed) {
   EXPECT_NE(usage_error([&] { (void)Config(c); }).find("over all layers"), std::string::npos);
 }
 
-// Found by fuzz_config (fuzz/regressions/config/odd_rope_dim_at_int64_max_overflows_the_suggestion.json):
-// an odd qk_rope_head_dim of INT64_MAX made the "try" suggestion overflow (dim + 1).
+// Found by fuzz_config
+// (fuzz/regressions/config/odd_rope_dim_at_int64_max_overflows_the_suggestion.json): an odd
+// qk_rope_head_dim of INT64_MAX made the "try" suggestion overflow (dim + 1).
 TEST(Config, OddRopeDimAtTheInt64LimitSuggestsAnEvenDimensionInRange) {
   MlaConfig c = MlaConfig::preset("tiny");
   c.qk_rope_head_dim = INT64_MAX;
   const std::string m = usage_error([&] { (void)Config(c); });
-  EXPECT_NE(m.find("qk_rope_head_dim = 9223372036854775807 must be even (RoPE rotates pairs); try 1048576"),
-            std::string::npos) << m;
+  EXPECT_NE(
+      m.find(
+          "qk_rope_head_dim = 9223372036854775807 must be even (RoPE rotates pairs); try 1048576"),
+      std::string::npos)
+      << m;
   c.qk_rope_head_dim = 63;
   EXPECT_NE(usage_error([&] { (void)Config(c); }).find("try 64"), std::string::npos);
 }
@@ -155,40 +169,47 @@ TEST(Config, PresetsStillValidateAtLongSequencesAndManyLayers) {
   }
 }
 
-// Found by fuzz_cli (a timeout): `laga run --seq 13333333333333333 --sp 4` searched every number up to
-// the sequence length for divisors to suggest — a hang of years. The suggestion now comes at once.
+// Found by fuzz_cli (a timeout): `laga run --seq 13333333333333333 --sp 4` searched every number up
+// to the sequence length for divisors to suggest — a hang of years. The suggestion now comes at
+// once.
 TEST(Config, SuggestsDivisorsOfAHugeSequenceWithoutSearchingToIt) {
   MlaConfig c = MlaConfig::preset("tiny");
   c.seq_len = 13333333333333333, c.sp = 4;
   const std::string m = usage_error([&] { (void)Config(c); });
-  EXPECT_NE(m.find("--sp 4 does not divide --seq 13333333333333333; try 1, 89, 1447, 1553, 128783, 138217, "
-                   "13333333333333333"),
-            std::string::npos)
+  EXPECT_NE(
+      m.find(
+          "--sp 4 does not divide --seq 13333333333333333; try 1, 89, 1447, 1553, 128783, 138217, "
+          "13333333333333333"),
+      std::string::npos)
       << m;
   EXPECT_EQ(divisors_str(18), "1, 2, 3, 6, 9, 18");
   EXPECT_EQ(divisors_str(int64_t(1) << 62), "1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048");
 }
 
-// fuzz_config found problems() searching every d < --sp for the --ulysses values to suggest: a hang at
+// fuzz_config found problems() searching every d < --sp for the --ulysses values to suggest: a hang
+// at
 // --sp 10^15. A valid value divides the heads, so the search stops there; and the zigzag's 2·R may
 // exceed int64 (R = --sp 2^62) without overflowing anything.
 TEST(Config, SuggestsUlyssesValuesAndZigzagLengthsForAHugeSp) {
   MlaConfig c = MlaConfig::preset("tiny");  // 8 heads
   c.form = "laga", c.sp = 1000000000000000, c.seq_len = 2 * c.sp;
   std::string m = usage_error([&] { (void)Config(c); });
-  EXPECT_NE(m.find("--sp 1000000000000000 does not divide num_attention_heads 8; try 1, 2, 4, 8, or --ulysses 1, 2, 4, 8"),
+  EXPECT_NE(m.find("--sp 1000000000000000 does not divide num_attention_heads 8; try 1, 2, 4, 8, "
+                   "or --ulysses 1, 2, 4, 8"),
             std::string::npos)
       << m;
   c.form = "ring-kv", c.sp = c.seq_len = int64_t(1) << 62;
   m = usage_error([&] { (void)Config(c); });
-  EXPECT_NE(m.find("--seq 4611686018427387904 is not a multiple of 2 × --sp 4611686018427387904 = 9223372036854775808 "
-                   "(ring-kv's zigzag layout gives every rank two chunks of T/(2P) tokens); try --seq 9223372036854775808"),
+  EXPECT_NE(m.find("--seq 4611686018427387904 is not a multiple of 2 × --sp 4611686018427387904 = "
+                   "9223372036854775808 "
+                   "(ring-kv's zigzag layout gives every rank two chunks of T/(2P) tokens); try "
+                   "--seq 9223372036854775808"),
             std::string::npos)
       << m;
 }
 
-// The rule of the commands that run every form (forms_at): a form's own condition makes it "not run";
-// a problem apart from any form, or a config no form can run, is a usage error.
+// The rule of the commands that run every form (forms_at): a form's own condition makes it "not
+// run"; a problem apart from any form, or a config no form can run, is a usage error.
 TEST(Config, FormsAtReportsEachRefusingFormAndRefusesWhatNoFormCanRun) {
   MlaConfig c = MlaConfig::preset("tiny");  // H 8
   c.seq_len = 64, c.sp = 16;
@@ -197,15 +218,18 @@ TEST(Config, FormsAtReportsEachRefusingFormAndRefusesWhatNoFormCanRun) {
   for (const Form* f : at.runnable) runnable.emplace_back(f->name());
   EXPECT_EQ(runnable, (std::vector<std::string>{"ring-kv", "ring-latent"}));
   EXPECT_EQ(at.refused.size(), registered_forms().size() - 2);
-  EXPECT_NE(at.refusal(find_form("laga")).find("--sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8"),
+  EXPECT_NE(at.refusal(find_form("laga"))
+                .find("--sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8"),
             std::string::npos);
   EXPECT_EQ(at.refusal(find_form("ring-kv")), "");
   c.seq_len = 36, c.sp = 4;  // every head-scatter form runs; the zigzag needs 8 | T
   const FormsAt at4 = forms_at(c);
-  EXPECT_NE(at4.refusal(find_form("ring-latent")).find("--seq 36 is not a multiple of 2 × --sp 4"), std::string::npos);
+  EXPECT_NE(at4.refusal(find_form("ring-latent")).find("--seq 36 is not a multiple of 2 × --sp 4"),
+            std::string::npos);
   EXPECT_EQ(at4.refusal(find_form("explicit")), "");
   c.seq_len = 36, c.sp = 8;  // apart from any form: P ∤ T
-  EXPECT_NE(usage_error([&] { (void)forms_at(c); }).find("--sp 8 does not divide --seq 36"), std::string::npos);
+  EXPECT_NE(usage_error([&] { (void)forms_at(c); }).find("--sp 8 does not divide --seq 36"),
+            std::string::npos);
   c.seq_len = 48, c.sp = 16;  // P ∤ H for the head-scatter forms and 2P ∤ T for the rings
   const std::string m = usage_error([&] { (void)forms_at(c); });
   EXPECT_NE(m.find("no form can run it"), std::string::npos) << m;

@@ -1,5 +1,6 @@
-// A fresh, empty directory for one GoogleTest, removed when the test ends. Its name holds the process
-// id and the running test's name, so tests that CTest runs in parallel processes never share one.
+// A fresh, empty directory for one GoogleTest, removed when the test ends. Its name holds the
+// process id and the running test's name, so tests that CTest runs in parallel processes never
+// share one.
 #pragma once
 
 #include <fmt/format.h>

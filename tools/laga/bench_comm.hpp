@@ -4,11 +4,11 @@
 // independently of the Communicator, and the bus-bandwidth factors. The command itself (launch,
 // timing, the table) is cmd_bench_comm.cpp; the conventions are in docs/throughput.md.
 //
-// Conventions (nccl-tests'): a size S is the bytes of the whole buffer — for all_gather the gathered
-// output, for reduce_scatter the input, for all_to_all the (input = output) buffer of one rank, for
-// all_reduce the buffer, for send_recv what each rank sends. algbw = S / t; busbw = algbw · (P−1)/P
-// for all_gather, reduce_scatter and all_to_all, algbw · 2(P−1)/P for all_reduce and algbw for
-// send_recv (0 at P = 1), so that busbw is comparable with a link's rate.
+// Conventions (nccl-tests'): a size S is the bytes of the whole buffer — for all_gather the
+// gathered output, for reduce_scatter the input, for all_to_all the (input = output) buffer of one
+// rank, for all_reduce the buffer, for send_recv what each rank sends. algbw = S / t; busbw = algbw
+// · (P−1)/P for all_gather, reduce_scatter and all_to_all, algbw · 2(P−1)/P for all_reduce and
+// algbw for send_recv (0 at P = 1), so that busbw is comparable with a link's rate.
 #pragma once
 
 #include <cstdint>
@@ -40,11 +40,12 @@ struct Shape {
   CollectiveOp op;
   DType dtype;
   int P = 1;
-  int64_t count = 0;     // elements of the whole buffer S (bytes = count · element size)
-  int64_t bytes = 0;     // S after rounding: what algbw divides
-  int64_t n = 0;         // the n of the Communicator call (all_gather/reduce_scatter/all_to_all: count / P)
-  int64_t in_elems = 0;  // this rank's input (all_reduce: the buffer, in place)
-  int64_t out_elems = 0; // this rank's output (all_reduce: the same buffer)
+  int64_t count = 0;  // elements of the whole buffer S (bytes = count · element size)
+  int64_t bytes = 0;  // S after rounding: what algbw divides
+  // the n of the Communicator call (all_gather/reduce_scatter/all_to_all: count / P)
+  int64_t n = 0;
+  int64_t in_elems = 0;   // this rank's input (all_reduce: the buffer, in place)
+  int64_t out_elems = 0;  // this rank's output (all_reduce: the same buffer)
 };
 Shape shape_for(CollectiveOp op, DType dtype, int P, int64_t requested_bytes);
 
@@ -68,9 +69,9 @@ void fill_input(const Shape& s, int rank, void* in);
 // Sets this rank's output (out_elems) to NaN, which no expected value equals, and its kGuard guard
 // elements to kGuardValue: what a collective that writes nothing leaves fails the check.
 void poison_output(const Shape& s, void* out);
-// Elements of this rank's output (out_elems, then kGuard guards) that differ from what the collective
-// must produce on this rank (computed here from pattern(), not through the Communicator), plus
-// guards that changed.
+// Elements of this rank's output (out_elems, then kGuard guards) that differ from what the
+// collective must produce on this rank (computed here from pattern(), not through the
+// Communicator), plus guards that changed.
 int64_t count_wrong(const Shape& s, int rank, const void* out);
 
 }  // namespace laga::cli::bench_comm

@@ -14,8 +14,8 @@ namespace laga::cli::bench_comm {
 
 namespace {
 
-// splitmix64's finaliser: neighbouring (rank, index) pairs give unrelated values, so a chunk sent to
-// or taken from the wrong place differs from the right one in about 14 of 15 elements.
+// splitmix64's finaliser: neighbouring (rank, index) pairs give unrelated values, so a chunk sent
+// to or taken from the wrong place differs from the right one in about 14 of 15 elements.
 uint64_t mix(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
@@ -70,8 +70,10 @@ const std::vector<CollectiveOp>& benchmarked_ops() {
 CollectiveOp parse_op(const std::string& name) {
   for (CollectiveOp op : benchmarked_ops())
     if (collective_name(op) == name) return op;
-  LAGA_FAIL_USAGE("unknown collective '{}' for --ops; valid: all_gather, reduce_scatter, all_to_all, all_reduce, send_recv",
-                  name);
+  LAGA_FAIL_USAGE(
+      "unknown collective '{}' for --ops; valid: all_gather, reduce_scatter, all_to_all, "
+      "all_reduce, send_recv",
+      name);
 }
 
 int64_t parse_size(const std::string& text, const char* flag) {
@@ -79,15 +81,19 @@ int64_t parse_size(const std::string& text, const char* flag) {
   while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
   int64_t bytes = -1;
   const std::string suffix = text.substr(digits);
-  const int shift = suffix == "" ? 0 : suffix == "K" || suffix == "k" ? 10 : suffix == "M" || suffix == "m" ? 20
-                    : suffix == "G" || suffix == "g" ? 30 : -1;
+  const int shift = suffix == ""                     ? 0
+                    : suffix == "K" || suffix == "k" ? 10
+                    : suffix == "M" || suffix == "m" ? 20
+                    : suffix == "G" || suffix == "g" ? 30
+                                                     : -1;
   if (digits > 0 && digits <= 9 && shift >= 0) {
     bytes = std::stoll(text.substr(0, digits)) << shift;  // below 10^9 · 2^30 < 2^63
   } else {
     try {
       bytes = parse_bytes(text);
     } catch (const Error&) {
-      LAGA_FAIL_USAGE("{} '{}' is not a size in bytes; write e.g. 8, 64K, 4M or 1G (K = 1024)", flag, text);
+      LAGA_FAIL_USAGE("{} '{}' is not a size in bytes; write e.g. 8, 64K, 4M or 1G (K = 1024)",
+                      flag, text);
     }
   }
   LAGA_CHECK(bytes >= 1, "{} {} must be at least one byte, e.g. {} 8", flag, text, flag);
@@ -95,9 +101,10 @@ int64_t parse_size(const std::string& text, const char* flag) {
 }
 
 std::vector<int64_t> size_sweep(int64_t min_bytes, int64_t max_bytes, int64_t factor) {
-  LAGA_CHECK(min_bytes <= max_bytes, "-b {} is larger than -e {}; give -b ≤ -e, e.g. -b {} -e {}", min_bytes,
-             max_bytes, max_bytes, min_bytes);
-  LAGA_CHECK(factor >= 2, "-f {} must be an integer ≥ 2 (the step between sizes), e.g. -f 2", factor);
+  LAGA_CHECK(min_bytes <= max_bytes, "-b {} is larger than -e {}; give -b ≤ -e, e.g. -b {} -e {}",
+             min_bytes, max_bytes, max_bytes, min_bytes);
+  LAGA_CHECK(factor >= 2, "-f {} must be an integer ≥ 2 (the step between sizes), e.g. -f 2",
+             factor);
   std::vector<int64_t> sizes;
   for (int64_t s = min_bytes; s <= max_bytes; s *= factor) {
     sizes.push_back(s);
@@ -129,8 +136,10 @@ Shape shape_for(CollectiveOp op, DType dtype, int P, int64_t requested_bytes) {
       s.n = s.count, s.in_elems = s.count, s.out_elems = s.count;
       break;
     default:
-      LAGA_FAIL_USAGE("bench-comm does not time {}; valid: all_gather, reduce_scatter, all_to_all, all_reduce, send_recv",
-                      collective_name(op));
+      LAGA_FAIL_USAGE(
+          "bench-comm does not time {}; valid: all_gather, reduce_scatter, all_to_all, all_reduce, "
+          "send_recv",
+          collective_name(op));
   }
   return s;
 }
@@ -156,7 +165,8 @@ void fill_input(const Shape& s, int rank, void* in) {
 void poison_output(const Shape& s, void* out) {
   dispatch_dtype(s.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    for (int64_t i = 0; i < s.out_elems; ++i) store<T>(out, i, std::numeric_limits<float>::quiet_NaN());
+    for (int64_t i = 0; i < s.out_elems; ++i)
+      store<T>(out, i, std::numeric_limits<float>::quiet_NaN());
     for (int64_t i = 0; i < kGuard; ++i) store<T>(out, s.out_elems + i, kGuardValue);
   });
 }

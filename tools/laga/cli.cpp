@@ -27,7 +27,9 @@ const CLI::Validator kSeed(
       const char* e = text.data() + text.size();
       const auto [end, ec] = std::from_chars(b, e, v, hex ? 16 : 10);
       if (b == e || ec != std::errc() || end != e)
-        return "'" + text + "' is not a seed; give a whole number from 0 to 18446744073709551615, e.g. --seed 1234";
+        return "'" + text +
+               "' is not a seed; give a whole number from 0 to 18446744073709551615, e.g. --seed "
+               "1234";
       return {};
     },
     "0..2^64-1", "seed");
@@ -35,29 +37,46 @@ const CLI::Validator kSeed(
 }  // namespace
 
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
-  app->add_option("--model", f.model, "preset: deepseek-v3, deepseek-v2-lite, small, tiny")->capture_default_str();
-  app->add_option("--config", f.config_path, "model dimensions from a JSON file (Hugging Face config.json keys); "
+  app->add_option("--model", f.model, "preset: deepseek-v3, deepseek-v2-lite, small, tiny")
+      ->capture_default_str();
+  app->add_option("--config", f.config_path,
+                  "model dimensions from a JSON file (Hugging Face config.json keys); "
                   "overrides --model");
   app->add_option("--seq", f.seq, "global sequence length T")->required();
   app->add_option("--batch", f.batch, "micro-batch B")->capture_default_str();
   app->add_option("--layers", f.layers, "stacked blocks L")->capture_default_str();
   app->add_option("--kernel", f.kernel, "attention kernel: eager, fused")->capture_default_str();
-  app->add_option("--absorbed-kv", f.absorbed_kv, "absorbed core regime: expanded, shared")->capture_default_str();
+  app->add_option("--absorbed-kv", f.absorbed_kv, "absorbed core regime: expanded, shared")
+      ->capture_default_str();
   app->add_option("--dtype", f.dtype, "storage dtype: bf16, fp32")->capture_default_str();
-  app->add_option("--dlatent-sum", f.dlatent_sum, "dtype of the dlatent reduce-scatter's partial sums (forms that "
-                  "gather the latent): fp32 (one rounding, after the sum over ranks), storage")->capture_default_str();
-  app->add_option("--attn-backward", f.attn_backward, "the fused kernel's backward order: two-pass (small workspace), "
-                  "one-pass (fewer products, fp32 dq sums held)")->capture_default_str();
-  app->add_option("--rope-layout", f.rope_layout, "RoPE pairs: interleaved (DeepSeek), rotate-half")->capture_default_str();
-  app->add_option("--overlap", f.overlap, "collectives behind compute (the latent all-gather behind the query path, ...): "
-                  "on, off")->capture_default_str();
+  app->add_option("--dlatent-sum", f.dlatent_sum,
+                  "dtype of the dlatent reduce-scatter's partial sums (forms that "
+                  "gather the latent): fp32 (one rounding, after the sum over ranks), storage")
+      ->capture_default_str();
+  app->add_option("--attn-backward", f.attn_backward,
+                  "the fused kernel's backward order: two-pass (small workspace), "
+                  "one-pass (fewer products, fp32 dq sums held)")
+      ->capture_default_str();
+  app->add_option("--rope-layout", f.rope_layout, "RoPE pairs: interleaved (DeepSeek), rotate-half")
+      ->capture_default_str();
+  app->add_option("--overlap", f.overlap,
+                  "collectives behind compute (the latent all-gather behind the query path, ...): "
+                  "on, off")
+      ->capture_default_str();
   app->add_option("--json", f.json_path, "write results as JSON to this file");
-  app->add_option("--seed", f.seed, "seed of weights and inputs")->check(kSeed)->capture_default_str();
+  app->add_option("--seed", f.seed, "seed of weights and inputs")
+      ->check(kSeed)
+      ->capture_default_str();
   if (with_comm) {
-    app->add_option("--comm", f.comm, "ranks as: auto (mpi under mpirun, else threads), threads, mpi")->capture_default_str();
-    app->add_option("--timeout", f.timeout_s, "seconds a collective may wait before failing (0: no limit)")->capture_default_str();
+    app->add_option("--comm", f.comm,
+                    "ranks as: auto (mpi under mpirun, else threads), threads, mpi")
+        ->capture_default_str();
+    app->add_option("--timeout", f.timeout_s,
+                    "seconds a collective may wait before failing (0: no limit)")
+        ->capture_default_str();
     app->add_option("--mpi-progress", f.mpi_progress_us, kMpiProgressHelp)->capture_default_str();
-    app->add_flag("--check-finite", f.check_finite, "stop (exit 1) at the first NaN or Inf in an input, activation or gradient");
+    app->add_flag("--check-finite", f.check_finite,
+                  "stop (exit 1) at the first NaN or Inf in an input, activation or gradient");
   }
 }
 
@@ -66,7 +85,8 @@ std::string link_description(bool mpi) {
   if (const char* l = std::getenv("LAGA_LINK"); l && *l) link = l;
   if (!mpi) return link;
   const double us = mpi_progress_interval() * 1e6;
-  return link + (us > 0 ? fmt::format("; MPI progress from compute every {:g} µs", us) : "; MPI progress only inside MPI calls");
+  return link + (us > 0 ? fmt::format("; MPI progress from compute every {:g} µs", us)
+                        : "; MPI progress only inside MPI calls");
 }
 
 Config build_config(const CommonFlags& f) { return Config(build_spec(f)); }
@@ -77,28 +97,36 @@ MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at) {
   return c;
 }
 
-Config config_as(const MlaConfig& spec, std::string_view name) { return Config(as_form(spec, name)); }
+Config config_as(const MlaConfig& spec, std::string_view name) {
+  return Config(as_form(spec, name));
+}
 
 Config named_form_config(const MlaConfig& spec, const std::string& label, const char* flag) {
   const FormsAt at = forms_at(spec);
   if (const std::string why = at.refusal(find_form(label)); !why.empty()) {
     std::string runnable;
-    for (const Form* f : at.runnable) runnable += (runnable.empty() ? "" : ", ") + displayed_form(as_form(spec, f->name()));
-    LAGA_FAIL_USAGE("{} names {}, which cannot run this configuration: {}; drop it from {} (forms that run it: {})",
-                    flag, label, why, flag, runnable);
+    for (const Form* f : at.runnable)
+      runnable += (runnable.empty() ? "" : ", ") + displayed_form(as_form(spec, f->name()));
+    LAGA_FAIL_USAGE(
+        "{} names {}, which cannot run this configuration: {}; drop it from {} (forms that run it: "
+        "{})",
+        flag, label, why, flag, runnable);
   }
   return config_as(spec, label);
 }
 
 std::string ulysses_note(const MlaConfig& c) {
-  return c.hybrid() ? fmt::format(" (laga: {} × {}, --ulysses {})", c.head_group(), c.ring_groups(), c.ulysses) : "";
+  return c.hybrid() ? fmt::format(" (laga: {} × {}, --ulysses {})", c.head_group(), c.ring_groups(),
+                                  c.ulysses)
+                    : "";
 }
 
 MlaConfig build_spec(const CommonFlags& f) {
   MlaConfig c = MlaConfig::preset(f.model);
   if (!f.config_path.empty()) {
     std::ifstream in(f.config_path);
-    LAGA_CHECK(in.good(), "--config {}: cannot open ({}); give a readable JSON file", f.config_path, std::strerror(errno));
+    LAGA_CHECK(in.good(), "--config {}: cannot open ({}); give a readable JSON file", f.config_path,
+               std::strerror(errno));
     nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
     LAGA_CHECK(!j.is_discarded(), "--config {}: not valid JSON", f.config_path);
     c = MlaConfig::from_json(j);
@@ -109,13 +137,20 @@ MlaConfig build_spec(const CommonFlags& f) {
   c.dtype = parse_dtype(f.dtype);
   c.dlatent_sum = parse_dlatent_sum(f.dlatent_sum);
   c.attn_backward = parse_attn_backward(f.attn_backward);
-  if (f.rope_layout == "interleaved") c.rope_interleaved = true;
-  else if (f.rope_layout == "rotate-half") c.rope_interleaved = false;
-  else LAGA_FAIL_USAGE("unknown --rope-layout '{}'; valid: interleaved, rotate-half", f.rope_layout);
-  if (f.overlap == "on") c.overlap = true;
-  else if (f.overlap == "off") c.overlap = false;
-  else LAGA_FAIL_USAGE("unknown --overlap '{}'; valid: on, off", f.overlap);
-  LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s), "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
+  if (f.rope_layout == "interleaved")
+    c.rope_interleaved = true;
+  else if (f.rope_layout == "rotate-half")
+    c.rope_interleaved = false;
+  else
+    LAGA_FAIL_USAGE("unknown --rope-layout '{}'; valid: interleaved, rotate-half", f.rope_layout);
+  if (f.overlap == "on")
+    c.overlap = true;
+  else if (f.overlap == "off")
+    c.overlap = false;
+  else
+    LAGA_FAIL_USAGE("unknown --overlap '{}'; valid: on, off", f.overlap);
+  LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s),
+             "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
   return c;
 }
 
@@ -138,11 +173,13 @@ InjectWrong parse_inject_wrong(const std::string& spec, const std::vector<std::s
   const auto colon = spec.rfind(':');
   std::string list;
   for (const auto& f : forms) list += (list.empty() ? "" : ", ") + f;
-  LAGA_CHECK(colon != std::string::npos && colon > 0, "--inject-wrong '{}' is not FORM:ULPS (e.g. laga:64)", spec);
+  LAGA_CHECK(colon != std::string::npos && colon > 0,
+             "--inject-wrong '{}' is not FORM:ULPS (e.g. laga:64)", spec);
   InjectWrong w;
   w.form = resolve_form_label(spec.substr(0, colon), absorbed_kv);
   LAGA_CHECK(std::find(forms.begin(), forms.end(), w.form) != forms.end(),
-             "--inject-wrong names form '{}', which --forms does not time; valid: {}", spec.substr(0, colon), list);
+             "--inject-wrong names form '{}', which --forms does not time; valid: {}",
+             spec.substr(0, colon), list);
   const std::string ulps = spec.substr(colon + 1);
   char* end = nullptr;
   w.ulps = std::strtod(ulps.c_str(), &end);
@@ -154,7 +191,8 @@ InjectWrong parse_inject_wrong(const std::string& spec, const std::vector<std::s
 std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag) {
   if (path.empty()) return nullptr;
   auto out = std::make_unique<std::ofstream>(path);
-  LAGA_CHECK(out->good(), "{} {}: cannot open for writing ({}); give a path in a writable directory", flag, path,
+  LAGA_CHECK(out->good(),
+             "{} {}: cannot open for writing ({}); give a path in a writable directory", flag, path,
              std::strerror(errno));
   return out;
 }
@@ -174,8 +212,8 @@ nlohmann::json collectives_json(const std::vector<CollectiveRecord>& records) {
                  {"tensor", r.tensor},
                  {"dtype", dtype_name(r.dtype)},
                  {"seconds", r.seconds},
-                 {"wait_s", r.wait_s},                                 // exposed
-                 {"hidden_s", std::max(0.0, r.seconds - r.wait_s)},    // ran behind compute
+                 {"wait_s", r.wait_s},                               // exposed
+                 {"hidden_s", std::max(0.0, r.seconds - r.wait_s)},  // ran behind compute
                  {"issued_s", r.issued_s},
                  {"completed_s", r.completed_s},
                  {"tensor_bytes", r.tensor_bytes},
@@ -183,13 +221,15 @@ nlohmann::json collectives_json(const std::vector<CollectiveRecord>& records) {
   return a;
 }
 
-void check_mem_limit(const PlannedMemory& plan, int64_t ranks, int64_t limit_bytes, const std::string& limit_source) {
+void check_mem_limit(const PlannedMemory& plan, int64_t ranks, int64_t limit_bytes,
+                     const std::string& limit_source) {
   const int64_t per_rank = plan.baseline_bytes + plan.activation_peak_bytes;
   LAGA_CHECK(per_rank * ranks <= limit_bytes,
-             "refused: the planned peak is {} ({} bytes: baseline {} + activations {}) per rank × {} rank(s) here, over "
+             "refused: the planned peak is {} ({} bytes: baseline {} + activations {}) per rank × "
+             "{} rank(s) here, over "
              "{} of {} ({} bytes); lower --seq or --layers, raise --sp, or set --mem-limit",
-             human_bytes(per_rank), per_rank, plan.baseline_bytes, plan.activation_peak_bytes, ranks, limit_source,
-             human_bytes(limit_bytes), limit_bytes);
+             human_bytes(per_rank), per_rank, plan.baseline_bytes, plan.activation_peak_bytes,
+             ranks, limit_source, human_bytes(limit_bytes), limit_bytes);
 }
 
 int64_t local_ranks() {
@@ -224,7 +264,9 @@ nlohmann::json rank_json(const RankResult& r, const PlannedMemory& plan) {
             {"hidden_s", std::max(0.0, attention.seconds() - attention.wait_seconds())},
             {"collectives", collectives_json(attention.records())}}},
           {"grad_sync",
-           {{"tensor_bytes", sync.tensor_bytes()}, {"wire_bytes", sync.wire_bytes()}, {"seconds", r.grad_sync_s}}},
+           {{"tensor_bytes", sync.tensor_bytes()},
+            {"wire_bytes", sync.wire_bytes()},
+            {"seconds", r.grad_sync_s}}},
           {"fwd_s", r.forward_s},
           {"bwd_s", r.backward_s},
           {"time_s", r.forward_s + r.backward_s}};
@@ -243,7 +285,8 @@ std::vector<nlohmann::json> gather_json(Communicator& comm, const nlohmann::json
   comm.all_gather(buf.data(), all.data(), words, DType::f32, "gather.json");
   std::vector<nlohmann::json> out;
   for (int r = 0; r < comm.size(); ++r)
-    out.push_back(nlohmann::json::parse(std::string(all.data() + r * words * 4, size_t(lens[size_t(r)]))));
+    out.push_back(
+        nlohmann::json::parse(std::string(all.data() + r * words * 4, size_t(lens[size_t(r)]))));
   return out;
 }
 

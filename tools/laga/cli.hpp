@@ -43,32 +43,34 @@ struct CommonFlags {
   uint64_t seed = 1234;
 };
 
-// --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --dlatent-sum --rope-layout --overlap --json --seed;
-// with_comm adds --comm, --timeout and --mpi-progress.
+// --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --dlatent-sum
+// --rope-layout --overlap --json --seed; with_comm adds --comm, --timeout and --mpi-progress.
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
 Config build_config(const CommonFlags& f);
 // The flags' configuration, not yet validated (for the commands that run every form: forms_at).
 MlaConfig build_spec(const CommonFlags& f);
-// The flags' configuration for a command that runs every form (plan, model): refused as a whole only
-// for problems apart from any form; *at says which forms run it (forms_at). Each form's own config is
-// config_as(spec, its name).
+// The flags' configuration for a command that runs every form (plan, model): refused as a whole
+// only for problems apart from any form; *at says which forms run it (forms_at). Each form's own
+// config is config_as(spec, its name).
 MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at);
 // The validated config of spec as form `name` (as_form: --ulysses stays laga's alone).
 Config config_as(const MlaConfig& spec, std::string_view name);
-// The config of a form a command names (bench --forms, train --forms): config_as(spec, label), by the
-// rule of the commands that run every form (forms_at): a problem apart from any form is refused as a
-// whole; a named form that cannot run spec is refused (usage error) naming `flag`, the form, its
-// reason and the forms that can run it.
+// The config of a form a command names (bench --forms, train --forms): config_as(spec, label), by
+// the rule of the commands that run every form (forms_at): a problem apart from any form is refused
+// as a whole; a named form that cannot run spec is refused (usage error) naming `flag`, the form,
+// its reason and the forms that can run it.
 Config named_form_config(const MlaConfig& spec, const std::string& label, const char* flag);
-// " (laga: Pu × Pr, --ulysses Pu)" after P in a command's header when laga runs head scatter × ring; "".
+// " (laga: Pu × Pr, --ulysses Pu)" after P in a command's header when laga runs head scatter ×
+// ring; "".
 std::string ulysses_note(const MlaConfig& c);
 // The registered form label of --form (and, for a family with variants, --absorbed-kv); usage error
 // naming the valid spellings.
 std::string form_label(const std::string& form, const std::string& absorbed_kv);
 
-// bench --inject-wrong FORM:ULPS (testing the validation): FORM's full-size y gets one element shifted
-// by ULPS × eps(dtype) × max|y| before the validation sees it. Usage error unless FORM is one of
-// `forms` (registered labels; absorbed resolved with absorbed_kv) and ULPS a positive number.
+// bench --inject-wrong FORM:ULPS (testing the validation): FORM's full-size y gets one element
+// shifted by ULPS × eps(dtype) × max|y| before the validation sees it. Usage error unless FORM is
+// one of `forms` (registered labels; absorbed resolved with absorbed_kv) and ULPS a positive
+// number.
 struct InjectWrong {
   std::string form;
   double ulps = 0;
@@ -80,17 +82,19 @@ InjectWrong parse_inject_wrong(const std::string& spec, const std::vector<std::s
 std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag);
 
 std::string human_bytes(int64_t b);
-// A rank's measured figures beside the planner's (planned_activation_peak_bytes, planned_saved_bytes).
+// A rank's measured figures beside the planner's (planned_activation_peak_bytes,
+// planned_saved_bytes).
 nlohmann::json rank_json(const RankResult& r, const PlannedMemory& plan);
 
 // Usage error when `ranks` ranks of this plan (baseline + activation peak each) exceed limit_bytes;
 // the message gives the planned figure and where the limit came from.
-void check_mem_limit(const PlannedMemory& plan, int64_t ranks, int64_t limit_bytes, const std::string& limit_source);
+void check_mem_limit(const PlannedMemory& plan, int64_t ranks, int64_t limit_bytes,
+                     const std::string& limit_source);
 // MPI ranks on this node (OMPI_COMM_WORLD_LOCAL_SIZE), 1 when unknown.
 int64_t local_ranks();
 // The memory one process may hold: --mem-limit's value when given (mem_limit non-empty), else the
-// available memory, shared among this node's ranks when they are processes (mpirun). source names it
-// for a refusal: "--mem-limit 16GiB" or "available memory".
+// available memory, shared among this node's ranks when they are processes (mpirun). source names
+// it for a refusal: "--mem-limit 16GiB" or "available memory".
 struct MemLimit {
   int64_t bytes = 0;
   std::string source;

@@ -1,18 +1,17 @@
 // laga bench: the forms timed side by side, each result validated before it is reported
-// (docs/benchmarks.md §7 has the tables, the JSON and the validation's argument). cmd_bench composes
-// the stages of bench.hpp:
-//   setup (bench_setup, bench_reference, check_bench_memory): every form's configuration at every T,
-//     the reference, and the memory of the whole run, refused above the limit before any work;
-//   0. validation, once (unless --no-validate): verify's rule at a reduced T_v (check_reduced_rule);
-//   1. per T, untimed: one gathered check of every row against the reference (validate_at);
-//   2. per T, the timed rounds (timed_rounds);
-//   then the table (bench_context, print_bench_header, bench_rows, print_profile) and the JSON
-//   (bench_json).
-// --ulysses Pu is laga's (as_form): its rows run and are validated as "laga (ulysses Pu)"; the other
-// forms run over the whole group. A named form that cannot run a T is refused (named_form_config).
-// A row's figures: per iteration the slowest rank's time of each phase, then the median, min and max
-// over iterations. #wrong counts the failed checks of the row; any makes the command exit 1, after
-// every row is printed and the JSON written.
+// (docs/benchmarks.md §7 has the tables, the JSON and the validation's argument). cmd_bench
+// composes the stages of bench.hpp: setup (bench_setup, bench_reference, check_bench_memory): every
+// form's
+//   configuration at every T, the reference, and the memory of the whole run, refused above the
+//   limit before any work; 0. validation, once (unless --no-validate): verify's rule at a reduced
+//   T_v (check_reduced_rule); 1. per T, untimed: one gathered check of every row against the
+//   reference (validate_at); 2. per T, the timed rounds (timed_rounds); then the table
+//   (bench_context, print_bench_header, bench_rows, print_profile) and the JSON (bench_json).
+// --ulysses Pu is laga's (as_form): its rows run and are validated as "laga (ulysses Pu)"; the
+// other forms run over the whole group. A named form that cannot run a T is refused
+// (named_form_config). A row's figures: per iteration the slowest rank's time of each phase, then
+// the median, min and max over iterations. #wrong counts the failed checks of the row; any makes
+// the command exit 1, after every row is printed and the JSON written.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -35,8 +34,8 @@ namespace laga::cli {
 
 namespace {
 
-// The smallest T ≥ 32·P (at least 64, at most 256) no larger than the shortest bench T for which every
-// form's configuration is valid: where verify's rule runs at bench's P, affordably.
+// The smallest T ≥ 32·P (at least 64, at most 256) no larger than the shortest bench T for which
+// every form's configuration is valid: where verify's rule runs at bench's P, affordably.
 int64_t reduced_seq(const std::vector<Config>& configs, int64_t Tmin) {
   const int64_t P = configs[0]->sp;
   const int64_t target = std::clamp<int64_t>(32 * P, 64, 256);
@@ -73,31 +72,37 @@ struct BenchContext {
   PoolStats pool;
 };
 
-BenchContext bench_context(const BenchSetup& s, const BenchFlags& b, const std::string& backend, int64_t need,
-                           const verify::FormsReport& reduced,
+BenchContext bench_context(const BenchSetup& s, const BenchFlags& b, const std::string& backend,
+                           int64_t need, const verify::FormsReport& reduced,
                            const std::vector<std::vector<std::vector<Sample>>>& samples) {
   BenchContext x;
   x.machine = machine_info();
   for (const auto& per_t : samples)
     for (const auto& per_f : per_t)
       for (const auto& y : per_f)
-        x.threads_min = std::min(x.threads_min, y.threads_min), x.threads_max = std::max(x.threads_max, y.threads_max);
+        x.threads_min = std::min(x.threads_min, y.threads_min),
+        x.threads_max = std::max(x.threads_max, y.threads_max);
   x.threads = x.threads_min == x.threads_max ? fmt::format("{}", x.threads_max)
                                              : fmt::format("{}–{}", x.threads_min, x.threads_max);
   x.backend = backend;
   x.link = link_description(backend == "mpi");
   const std::string reference =
       s.ref_P == s.P ? std::string()
-                     : fmt::format(" (explicit at P 1 the reference: it cannot run P {}: {})", s.P, s.explicit_refusal);
+                     : fmt::format(" (explicit at P 1 the reference: it cannot run P {}: {})", s.P,
+                                   s.explicit_refusal);
   x.validation =
-      b.validate ? fmt::format("verify's rule at T {} (same model, P, B, L, kernel, dtype): {}; at every T each "
-                               "form's y, dx and weight gradients finite and, against explicit's, {}{} "
-                               "(docs/benchmarks.md §7)",
-                               s.Tv, reduced.pass ? "pass" : "FAIL",
-                               s.P == 1 ? "bit-identical for forms exact at one rank, else within the rule's two allowances"
-                                        : "within the rule's two allowances (form's + explicit's, carried from T_v)",
-                               reference)
-                 : "off (--no-validate): rows are not validated";
+      b.validate
+          ? fmt::format(
+                "verify's rule at T {} (same model, P, B, L, kernel, dtype): {}; at every T each "
+                "form's y, dx and weight gradients finite and, against explicit's, {}{} "
+                "(docs/benchmarks.md §7)",
+                s.Tv, reduced.pass ? "pass" : "FAIL",
+                s.P == 1
+                    ? "bit-identical for forms exact at one rank, else within the rule's two "
+                      "allowances"
+                    : "within the rule's two allowances (form's + explicit's, carried from T_v)",
+                reference)
+          : "off (--no-validate): rows are not validated";
   x.need = need;
   x.rss = peak_rss_bytes();
   x.pool = pool_stats();  // this process: every rank under threads, rank 0 under MPI
@@ -107,33 +112,48 @@ BenchContext bench_context(const BenchSetup& s, const BenchFlags& b, const std::
 
 void print_bench_header(const BenchSetup& s, const BenchFlags& b, const BenchContext& x) {
   const MlaConfig& c0 = *s.configs[0];
-  fmt::print("laga bench: model {} P {}{} ({}) B {} L {} kernel {} dtype {}, {} timed iterations after {} warm-up; per "
-             "iteration the slowest rank's time of each phase, median and [min, max] over iterations\n",
-             c0.model, s.P, ulysses_note(s.specs[0]), x.backend, c0.batch, c0.num_layers, kernel_name(c0.kernel),
-             dtype_name(s.dtype), b.iters, b.warmup);
+  fmt::print(
+      "laga bench: model {} P {}{} ({}) B {} L {} kernel {} dtype {}, {} timed iterations after {} "
+      "warm-up; per "
+      "iteration the slowest rank's time of each phase, median and [min, max] over iterations\n",
+      c0.model, s.P, ulysses_note(s.specs[0]), x.backend, c0.batch, c0.num_layers,
+      kernel_name(c0.kernel), dtype_name(s.dtype), b.iters, b.warmup);
   fmt::print("# machine: {}\n", x.machine.line());
-  fmt::print("# cpu: {}; threads per rank: {} (OpenMP, as each rank's kernels see it); link: {}; dtype {}; kernel {}; "
-             "commit {}\n", x.machine.cpu_model, x.threads, x.link, dtype_name(s.dtype), kernel_name(c0.kernel),
-             x.machine.commit);
+  fmt::print(
+      "# cpu: {}; threads per rank: {} (OpenMP, as each rank's kernels see it); link: {}; dtype "
+      "{}; kernel {}; "
+      "commit {}\n",
+      x.machine.cpu_model, x.threads, x.link, dtype_name(s.dtype), kernel_name(c0.kernel),
+      x.machine.commit);
   fmt::print("# validation: {}\n", x.validation);
-  fmt::print("# memory of this process: estimated peak {} ({} bytes), measured peak RSS {} ({} bytes)\n",
-             human_bytes(x.need), x.need, human_bytes(x.rss), x.rss);
+  fmt::print(
+      "# memory of this process: estimated peak {} ({} bytes), measured peak RSS {} ({} bytes)\n",
+      human_bytes(x.need), x.need, human_bytes(x.rss), x.rss);
   if (x.pool.enabled)
-    fmt::print("# caching allocator (this process): peak in use {}, peak reserved {}, {} of {} large allocations "
-               "reused\n", human_bytes(x.pool.peak_in_use_bytes), human_bytes(x.pool.peak_reserved_bytes), x.pool.hits,
-               x.pool.hits + x.pool.misses);
+    fmt::print(
+        "# caching allocator (this process): peak in use {}, peak reserved {}, {} of {} large "
+        "allocations "
+        "reused\n",
+        human_bytes(x.pool.peak_in_use_bytes), human_bytes(x.pool.peak_reserved_bytes), x.pool.hits,
+        x.pool.hits + x.pool.misses);
   else
     fmt::print("# caching allocator: off (LAGA_ALLOC_CACHE=off)\n");
   fmt::print("# huge pages: {} (transparent huge pages: {}); this process in huge pages now: {}\n",
              huge_pages_enabled() ? "blocks of 2 MiB or more advised" : "off (LAGA_HUGE_PAGES=off)",
              transparent_huge_pages_mode(), x.huge < 0 ? "unknown" : human_bytes(x.huge));
-  fmt::print("# comm: exposed (time a rank waited in attention collectives); TFLOP/s: the group's, of the FLOPs each "
-             "form executes (FlashAttention-3 convention)\n");
-  fmt::print("# skew: of comm, the time ranks waited for each other (the most any rank waited beyond the last "
-             "arriver, summed over the collectives): every rank has the same work, so it is time the host took from one rank\n");
-  const char* hfmt = "# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>9} {:>6}\n";
-  fmt::print(fmt::runtime(hfmt), "seq", "form", "fwd", "bwd", "comm", "skew", "total", "min", "max", "tokens/s",
-             "TFLOP/s", "vs expl.", "#wrong");
+  fmt::print(
+      "# comm: exposed (time a rank waited in attention collectives); TFLOP/s: the group's, of the "
+      "FLOPs each "
+      "form executes (FlashAttention-3 convention)\n");
+  fmt::print(
+      "# skew: of comm, the time ranks waited for each other (the most any rank waited beyond the "
+      "last "
+      "arriver, summed over the collectives): every rank has the same work, so it is time the host "
+      "took from one rank\n");
+  const char* hfmt =
+      "# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>9} {:>6}\n";
+  fmt::print(fmt::runtime(hfmt), "seq", "form", "fwd", "bwd", "comm", "skew", "total", "min", "max",
+             "tokens/s", "TFLOP/s", "vs expl.", "#wrong");
   fmt::print(fmt::runtime(hfmt), "", "", "s", "s", "s", "s", "s", "s", "s", "", "", "×", "");
 }
 
@@ -167,13 +187,16 @@ nlohmann::json collectives_of(const std::vector<Sample>& samples) {
   return coll;
 }
 
-// Time by op class: the slowest rank's seconds per iteration, median; FLOPs per rank (rank 0's). The
-// JSON, and the row's line of the --profile table in *line.
-nlohmann::json profile_of(const std::vector<Sample>& samples, double exposed, double total, std::string* line) {
+// Time by op class: the slowest rank's seconds per iteration, median; FLOPs per rank (rank 0's).
+// The JSON, and the row's line of the --profile table in *line.
+nlohmann::json profile_of(const std::vector<Sample>& samples, double exposed, double total,
+                          std::string* line) {
   nlohmann::json prof = nlohmann::json::object();
   for (ProfiledOp op : kProfiledOps) {
     const char* name = profiled_op_name(op);
-    const double sec = phase(samples, [&](const Sample& x) { return x.op_s.count(name) ? x.op_s.at(name) : 0.0; }).median;
+    const double sec = phase(samples, [&](const Sample& x) {
+                         return x.op_s.count(name) ? x.op_s.at(name) : 0.0;
+                       }).median;
     const nlohmann::json& r0 = samples.back().profile[name];
     const double flops = r0["flops"].get<double>(), rate = sec > 0 ? flops / sec / 1e9 : 0.0;
     prof[name] = {{"seconds", sec}, {"flops", flops}, {"calls", r0["calls"]}, {"gflops", rate}};
@@ -187,25 +210,29 @@ nlohmann::json profile_of(const std::vector<Sample>& samples, double exposed, do
 }
 
 nlohmann::json validation_json(const Validation& v) {
-  nlohmann::json val = {{"validated", v.done}, {"wrong", int64_t(v.failures.size())}, {"failures", v.failures}};
+  nlohmann::json val = {
+      {"validated", v.done}, {"wrong", int64_t(v.failures.size())}, {"failures", v.failures}};
   if (v.done) {
     val["vs_explicit"] = v.vs;
-    if (v.vs == "bound") val["worst_tensor"] = v.worst, val["worst_ratio"] = v.worst_ratio, val["bounds"] = v.bound;
+    if (v.vs == "bound")
+      val["worst_tensor"] = v.worst, val["worst_ratio"] = v.worst_ratio, val["bounds"] = v.bound;
   }
   return val;
 }
 
-// The table's rows (printed as they are made), their JSON, the failure messages and the --profile lines.
+// The table's rows (printed as they are made), their JSON, the failure messages and the --profile
+// lines.
 struct BenchRows {
   nlohmann::json rows = nlohmann::json::array();
   int64_t total_wrong = 0;
   std::vector<std::string> messages, profile_lines;
 };
 
-// One row: form fi at seqs[si], printed and added to out; explicit_total: explicit's median total at
-// this T (0 when it is not a row).
+// One row: form fi at seqs[si], printed and added to out; explicit_total: explicit's median total
+// at this T (0 when it is not a row).
 void bench_row(const BenchSetup& s, const BenchFlags& b, const MlaConfig& c, const std::string& key,
-               const std::vector<Sample>& samples, const Validation& v, double explicit_total, BenchRows& out) {
+               const std::vector<Sample>& samples, const Validation& v, double explicit_total,
+               BenchRows& out) {
   const Stats fw = phase(samples, [](const Sample& x) { return x.fwd; });
   const Stats bw = phase(samples, [](const Sample& x) { return x.bwd; });
   const Stats ex = phase(samples, [](const Sample& x) { return x.exposed; });
@@ -219,11 +246,14 @@ void bench_row(const BenchSetup& s, const BenchFlags& b, const MlaConfig& c, con
   const double speedup = explicit_total > 0 ? explicit_total / tot.median : 0.0;
   const int64_t nwrong = int64_t(v.failures.size());
   out.total_wrong += nwrong;
-  for (const auto& m : v.failures) out.messages.push_back(fmt::format("T {} {}: {}", c.seq_len, key, m));
-  fmt::print("  {:>6} {:<18} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>12.1f} {:>8.4f} {:>9} {:>6}\n",
-             c.seq_len, key, fw.median, bw.median, ex.median, skew.median, tot.median, tot.min, tot.max, tokens_per_s,
-             tflops, explicit_total > 0 ? fmt::format("{:.3f}", speedup) : "-",
-             b.validate ? fmt::format("{}", nwrong) : "-");
+  for (const auto& m : v.failures)
+    out.messages.push_back(fmt::format("T {} {}: {}", c.seq_len, key, m));
+  fmt::print(
+      "  {:>6} {:<18} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>9.4f} {:>12.1f} "
+      "{:>8.4f} {:>9} {:>6}\n",
+      c.seq_len, key, fw.median, bw.median, ex.median, skew.median, tot.median, tot.min, tot.max,
+      tokens_per_s, tflops, explicit_total > 0 ? fmt::format("{:.3f}", speedup) : "-",
+      b.validate ? fmt::format("{}", nwrong) : "-");
   std::string prof_line = fmt::format("  {:>6} {:<18}", c.seq_len, key);
   const nlohmann::json prof = profile_of(samples, ex.median, tot.median, &prof_line);
   out.profile_lines.push_back(prof_line);
@@ -273,18 +303,22 @@ BenchRows bench_rows(const BenchSetup& s, const BenchFlags& b,
     for (size_t fi = 0; fi < s.nf; ++fi)
       if (s.labels[fi] == kBaselineForm) explicit_total = phase(samples[si][fi], total_of).median;
     for (size_t fi = 0; fi < s.nf; ++fi)
-      bench_row(s, b, *s.config(si, fi), s.keys[fi], samples[si][fi], checks[si][fi], explicit_total, out);
+      bench_row(s, b, *s.config(si, fi), s.keys[fi], samples[si][fi], checks[si][fi],
+                explicit_total, out);
   }
   return out;
 }
 
 void print_profile(const std::vector<std::string>& lines) {
-  fmt::print("# time by op class: per iteration the slowest rank's seconds in each class, median; GFLOP/s: one rank's "
-             "FLOPs over those seconds; other: fwd + bwd − the classes − exposed comm (elementwise work, copies, "
-             "allocation); % of total\n");
+  fmt::print(
+      "# time by op class: per iteration the slowest rank's seconds in each class, median; "
+      "GFLOP/s: one rank's "
+      "FLOPs over those seconds; other: fwd + bwd − the classes − exposed comm (elementwise work, "
+      "copies, "
+      "allocation); % of total\n");
   const char* pfmt = "# {:>6} {:<18} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>6}\n";
-  fmt::print(fmt::runtime(pfmt), "seq", "form", "matmul", "GFLOP/s", "attn fwd", "GFLOP/s", "attn bwd", "GFLOP/s",
-             "comm", "other", "%");
+  fmt::print(fmt::runtime(pfmt), "seq", "form", "matmul", "GFLOP/s", "attn fwd", "GFLOP/s",
+             "attn bwd", "GFLOP/s", "comm", "other", "%");
   for (const auto& l : lines) fmt::print("{}\n", l);
 }
 
@@ -292,8 +326,13 @@ nlohmann::json bench_json(const BenchSetup& s, const BenchFlags& b, const BenchC
                           const verify::FormsReport& reduced, const BenchRows& r) {
   nlohmann::json reduced_json = nlohmann::json::array();
   for (const auto& k : reduced.cases)
-    reduced_json.push_back({{"sp", k.sp}, {"form", k.form}, {"vs", k.vs}, {"pass", k.pass}, {"worst_tensor", k.worst},
-                            {"worst_ratio", k.worst_ratio}, {"allowed_ulps", k.allowed_ulps}});
+    reduced_json.push_back({{"sp", k.sp},
+                            {"form", k.form},
+                            {"vs", k.vs},
+                            {"pass", k.pass},
+                            {"worst_tensor", k.worst},
+                            {"worst_ratio", k.worst_ratio},
+                            {"allowed_ulps", k.allowed_ulps}});
   const MlaConfig& c0 = *s.configs[0];
   return {{"command", "bench"},
           {"machine", x.machine.to_json()},
@@ -309,10 +348,15 @@ nlohmann::json bench_json(const BenchSetup& s, const BenchFlags& b, const BenchC
           {"iters", b.iters},
           {"warmup", b.warmup},
           {"memory", {{"estimated_peak_bytes", x.need}, {"peak_rss_bytes", x.rss}}},
-          {"allocator", {{"cache", x.pool.enabled}, {"peak_in_use_bytes", x.pool.peak_in_use_bytes},
-                         {"peak_reserved_bytes", x.pool.peak_reserved_bytes}, {"hits", x.pool.hits},
-                         {"misses", x.pool.misses}, {"huge_pages", huge_pages_enabled()},
-                         {"transparent_huge_pages", transparent_huge_pages_mode()}, {"anon_huge_page_bytes", x.huge}}},
+          {"allocator",
+           {{"cache", x.pool.enabled},
+            {"peak_in_use_bytes", x.pool.peak_in_use_bytes},
+            {"peak_reserved_bytes", x.pool.peak_reserved_bytes},
+            {"hits", x.pool.hits},
+            {"misses", x.pool.misses},
+            {"huge_pages", huge_pages_enabled()},
+            {"transparent_huge_pages", transparent_huge_pages_mode()},
+            {"anon_huge_page_bytes", x.huge}}},
           {"validation",
            {{"enabled", b.validate},
             {"summary", x.validation},
@@ -325,16 +369,20 @@ nlohmann::json bench_json(const BenchSetup& s, const BenchFlags& b, const BenchC
           {"rows", r.rows}};
 }
 
-// Usage error when the memory bench plans (planned_bench_bytes) is over the limit; the planned bytes.
+// Usage error when the memory bench plans (planned_bench_bytes) is over the limit; the planned
+// bytes.
 int64_t check_bench_memory(const BenchSetup& s, const BenchFlags& b, bool ranks_are_threads) {
   const int64_t need = planned_bench_bytes(s, b.validate, ranks_are_threads);
   const MemLimit limit = mem_limit_of(b.mem_limit, !ranks_are_threads);
   LAGA_CHECK(need <= limit.bytes,
-             "refused: this bench is estimated to hold {} ({} bytes: {}the largest run's ranks{} beside the caching "
-             "allocator's blocks) in this process, over {} of {} ({} bytes); lower the largest --seq, --layers or --sp, "
+             "refused: this bench is estimated to hold {} ({} bytes: {}the largest run's ranks{} "
+             "beside the caching "
+             "allocator's blocks) in this process, over {} of {} ({} bytes); lower the largest "
+             "--seq, --layers or --sp, "
              "or set --mem-limit",
              human_bytes(need), need, b.validate ? "the validation's fp64 tensors, " : "",
-             ranks_are_threads ? ", all threads here" : "", limit.source, human_bytes(limit.bytes), limit.bytes);
+             ranks_are_threads ? ", all threads here" : "", limit.source, human_bytes(limit.bytes),
+             limit.bytes);
   return need;
 }
 
@@ -348,11 +396,13 @@ BenchSetup bench_setup(const CommonFlags& f, const BenchFlags& b) {
     CommonFlags g = f;
     g.seq = T;
     s.specs.push_back(build_spec(g));
-    for (const auto& label : s.labels) s.configs.push_back(named_form_config(s.specs.back(), label, "--forms"));
+    for (const auto& label : s.labels)
+      s.configs.push_back(named_form_config(s.specs.back(), label, "--forms"));
   }
   s.nf = s.labels.size();
   for (size_t fi = 0; fi < s.nf; ++fi) s.keys.push_back(displayed_form(*s.configs[fi]));
-  if (!b.inject_wrong.empty()) s.wrong = parse_inject_wrong(b.inject_wrong, s.labels, f.absorbed_kv);
+  if (!b.inject_wrong.empty())
+    s.wrong = parse_inject_wrong(b.inject_wrong, s.labels, f.absorbed_kv);
   return s;
 }
 
@@ -370,11 +420,15 @@ void bench_reference(BenchSetup& s, bool validate) {
     // The reference runs whole on one rank: refused up front if its plan does not fit this machine.
     const int64_t Tmax = *std::max_element(s.seqs.begin(), s.seqs.end());
     const PlannedMemory pm = plan_memory(s.base->with([&](MlaConfig& c) { c.seq_len = Tmax; }));
-    const int64_t need = pm.baseline_bytes + pm.activation_peak_bytes, have = available_memory_bytes();
-    LAGA_CHECK(need <= have, "bench's validation needs explicit as the reference, and explicit cannot run --sp {} ({}), "
-               "so the reference runs at P 1: at --seq {} it plans {} on one rank, more than the {} available; validate "
-               "at a smaller --seq, or pass --no-validate", s.P, s.explicit_refusal, Tmax, human_bytes(need),
-               human_bytes(have));
+    const int64_t need = pm.baseline_bytes + pm.activation_peak_bytes,
+                  have = available_memory_bytes();
+    LAGA_CHECK(
+        need <= have,
+        "bench's validation needs explicit as the reference, and explicit cannot run --sp {} ({}), "
+        "so the reference runs at P 1: at --seq {} it plans {} on one rank, more than the {} "
+        "available; validate "
+        "at a smaller --seq, or pass --no-validate",
+        s.P, s.explicit_refusal, Tmax, human_bytes(need), human_bytes(have));
   }
 }
 
@@ -385,8 +439,10 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   bench_reference(s, b.validate);
   const int64_t need = check_bench_memory(s, b, kind == LaunchKind::threads);
 
-  // samples[si][fi]: the timed iterations of seqs[si] × labels[fi]; checks[si][fi]: their validation.
-  std::vector<std::vector<std::vector<Sample>>> samples(s.seqs.size(), std::vector<std::vector<Sample>>(s.nf));
+  // samples[si][fi]: the timed iterations of seqs[si] × labels[fi]; checks[si][fi]: their
+  // validation.
+  std::vector<std::vector<std::vector<Sample>>> samples(s.seqs.size(),
+                                                        std::vector<std::vector<Sample>>(s.nf));
   std::vector<std::vector<Validation>> checks(s.seqs.size(), std::vector<Validation>(s.nf));
   ReducedRule rule;
   std::string backend;
@@ -407,11 +463,15 @@ int cmd_bench(const CommonFlags& f, const BenchFlags& b) {
   const BenchRows r = bench_rows(s, b, samples, checks);
   if (b.profile) print_profile(r.profile_lines);
   for (const auto& m : r.messages) fmt::print("# FAIL {}\n", m);
-  if (b.validate) fmt::print("bench: {}\n", r.total_wrong ? fmt::format("{} check(s) failed", r.total_wrong) : "pass");
+  if (b.validate)
+    fmt::print("bench: {}\n",
+               r.total_wrong ? fmt::format("{} check(s) failed", r.total_wrong) : "pass");
   if (json_out) *json_out << bench_json(s, b, x, rule.report, r).dump(2) << "\n";
   if (r.total_wrong)
-    throw Error(ErrorKind::failure, __FILE__, __LINE__,
-                fmt::format("bench: {} validation check(s) failed (the #wrong column; messages above)", r.total_wrong));
+    throw Error(
+        ErrorKind::failure, __FILE__, __LINE__,
+        fmt::format("bench: {} validation check(s) failed (the #wrong column; messages above)",
+                    r.total_wrong));
   return 0;
 }
 

@@ -1,7 +1,7 @@
 // laga plan: per-rank memory and communication of every form from the configuration alone (the
-// planner, include/laga/driver/plan.hpp), and with --sweep the tables of docs/design.md §5: memory ratios over
-// T × P × kernel, communication ratios over H in both byte conventions, and least-squares fits showing
-// absorbed's excess over explicit growing linearly in T and in H.
+// planner, include/laga/driver/plan.hpp), and with --sweep the tables of docs/design.md §5: memory
+// ratios over T × P × kernel, communication ratios over H in both byte conventions, and
+// least-squares fits showing absorbed's excess over explicit growing linearly in T and in H.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -35,8 +35,10 @@ nlohmann::json plan_json(const Config& c) {
           {"baseline_bytes", m.baseline_bytes},
           {"peak_breakdown", m.peak_breakdown},
           {"saved_breakdown", m.saved_breakdown},
-          {"comm", {{"tensor_bytes", k.tensor_bytes()}, {"wire_bytes", k.wire_bytes()},
-                    {"collectives", collectives_json(k.attention)}}},
+          {"comm",
+           {{"tensor_bytes", k.tensor_bytes()},
+            {"wire_bytes", k.wire_bytes()},
+            {"collectives", collectives_json(k.attention)}}},
           {"grad_sync", {{"tensor_bytes", sync_tensor}, {"wire_bytes", sync_wire}}}};
 }
 
@@ -44,20 +46,27 @@ nlohmann::json plan_json(const Config& c) {
 std::array<double, 3> fit(const std::vector<double>& x, const std::vector<double>& y) {
   const double n = double(x.size());
   double sx = 0, sy = 0, sxx = 0, sxy = 0, ymax = 0;
-  for (size_t i = 0; i < x.size(); ++i) sx += x[i], sy += y[i], sxx += x[i] * x[i], sxy += x[i] * y[i];
+  for (size_t i = 0; i < x.size(); ++i)
+    sx += x[i], sy += y[i], sxx += x[i] * x[i], sxy += x[i] * y[i];
   const double b = (n * sxy - sx * sy) / (n * sxx - sx * sx), a = (sy - b * sx) / n;
   double r = 0;
-  for (size_t i = 0; i < x.size(); ++i) r = std::max(r, std::abs(a + b * x[i] - y[i])), ymax = std::max(ymax, std::abs(y[i]));
+  for (size_t i = 0; i < x.size(); ++i)
+    r = std::max(r, std::abs(a + b * x[i] - y[i])), ymax = std::max(ymax, std::abs(y[i]));
   return {a, b, r / ymax};
 }
 
 int sweep(const Config& base_cfg, std::ofstream* json_out) {
   const MlaConfig& base = *base_cfg;
-  nlohmann::json memory = nlohmann::json::array(), comm = nlohmann::json::array(), fits = nlohmann::json::array();
-  fmt::print("laga plan --sweep: model {} B {} L {} dtype {} — per rank, bytes; every form's activation peak and its "
-             "ratio to explicit's\n", base.model, base.batch, base.num_layers, dtype_name(base.dtype));
+  nlohmann::json memory = nlohmann::json::array(), comm = nlohmann::json::array(),
+                 fits = nlohmann::json::array();
+  fmt::print(
+      "laga plan --sweep: model {} B {} L {} dtype {} — per rank, bytes; every form's activation "
+      "peak and its "
+      "ratio to explicit's\n",
+      base.model, base.batch, base.num_layers, dtype_name(base.dtype));
   std::string header = fmt::format("# {:>6} {:>3} {:<6}", "T", "P", "kernel");
-  for (const Form* f : registered_forms()) header += fmt::format(" {:>18} {:>7}", f->name(), "/expl.");
+  for (const Form* f : registered_forms())
+    header += fmt::format(" {:>18} {:>7}", f->name(), "/expl.");
   fmt::print("{}\n", header);
   for (Kernel kernel : {Kernel::eager, Kernel::fused})
     for (int64_t T : {4096, 8192, 16384})
@@ -79,52 +88,81 @@ int sweep(const Config& base_cfg, std::ofstream* json_out) {
           excess[k] = peak[k] - peak[std::string(kBaselineForm)];
         }
         fmt::print("{}\n", line);
-        memory.push_back({{"seq", T}, {"sp", P}, {"kernel", kernel_name(kernel)}, {"activation_peak_bytes", peak},
-                          {"over_explicit", ratios}, {"excess_over_explicit_bytes", excess}});
+        memory.push_back({{"seq", T},
+                          {"sp", P},
+                          {"kernel", kernel_name(kernel)},
+                          {"activation_peak_bytes", peak},
+                          {"over_explicit", ratios},
+                          {"excess_over_explicit_bytes", excess}});
       }
   fmt::print("# communication per rank per step (forward + backward), T 4096, P 8\n");
-  fmt::print("# {:>4} {:>16} {:>16} {:>12} {:>16} {:>16} {:>12}\n", "H", "explicit tensor", "laga tensor", "ratio",
-             "explicit wire", "laga wire", "ratio");
+  fmt::print("# {:>4} {:>16} {:>16} {:>12} {:>16} {:>16} {:>12}\n", "H", "explicit tensor",
+             "laga tensor", "ratio", "explicit wire", "laga wire", "ratio");
   for (int64_t H : {16, 32, 64, 128}) {
-    const Config c = base_cfg.with([&](MlaConfig& m) { m.seq_len = 4096, m.sp = 8, m.num_attention_heads = H; });
+    const Config c =
+        base_cfg.with([&](MlaConfig& m) { m.seq_len = 4096, m.sp = 8, m.num_attention_heads = H; });
     PlannedComm e = plan_comm(with(c, "explicit")), l = plan_comm(with(c, "laga"));
-    double rt = double(e.tensor_bytes()) / double(l.tensor_bytes()), rw = double(e.wire_bytes()) / double(l.wire_bytes());
-    fmt::print("  {:>4} {:>16} {:>16} {:>12.4f} {:>16} {:>16} {:>12.4f}\n", H, e.tensor_bytes(), l.tensor_bytes(), rt,
-               e.wire_bytes(), l.wire_bytes(), rw);
-    comm.push_back({{"heads", H}, {"explicit_tensor_bytes", e.tensor_bytes()}, {"laga_tensor_bytes", l.tensor_bytes()},
-                    {"tensor_ratio", rt}, {"explicit_wire_bytes", e.wire_bytes()}, {"laga_wire_bytes", l.wire_bytes()},
+    double rt = double(e.tensor_bytes()) / double(l.tensor_bytes()),
+           rw = double(e.wire_bytes()) / double(l.wire_bytes());
+    fmt::print("  {:>4} {:>16} {:>16} {:>12.4f} {:>16} {:>16} {:>12.4f}\n", H, e.tensor_bytes(),
+               l.tensor_bytes(), rt, e.wire_bytes(), l.wire_bytes(), rw);
+    comm.push_back({{"heads", H},
+                    {"explicit_tensor_bytes", e.tensor_bytes()},
+                    {"laga_tensor_bytes", l.tensor_bytes()},
+                    {"tensor_ratio", rt},
+                    {"explicit_wire_bytes", e.wire_bytes()},
+                    {"laga_wire_bytes", l.wire_bytes()},
                     {"wire_ratio", rw}});
   }
-  fmt::print("# absorbed-expanded's excess activation peak over explicit: least-squares line, max residual / max excess\n");
+  fmt::print(
+      "# absorbed-expanded's excess activation peak over explicit: least-squares line, max "
+      "residual / max excess\n");
   for (Kernel kernel : {Kernel::eager, Kernel::fused}) {
     std::vector<double> xs, ys;
     for (int64_t T : {2048, 4096, 8192, 16384}) {
-      const Config c = base_cfg.with([&](MlaConfig& m) { m.seq_len = T, m.sp = 8, m.kernel = kernel; });
+      const Config c =
+          base_cfg.with([&](MlaConfig& m) { m.seq_len = T, m.sp = 8, m.kernel = kernel; });
       xs.push_back(double(T));
       ys.push_back(double(plan_memory(with(c, "absorbed-expanded")).activation_peak_bytes -
                           plan_memory(with(c, "explicit")).activation_peak_bytes));
     }
     auto [a, b, r] = fit(xs, ys);
-    fmt::print("  {:<6} in T (P 8, H {}): excess = {:.4g} + {:.6g}·T bytes, max residual {:.2e}\n", kernel_name(kernel),
-               base.num_attention_heads, a, b, r);
-    fits.push_back({{"kernel", kernel_name(kernel)}, {"variable", "seq"}, {"intercept", a}, {"slope", b},
-                    {"max_rel_residual", r}, {"x", xs}, {"excess_bytes", ys}});
+    fmt::print("  {:<6} in T (P 8, H {}): excess = {:.4g} + {:.6g}·T bytes, max residual {:.2e}\n",
+               kernel_name(kernel), base.num_attention_heads, a, b, r);
+    fits.push_back({{"kernel", kernel_name(kernel)},
+                    {"variable", "seq"},
+                    {"intercept", a},
+                    {"slope", b},
+                    {"max_rel_residual", r},
+                    {"x", xs},
+                    {"excess_bytes", ys}});
     xs.clear(), ys.clear();
     for (int64_t H : {16, 32, 64, 128}) {
-      const Config c = base_cfg.with([&](MlaConfig& m) { m.seq_len = 4096, m.sp = 8, m.num_attention_heads = H, m.kernel = kernel; });
+      const Config c = base_cfg.with([&](MlaConfig& m) {
+        m.seq_len = 4096, m.sp = 8, m.num_attention_heads = H, m.kernel = kernel;
+      });
       xs.push_back(double(H));
       ys.push_back(double(plan_memory(with(c, "absorbed-expanded")).activation_peak_bytes -
                           plan_memory(with(c, "explicit")).activation_peak_bytes));
     }
     auto [a2, b2, r2] = fit(xs, ys);
-    fmt::print("  {:<6} in H (P 8, T 4096): excess = {:.4g} + {:.6g}·H bytes, max residual {:.2e}\n",
-               kernel_name(kernel), a2, b2, r2);
-    fits.push_back({{"kernel", kernel_name(kernel)}, {"variable", "heads"}, {"intercept", a2}, {"slope", b2},
-                    {"max_rel_residual", r2}, {"x", xs}, {"excess_bytes", ys}});
+    fmt::print(
+        "  {:<6} in H (P 8, T 4096): excess = {:.4g} + {:.6g}·H bytes, max residual {:.2e}\n",
+        kernel_name(kernel), a2, b2, r2);
+    fits.push_back({{"kernel", kernel_name(kernel)},
+                    {"variable", "heads"},
+                    {"intercept", a2},
+                    {"slope", b2},
+                    {"max_rel_residual", r2},
+                    {"x", xs},
+                    {"excess_bytes", ys}});
   }
   if (json_out) {
-    nlohmann::json j = {{"command", "plan --sweep"}, {"config", base.to_json()}, {"memory", memory},
-                        {"communication", comm}, {"fits", fits}};
+    nlohmann::json j = {{"command", "plan --sweep"},
+                        {"config", base.to_json()},
+                        {"memory", memory},
+                        {"communication", comm},
+                        {"fits", fits}};
     *json_out << j.dump(2) << "\n";
   }
   return 0;
@@ -132,16 +170,16 @@ int sweep(const Config& base_cfg, std::ofstream* json_out) {
 
 // The per-form table of plan: its two header lines and a form's row of plan_json.
 void print_table_header() {
-  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "form", "activation peak", "saved", "fwd peak",
-             "bwd peak", "comm tensor", "comm wire");
-  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "", "bytes", "bytes", "bytes", "bytes", "bytes",
-             "bytes");
+  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "form", "activation peak",
+             "saved", "fwd peak", "bwd peak", "comm tensor", "comm wire");
+  fmt::print("# {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", "", "bytes", "bytes", "bytes",
+             "bytes", "bytes", "bytes");
 }
 void print_table_row(std::string_view label, const nlohmann::json& j) {
-  fmt::print("  {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", label, j["activation_peak_bytes"].get<int64_t>(),
-             j["saved_bytes"].get<int64_t>(), j["forward_peak_bytes"].get<int64_t>(),
-             j["backward_peak_bytes"].get<int64_t>(), j["comm"]["tensor_bytes"].get<int64_t>(),
-             j["comm"]["wire_bytes"].get<int64_t>());
+  fmt::print("  {:<18} {:>16} {:>16} {:>16} {:>16} {:>16} {:>16}\n", label,
+             j["activation_peak_bytes"].get<int64_t>(), j["saved_bytes"].get<int64_t>(),
+             j["forward_peak_bytes"].get<int64_t>(), j["backward_peak_bytes"].get<int64_t>(),
+             j["comm"]["tensor_bytes"].get<int64_t>(), j["comm"]["wire_bytes"].get<int64_t>());
 }
 
 }  // namespace
@@ -155,17 +193,21 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
   }
   FormsAt at;
   const MlaConfig base = spec_for_all_forms(f, at);
-  fmt::print("laga plan: model {} T {} B {} P {}{} L {} kernel {}{} dtype {} dlatent sum {} — per rank\n", base.model,
-             base.seq_len, base.batch, base.sp, ulysses_note(base), base.num_layers, kernel_name(base.kernel),
-             base.kernel == Kernel::fused ? fmt::format(" ({} backward)", attn_backward_name(base.attn_backward)) : "",
-             dtype_name(base.dtype), dlatent_sum_name(base.dlatent_sum));
+  fmt::print(
+      "laga plan: model {} T {} B {} P {}{} L {} kernel {}{} dtype {} dlatent sum {} — per rank\n",
+      base.model, base.seq_len, base.batch, base.sp, ulysses_note(base), base.num_layers,
+      kernel_name(base.kernel),
+      base.kernel == Kernel::fused
+          ? fmt::format(" ({} backward)", attn_backward_name(base.attn_backward))
+          : "",
+      dtype_name(base.dtype), dlatent_sum_name(base.dlatent_sum));
   // A form's label in this table: laga's hybrid is "laga (ulysses Pu)".
   auto key = [&](std::string_view name) { return displayed_form(as_form(base, name)); };
   for (const Form* fm : at.runnable) {
     const Form& runs_as = form_of(as_form(base, fm->name()));
     if (!runs_as.own_kernel().empty() && runs_as.own_kernel() != kernel_name(base.kernel))
-      fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n", key(fm->name()),
-                 runs_as.own_kernel(), kernel_name(base.kernel));
+      fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n",
+                 key(fm->name()), runs_as.own_kernel(), kernel_name(base.kernel));
   }
   print_table_header();
   // Keyed by label; each family with variants also under its own name, for the variant
@@ -180,7 +222,8 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
     nlohmann::json j = plan_json(config_as(base, fm->name()));
     print_table_row(key(fm->name()), j);
     forms[key(fm->name())] = j;
-    if (fm->family() != fm->name() && fm->name() == form_label(std::string(fm->family()), f.absorbed_kv))
+    if (fm->family() != fm->name() &&
+        fm->name() == form_label(std::string(fm->family()), f.absorbed_kv))
       forms[std::string(fm->family())] = j;
   }
   const auto runs = [&](std::string_view name) { return at.refusal(find_form(name)).empty(); };
@@ -197,52 +240,67 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
       if (fm->name() != kBaselineForm)
         vs += fmt::format("{}{} {:+.2f} %", vs.empty() ? "" : ", ", key(fm->name()),
                           100 * (forms[key(fm->name())]["activation_peak_bytes"].get<double>() /
-                                     ex["activation_peak_bytes"].get<double>() - 1));
+                                     ex["activation_peak_bytes"].get<double>() -
+                                 1));
     fmt::print("  activation peak vs explicit: {}\n", vs);
   } else {
     fmt::print("  activation peak vs explicit: none (explicit is not run)\n");
   }
   const nlohmann::json& lg = forms[runs("laga") ? key("laga") : std::string("laga")];
   if (runs(kBaselineForm) && runs("laga"))
-    fmt::print("  communication explicit / {}: {:.4f} (tensor bytes), {:.4f} (wire bytes)\n", key("laga"),
+    fmt::print("  communication explicit / {}: {:.4f} (tensor bytes), {:.4f} (wire bytes)\n",
+               key("laga"),
                ex["comm"]["tensor_bytes"].get<double>() / lg["comm"]["tensor_bytes"].get<double>(),
                ex["comm"]["wire_bytes"].get<double>() / lg["comm"]["wire_bytes"].get<double>());
-  // What the other dtype of the dlatent partial sums would cost laga (the forms that gather the latent alike).
-  const DlatentSum other = base.dlatent_sum == DlatentSum::fp32 ? DlatentSum::storage : DlatentSum::fp32;
+  // What the other dtype of the dlatent partial sums would cost laga (the forms that gather the
+  // latent alike).
+  const DlatentSum other =
+      base.dlatent_sum == DlatentSum::fp32 ? DlatentSum::storage : DlatentSum::fp32;
   const nlohmann::json alt =
       runs("laga") ? plan_json(edited("laga", [&](MlaConfig& m) { m.dlatent_sum = other; }))
                    : nlohmann::json{{"not_run", at.refusal(find_form("laga"))}};
-  if (runs("laga")) fmt::print("  dlatent partial sums in {} ({} with --dlatent-sum {}): laga comm {:+} tensor bytes, {:+} wire bytes, "
-             "activation peak {:+} bytes\n", dlatent_sum_name(base.dlatent_sum) == "fp32" ? "fp32" : dtype_name(base.dtype),
-             dlatent_sum_name(other) == "fp32" ? "fp32" : dtype_name(base.dtype), dlatent_sum_name(other),
-             alt["comm"]["tensor_bytes"].get<int64_t>() - lg["comm"]["tensor_bytes"].get<int64_t>(),
-             alt["comm"]["wire_bytes"].get<int64_t>() - lg["comm"]["wire_bytes"].get<int64_t>(),
-             alt["activation_peak_bytes"].get<int64_t>() - lg["activation_peak_bytes"].get<int64_t>());
-  // What the fused kernel's other backward order would cost each form's activation peak (the speed side
-  // of the trade-off: bench_attention's fused and fused-1p rows, docs/attention.md §4).
+  if (runs("laga"))
+    fmt::print(
+        "  dlatent partial sums in {} ({} with --dlatent-sum {}): laga comm {:+} tensor bytes, "
+        "{:+} wire bytes, "
+        "activation peak {:+} bytes\n",
+        dlatent_sum_name(base.dlatent_sum) == "fp32" ? "fp32" : dtype_name(base.dtype),
+        dlatent_sum_name(other) == "fp32" ? "fp32" : dtype_name(base.dtype),
+        dlatent_sum_name(other),
+        alt["comm"]["tensor_bytes"].get<int64_t>() - lg["comm"]["tensor_bytes"].get<int64_t>(),
+        alt["comm"]["wire_bytes"].get<int64_t>() - lg["comm"]["wire_bytes"].get<int64_t>(),
+        alt["activation_peak_bytes"].get<int64_t>() - lg["activation_peak_bytes"].get<int64_t>());
+  // What the fused kernel's other backward order would cost each form's activation peak (the speed
+  // side of the trade-off: bench_attention's fused and fused-1p rows, docs/attention.md §4).
   nlohmann::json other_order;
   if (base.kernel == Kernel::fused) {
-    const AttnBackward flip = base.attn_backward == AttnBackward::one_pass ? AttnBackward::two_pass : AttnBackward::one_pass;
+    const AttnBackward flip = base.attn_backward == AttnBackward::one_pass ? AttnBackward::two_pass
+                                                                           : AttnBackward::one_pass;
     std::string line;
     for (const Form* fm : at.runnable) {
-      const int64_t peak =
-          plan_memory(edited(fm->name(), [&](MlaConfig& m) { m.attn_backward = flip; })).activation_peak_bytes;
+      const int64_t peak = plan_memory(edited(fm->name(), [&](MlaConfig& m) {
+                             m.attn_backward = flip;
+                           })).activation_peak_bytes;
       const int64_t delta = peak - forms[key(fm->name())]["activation_peak_bytes"].get<int64_t>();
       line += fmt::format("{}{} {:+}", line.empty() ? "" : ", ", key(fm->name()), delta);
       other_order[key(fm->name())] = {{"activation_peak_bytes", peak}, {"delta_bytes", delta}};
     }
-    fmt::print("  with --attn-backward {}: activation peak {} bytes\n", attn_backward_name(flip), line);
+    fmt::print("  with --attn-backward {}: activation peak {} bytes\n", attn_backward_name(flip),
+               line);
     other_order["attn_backward"] = attn_backward_name(flip);
   }
   if (json_out) {
-    nlohmann::json j = {{"command", "plan"}, {"config", base.to_json()}, {"forms", forms},
+    nlohmann::json j = {{"command", "plan"},
+                        {"config", base.to_json()},
+                        {"forms", forms},
                         {"laga_with_dlatent_sum_" + std::string(dlatent_sum_name(other)), alt},
                         {"other_attn_backward", other_order}};
     *json_out << j.dump(2) << "\n";
   }
   if (!mem_limit.empty())
     for (const Form* fm : at.runnable)
-      check_mem_limit(plan_memory(config_as(base, fm->name())), 1, parse_bytes(mem_limit), "--mem-limit " + mem_limit);
+      check_mem_limit(plan_memory(config_as(base, fm->name())), 1, parse_bytes(mem_limit),
+                      "--mem-limit " + mem_limit);
   return 0;
 }
 

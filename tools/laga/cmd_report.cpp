@@ -1,12 +1,12 @@
 // laga report --out DIR [--quick]: every measurement of the project in one run, written beside the
-// paper's figures. Each step is this binary (or mpirun, or scripts/link.sh) run as a subprocess with its
-// JSON and its log in DIR; steps.json records what ran, how long, and how it ended. Then
-// scripts/report.py (matplotlib, under /usr/bin/python3) writes DIR/report.md and its plots from those
-// JSON files alone. A step that fails is recorded and the report goes on; the exit status is 1 if any
-// step failed. The link steps run only as root with network namespaces; otherwise they are recorded as
-// skipped with link.sh's reason. What each step measures: docs/report.md.
-// The scripts and hardware files come from the binary's resource directory (resources.hpp); the steps
-// run there. cmd_report composes: the list of steps (report_steps: the measurements, the link steps,
+// paper's figures. Each step is this binary (or mpirun, or scripts/link.sh) run as a subprocess
+// with its JSON and its log in DIR; steps.json records what ran, how long, and how it ended. Then
+// scripts/report.py (matplotlib, under /usr/bin/python3) writes DIR/report.md and its plots from
+// those JSON files alone. A step that fails is recorded and the report goes on; the exit status is
+// 1 if any step failed. The link steps run only as root with network namespaces; otherwise they are
+// recorded as skipped with link.sh's reason. What each step measures: docs/report.md. The scripts
+// and hardware files come from the binary's resource directory (resources.hpp); the steps run
+// there. cmd_report composes: the list of steps (report_steps: the measurements, the link steps,
 // the model's steps, training), running them (run_steps), and report.py (write_report).
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -34,7 +34,8 @@ namespace laga::cli {
 namespace {
 
 // Runs argv with stdout and stderr into log, in cwd; the exit status (128 + signal when killed).
-int run_logged(const std::vector<std::string>& argv, const std::string& log, const std::string& cwd) {
+int run_logged(const std::vector<std::string>& argv, const std::string& log,
+               const std::string& cwd) {
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -75,29 +76,30 @@ struct Step {
   std::string name, title;
   // The command, built when the step starts (a later step may read an earlier one's JSON).
   std::function<Args()> argv;
-  // An emulated-link step: exit 2 from link.sh means "not available here" (no root, no namespaces): skipped.
-  // Any step that exits 77 was skipped for want of an earlier step's output.
+  // An emulated-link step: exit 2 from link.sh means "not available here" (no root, no namespaces):
+  // skipped. Any step that exits 77 was skipped for want of an earlier step's output.
   bool link = false;
 };
 
-// What every step is built from: where it writes, what it runs, and the sizes of --quick or not. The
-// steps' commands refer to it: it outlives them.
+// What every step is built from: where it writes, what it runs, and the sizes of --quick or not.
+// The steps' commands refer to it: it outlives them.
 struct Report {
-  std::string out;  // DIR, absolute
-  std::string res;  // the resource directory (resources.hpp)
+  std::string out;   // DIR, absolute
+  std::string res;   // the resource directory (resources.hpp)
   std::string laga;  // this binary
   bool quick = false;
   // One machine: P 2, one core per rank; the small preset (DeepSeek's head dims, H 16).
   std::string seqs, forms, iters;
-  // The model's rates are calibrated at every T a bench row runs, and at T 1024 = 2048 / P, the length
-  // of the ring forms' kernel calls at the shortest T (Form::attention_call_seq).
+  // The model's rates are calibrated at every T a bench row runs, and at T 1024 = 2048 / P, the
+  // length of the ring forms' kernel calls at the shortest T (Form::attention_call_seq).
   std::string cal_seqs;
   std::string link_seqs, link_forms;
   std::string J(const std::string& name) const { return out + "/" + name; }
   std::string hw(const std::string& name) const { return res + "/docs/hw/" + name + ".json"; }
-  Args bench(const std::string& kernel, const std::string& json, const std::string& seq_list) const {
-    return {laga, "bench", "--model", "small", "--seq", seq_list, "--sp", "2", "--forms", forms,
-            "--kernel", kernel, "--iters", iters, "--json", json};
+  Args bench(const std::string& kernel, const std::string& json,
+             const std::string& seq_list) const {
+    return {laga,      "bench", "--model",  "small", "--seq",   seq_list, "--sp",   "2",
+            "--forms", forms,   "--kernel", kernel,  "--iters", iters,    "--json", json};
   }
 };
 
@@ -110,18 +112,20 @@ Report report_of(const std::string& out_dir, bool quick) {
   r.quick = quick;
   r.seqs = quick ? "2048,4096" : "2048,4096,8192";
   r.cal_seqs = "1024," + r.seqs;
-  r.forms = quick ? "explicit,absorbed-shared,laga,laga-recompute"
-                  : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute,"
-                    "laga-fused,ring-kv,ring-latent";
+  r.forms =
+      quick ? "explicit,absorbed-shared,laga,laga-recompute"
+            : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute,"
+              "laga-fused,ring-kv,ring-latent";
   r.iters = quick ? "2" : "5";
   r.link_seqs = quick ? "2048" : "2048,4096";
-  r.link_forms = quick ? "explicit,laga" : "explicit,laga,laga-recompute,laga-fused,ring-kv,ring-latent";
+  r.link_forms =
+      quick ? "explicit,laga" : "explicit,laga,laga-recompute,laga-fused,ring-kv,ring-latent";
   return r;
 }
 
-// Across the emulated link (scripts/link.sh, two namespaces, one MPI rank each): the rate matched to
-// the paper's two-node setting on this CPU (docs/throughput.md), 4× faster and 4× slower.
-// The matched rate keeps link bandwidth over compute rate as in the paper's two nodes: 11 GB/s of RoCE
+// Across the emulated link (scripts/link.sh, two namespaces, one MPI rank each): the rate matched
+// to the paper's two-node setting on this CPU (docs/throughput.md), 4× faster and 4× slower. The
+// matched rate keeps link bandwidth over compute rate as in the paper's two nodes: 11 GB/s of RoCE
 // over a 910B's achieved bf16 matmul rate (docs/hw/ascend-910b.json), times this machine's, just
 // calibrated by model.calibrate (docs/throughput.md). Derived when the first link step starts and
 // recorded in link_rates.json; without a calibration the link steps fail, saying why.
@@ -145,9 +149,12 @@ std::string link_rate(const Report& r, double factor) {
   const double here = matmul_tflops(r.J("hw.here.json")), npu = matmul_tflops(r.hw("ascend-910b"));
   if (here <= 0 || npu <= 0) return "";
   const double paper_link = 11e9, matched = paper_link * here / npu;  // bytes/s
-  std::ofstream(r.J("link_rates.json")) << nlohmann::json{{"paper_link_Bps", paper_link}, {"npu_matmul_tflops", npu},
-                                                          {"here_matmul_tflops", here}, {"seq", T},
-                                                          {"matched_Bps", matched}}.dump(2);
+  std::ofstream(r.J("link_rates.json")) << nlohmann::json{
+      {"paper_link_Bps", paper_link},
+      {"npu_matmul_tflops", npu},
+      {"here_matmul_tflops", here},
+      {"seq", T},
+      {"matched_Bps", matched}}.dump(2);
   return fmt::format("{}kbit", std::llround(matched * factor * 8 / 1000));
 }
 
@@ -155,130 +162,188 @@ std::string link_rate(const Report& r, double factor) {
 Args over_link(const Report& r, double factor, const Args& args) {
   const std::string rate = link_rate(r, factor);
   if (rate.empty())
-    return Args{"bash", "-c", "echo 'laga report: no calibrated bf16 matmul rate in hw.here.json "
+    return Args{"bash", "-c",
+                "echo 'laga report: no calibrated bf16 matmul rate in hw.here.json "
                 "(model.calibrate failed?): cannot derive the matched link rate'; exit 1"};
   return cat({"bash", r.res + "/scripts/link.sh", "--ranks", "2", "--rate", rate, "--"}, args);
 }
 
-// The measurements in one machine: verify, the torch check, plan, bench-comm, the calibration and bench.
+// The measurements in one machine: verify, the torch check, plan, bench-comm, the calibration and
+// bench.
 void measurement_steps(const Report& r, std::vector<Step>& steps) {
   const bool quick = r.quick;
-  steps.push_back({"verify", "the forms against the fp64 reference (small, bf16, P 1, 2, 4, 8)", [&r, quick] {
-    return Args{r.laga, "verify", "--model", "small", "--seq", quick ? "64" : "128", "--sp", "1,2,4,8", "--json",
-                r.J("verify.json")};
-  }});
-  steps.push_back({"torch", "laga's y, dx and every gradient against PyTorch autograd (small, fp32, P 2, L 2)", [&r] {
-    const std::string dump = r.J("torch_dump");
-    return Args{"bash", "-c",
-                fmt::format("set -e; '{}' run --model small --seq 256 --sp 2 --form laga --dtype fp32 --layers 2 --dump "
-                            "'{}'; /usr/bin/python3 '{}/tests/torch/mla_block_torch.py' '{}'; rm -rf '{}'",
-                            r.laga, dump, r.res, dump, dump)};
-  }});
+  steps.push_back(
+      {"verify", "the forms against the fp64 reference (small, bf16, P 1, 2, 4, 8)", [&r, quick] {
+         return Args{r.laga, "verify",  "--model", "small",           "--seq", quick ? "64" : "128",
+                     "--sp", "1,2,4,8", "--json",  r.J("verify.json")};
+       }});
+  steps.push_back(
+      {"torch", "laga's y, dx and every gradient against PyTorch autograd (small, fp32, P 2, L 2)",
+       [&r] {
+         const std::string dump = r.J("torch_dump");
+         return Args{
+             "bash", "-c",
+             fmt::format(
+                 "set -e; '{}' run --model small --seq 256 --sp 2 --form laga --dtype fp32 "
+                 "--layers 2 --dump "
+                 "'{}'; /usr/bin/python3 '{}/tests/torch/mla_block_torch.py' '{}'; rm -rf '{}'",
+                 r.laga, dump, r.res, dump, dump)};
+       }});
   for (const char* kernel : {"fused", "eager"})
-    steps.push_back({fmt::format("plan.{}", kernel), fmt::format("memory and traffic at DeepSeek-V3, T 16384, P 8, {}", kernel),
-                     [&r, kernel] {
-                       return Args{r.laga, "plan", "--model", "deepseek-v3", "--seq", "16384", "--sp", "8", "--kernel",
-                                   kernel, "--json", r.J(fmt::format("plan.{}.json", kernel))};
-                     }});
-  steps.push_back({"plan.sweep", "memory over T × P × kernel and traffic over H (DeepSeek-V3 dims)", [&r] {
-    return Args{r.laga, "plan", "--sweep", "--model", "deepseek-v3", "--json", r.J("plan_sweep.json")};
-  }});
-  steps.push_back({"bench-comm.threads", "the collectives in one machine (threads, P 2)", [&r, quick] {
-    return Args{r.laga, "bench-comm", "--sp", "2", "-b", "4K", "-e", quick ? "16M" : "64M", "-f", "4",
-                "--json", r.J("bench_comm.threads.json")};
-  }});
-  // The performance model calibrated on this machine (its rates per operation class, the in-process link
-  // from bench-comm), just before the benchmarks it is compared with.
-  steps.push_back({"model.calibrate", "the performance model calibrated on this machine (P 2)", [&r] {
-    return Args{r.laga, "model", "--calibrate", r.J("hw.here.json"), "--comm-json", r.J("bench_comm.threads.json"),
-                "--sp", "2", "--calibrate-seq", r.cal_seqs};
-  }});
-  steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused", [&r] {
-    return r.bench("fused", r.J("bench.threads.fused.json"), r.seqs);
-  }});
+    steps.push_back(
+        {fmt::format("plan.{}", kernel),
+         fmt::format("memory and traffic at DeepSeek-V3, T 16384, P 8, {}", kernel), [&r, kernel] {
+           return Args{r.laga,     "plan",  "--model", "deepseek-v3",
+                       "--seq",    "16384", "--sp",    "8",
+                       "--kernel", kernel,  "--json",  r.J(fmt::format("plan.{}.json", kernel))};
+         }});
+  steps.push_back(
+      {"plan.sweep", "memory over T × P × kernel and traffic over H (DeepSeek-V3 dims)", [&r] {
+         return Args{
+             r.laga, "plan", "--sweep", "--model", "deepseek-v3", "--json", r.J("plan_sweep.json")};
+       }});
+  steps.push_back(
+      {"bench-comm.threads", "the collectives in one machine (threads, P 2)", [&r, quick] {
+         return Args{r.laga, "bench-comm", "--sp",   "2",
+                     "-b",   "4K",         "-e",     quick ? "16M" : "64M",
+                     "-f",   "4",          "--json", r.J("bench_comm.threads.json")};
+       }});
+  // The performance model calibrated on this machine (its rates per operation class, the in-process
+  // link from bench-comm), just before the benchmarks it is compared with.
+  steps.push_back(
+      {"model.calibrate", "the performance model calibrated on this machine (P 2)", [&r] {
+         return Args{r.laga,
+                     "model",
+                     "--calibrate",
+                     r.J("hw.here.json"),
+                     "--comm-json",
+                     r.J("bench_comm.threads.json"),
+                     "--sp",
+                     "2",
+                     "--calibrate-seq",
+                     r.cal_seqs};
+       }});
+  steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused",
+                   [&r] { return r.bench("fused", r.J("bench.threads.fused.json"), r.seqs); }});
   steps.push_back({"bench.threads.eager", "throughput in one machine, threads, eager", [&r, quick] {
-    return r.bench("eager", r.J("bench.threads.eager.json"), quick ? "2048" : r.seqs);
-  }});
+                     return r.bench("eager", r.J("bench.threads.eager.json"),
+                                    quick ? "2048" : r.seqs);
+                   }});
   if (!quick)
-    steps.push_back({"bench.mpi.fused", "throughput in one machine, MPI over shared memory, fused", [&r] {
-      const Args mpirun = {"mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader", "-np", "2"};
-      return cat(mpirun, r.bench("fused", r.J("bench.mpi.fused.json"), r.seqs));
-    }});
+    steps.push_back(
+        {"bench.mpi.fused", "throughput in one machine, MPI over shared memory, fused", [&r] {
+           const Args mpirun = {"mpirun",
+                                "--allow-run-as-root",
+                                "--oversubscribe",
+                                "--mca",
+                                "btl",
+                                "self,vader",
+                                "-np",
+                                "2"};
+           return cat(mpirun, r.bench("fused", r.J("bench.mpi.fused.json"), r.seqs));
+         }});
 }
 
-// At each link rate: bench-comm and bench across the link, bench with overlap, and the model against both.
+// At each link rate: bench-comm and bench across the link, bench with overlap, and the model
+// against both.
 void link_steps(const Report& r, std::vector<Step>& steps) {
   std::vector<Rate> rates = {{"matched", 1.0}, {"fast", 4.0}, {"slow", 0.25}};
   if (r.quick) rates.resize(1);
   for (const Rate& rate : rates) {
     const std::string n = rate.name;
     const double k = rate.factor;
-    steps.push_back({"bench-comm.link." + n, fmt::format("the collectives across the link at the {} rate", n),
+    steps.push_back({"bench-comm.link." + n,
+                     fmt::format("the collectives across the link at the {} rate", n),
                      [&r, n, k] {
-                       return over_link(r, k, {r.laga, "bench-comm", "-b", "128K", "-e", r.quick ? "1M" : "4M", "-f",
-                                               "2", "-n", "5", "--host-cost", "--json",
-                                               r.J(fmt::format("bench_comm.link.{}.json", n))});
-                     }, true});
-    steps.push_back({"bench.link." + n, fmt::format("throughput across the link at the {} rate, fused", n), [&r, n, k] {
-                       return over_link(r, k, {r.laga, "bench", "--model", "small", "--seq", r.link_seqs, "--sp", "2",
-                                               "--forms", r.link_forms, "--kernel", "fused", "--iters", r.iters,
-                                               "--json", r.J(fmt::format("bench.link.{}.json", n))});
-                     }, true});
+                       return over_link(r, k,
+                                        {r.laga, "bench-comm", "-b", "128K", "-e",
+                                         r.quick ? "1M" : "4M", "-f", "2", "-n", "5", "--host-cost",
+                                         "--json", r.J(fmt::format("bench_comm.link.{}.json", n))});
+                     },
+                     true});
+    steps.push_back(
+        {"bench.link." + n, fmt::format("throughput across the link at the {} rate, fused", n),
+         [&r, n, k] {
+           return over_link(r, k,
+                            {r.laga, "bench", "--model", "small", "--seq", r.link_seqs, "--sp", "2",
+                             "--forms", r.link_forms, "--kernel", "fused", "--iters", r.iters,
+                             "--json", r.J(fmt::format("bench.link.{}.json", n))});
+         },
+         true});
     // The same forms with their collectives overlapped (--overlap on), at every rate.
     steps.push_back({fmt::format("bench.link.{}.overlap", n),
-                     fmt::format("throughput across the link at the {} rate, fused, overlap on", n), [&r, n, k] {
-                       return over_link(r, k, {r.laga, "bench", "--model", "small", "--seq", r.link_seqs, "--sp", "2",
-                                               "--forms", r.link_forms, "--kernel", "fused", "--iters", r.iters,
-                                               "--overlap", "on", "--json",
-                                               r.J(fmt::format("bench.link.{}.overlap.json", n))});
-                     }, true});
-    // The model with this link's bench-comm (compute calibrated again, here), against the link's bench
-    // rows without overlap and with it.
-    steps.push_back({"model.vs_bench.link." + n, fmt::format("the model against the link bench at the {} rate", n),
-                     [&r, n] {
-                       const std::string hw = r.J(fmt::format("hw.link.{}.json", n));
-                       return Args{
-                           "bash", "-c",
-                           fmt::format("set -e; test -s '{0}' || {{ echo 'no link bench-comm to calibrate from (the link "
-                                       "steps were skipped)'; exit 77; }}; "
-                                       "'{1}' model --calibrate '{2}' --comm-json '{0}' --sp 2 --calibrate-seq {7}; "
-                                       "'{1}' model --hw '{2}' --bench-json '{3}' --json '{4}'; "
-                                       "'{1}' model --hw '{2}' --bench-json '{5}' --json '{6}'",
-                                       r.J(fmt::format("bench_comm.link.{}.json", n)), r.laga, hw,
-                                       r.J(fmt::format("bench.link.{}.json", n)),
-                                       r.J(fmt::format("model.vs_bench.link.{}.json", n)),
-                                       r.J(fmt::format("bench.link.{}.overlap.json", n)),
-                                       r.J(fmt::format("model.vs_bench.link.{}.overlap.json", n)), "1024," + r.link_seqs)};
-                     }});
+                     fmt::format("throughput across the link at the {} rate, fused, overlap on", n),
+                     [&r, n, k] {
+                       return over_link(r, k,
+                                        {r.laga, "bench", "--model", "small", "--seq", r.link_seqs,
+                                         "--sp", "2", "--forms", r.link_forms, "--kernel", "fused",
+                                         "--iters", r.iters, "--overlap", "on", "--json",
+                                         r.J(fmt::format("bench.link.{}.overlap.json", n))});
+                     },
+                     true});
+    // The model with this link's bench-comm (compute calibrated again, here), against the link's
+    // bench rows without overlap and with it.
+    steps.push_back(
+        {"model.vs_bench.link." + n,
+         fmt::format("the model against the link bench at the {} rate", n), [&r, n] {
+           const std::string hw = r.J(fmt::format("hw.link.{}.json", n));
+           return Args{
+               "bash", "-c",
+               fmt::format(
+                   "set -e; test -s '{0}' || {{ echo 'no link bench-comm to calibrate from (the "
+                   "link "
+                   "steps were skipped)'; exit 77; }}; "
+                   "'{1}' model --calibrate '{2}' --comm-json '{0}' --sp 2 --calibrate-seq {7}; "
+                   "'{1}' model --hw '{2}' --bench-json '{3}' --json '{4}'; "
+                   "'{1}' model --hw '{2}' --bench-json '{5}' --json '{6}'",
+                   r.J(fmt::format("bench_comm.link.{}.json", n)), r.laga, hw,
+                   r.J(fmt::format("bench.link.{}.json", n)),
+                   r.J(fmt::format("model.vs_bench.link.{}.json", n)),
+                   r.J(fmt::format("bench.link.{}.overlap.json", n)),
+                   r.J(fmt::format("model.vs_bench.link.{}.overlap.json", n)),
+                   "1024," + r.link_seqs)};
+         }});
   }
 }
 
 // The model against the one-machine bench rows, at the paper's configurations, and over a grid.
 void model_steps(const Report& r, std::vector<Step>& steps) {
   for (const char* kernel : {"fused", "eager"})
-    steps.push_back({fmt::format("model.vs_bench.{}", kernel), fmt::format("the model against the {} bench rows", kernel),
-                     [&r, kernel] {
-                       return Args{r.laga, "model", "--hw", r.J("hw.here.json"), "--bench-json",
-                                   r.J(fmt::format("bench.threads.{}.json", kernel)), "--json",
-                                   r.J(fmt::format("model.vs_bench.{}.json", kernel))};
+    steps.push_back({fmt::format("model.vs_bench.{}", kernel),
+                     fmt::format("the model against the {} bench rows", kernel), [&r, kernel] {
+                       return Args{
+                           r.laga,         "model",
+                           "--hw",         r.J("hw.here.json"),
+                           "--bench-json", r.J(fmt::format("bench.threads.{}.json", kernel)),
+                           "--json",       r.J(fmt::format("model.vs_bench.{}.json", kernel))};
                      }});
-  // The paper's configurations (DeepSeek-V3, fused, bf16): P 8 in one node, P 16 over two, T 4K–16K,
-  // on the hardware files of docs/hw (each number an assumption with its source).
+  // The paper's configurations (DeepSeek-V3, fused, bf16): P 8 in one node, P 16 over two, T
+  // 4K–16K, on the hardware files of docs/hw (each number an assumption with its source).
   for (const char* hw : {"ascend-910b", "h100-class"})
     for (const char* P : {"8", "16"})
       for (const char* T : {"4096", "8192", "16384"})
-        steps.push_back({fmt::format("model.paper.{}.p{}.t{}", hw, P, T),
-                         fmt::format("predicted at the paper's P {} T {} on {}", P, T, hw), [&r, hw, P, T] {
-                           return Args{r.laga, "model", "--model", "deepseek-v3", "--seq", T, "--sp", P, "--hw",
-                                       r.hw(hw), "--json", r.J(fmt::format("model.paper.{}.p{}.t{}.json", hw, P, T))};
-                         }});
-  // Which form wins where: the model over a grid of models (H 16, 128), T, P (8 .. 64) and link scales,
-  // on each hardware file (this machine's calibrated one has one node of 2 ranks: its measured rows are
-  // the bench's, beside the grid in the report).
+        steps.push_back(
+            {fmt::format("model.paper.{}.p{}.t{}", hw, P, T),
+             fmt::format("predicted at the paper's P {} T {} on {}", P, T, hw), [&r, hw, P, T] {
+               return Args{r.laga,    "model",
+                           "--model", "deepseek-v3",
+                           "--seq",   T,
+                           "--sp",    P,
+                           "--hw",    r.hw(hw),
+                           "--json",  r.J(fmt::format("model.paper.{}.p{}.t{}.json", hw, P, T))};
+             }});
+  // Which form wins where: the model over a grid of models (H 16, 128), T, P (8 .. 64) and link
+  // scales, on each hardware file (this machine's calibrated one has one node of 2 ranks: its
+  // measured rows are the bench's, beside the grid in the report).
   for (const char* hw : {"ascend-910b", "h100-class"})
-    steps.push_back({fmt::format("model.grid.{}", hw), fmt::format("which form wins where, predicted on {}", hw),
-                     [&r, hw] {
-                       return Args{r.laga, "model", "--grid", "--hw", r.hw(hw), "--json",
+    steps.push_back({fmt::format("model.grid.{}", hw),
+                     fmt::format("which form wins where, predicted on {}", hw), [&r, hw] {
+                       return Args{r.laga,
+                                   "model",
+                                   "--grid",
+                                   "--hw",
+                                   r.hw(hw),
+                                   "--json",
                                    r.J(fmt::format("model.grid.{}.json", hw))};
                      }});
 }
@@ -290,10 +355,15 @@ std::vector<Step> report_steps(const Report& r) {
   link_steps(r, steps);
   model_steps(r, steps);
   steps.push_back({"train", "training curves (tiny, fp32, P 4)", [&r] {
-    return Args{r.laga, "train", "--model", "tiny", "--seq", "64", "--sp", "4", "--dtype", "fp32",
-                "--steps", r.quick ? "100" : "200", "--forms", "explicit,absorbed,laga,laga-recompute",
-                "--json", r.J("train.json")};
-  }});
+                     return Args{r.laga,    "train",
+                                 "--model", "tiny",
+                                 "--seq",   "64",
+                                 "--sp",    "4",
+                                 "--dtype", "fp32",
+                                 "--steps", r.quick ? "100" : "200",
+                                 "--forms", "explicit,absorbed,laga,laga-recompute",
+                                 "--json",  r.J("train.json")};
+                   }});
   return steps;
 }
 
@@ -312,17 +382,27 @@ int run_steps(const Report& r, const std::vector<Step>& steps) {
     std::fflush(stdout);
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = run_logged(argv, log, r.res);
-    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     std::string status = rc == 0 ? "ok" : "failed", reason;
-    if (rc == 77 || (rc == 2 && s.link)) status = "skipped", reason = last_line(log);
-    else if (rc != 0) reason = fmt::format("exit {}: {}", rc, last_line(log)), ++failed;
+    if (rc == 77 || (rc == 2 && s.link))
+      status = "skipped", reason = last_line(log);
+    else if (rc != 0)
+      reason = fmt::format("exit {}: {}", rc, last_line(log)), ++failed;
     fmt::print("{} ({:.1f} s){}\n", status, secs, reason.empty() ? "" : " — " + reason);
     std::fflush(stdout);
     std::string command;
     for (const auto& a : argv) command += (command.empty() ? "" : " ") + a;
-    record.push_back({{"name", s.name}, {"title", s.title}, {"command", command}, {"status", status},
-                      {"exit", rc}, {"seconds", secs}, {"log", "logs/" + s.name + ".log"}, {"reason", reason}});
-    std::ofstream(r.J("steps.json")) << nlohmann::json{{"quick", r.quick}, {"steps", record}}.dump(2) << "\n";
+    record.push_back({{"name", s.name},
+                      {"title", s.title},
+                      {"command", command},
+                      {"status", status},
+                      {"exit", rc},
+                      {"seconds", secs},
+                      {"log", "logs/" + s.name + ".log"},
+                      {"reason", reason}});
+    std::ofstream(r.J("steps.json"))
+        << nlohmann::json{{"quick", r.quick}, {"steps", record}}.dump(2) << "\n";
   }
   return failed;
 }
@@ -331,7 +411,8 @@ int run_steps(const Report& r, const std::vector<Step>& steps) {
 void write_report(const Report& r) {
   fmt::print("  writing {}/report.md ... ", r.out);
   std::fflush(stdout);
-  const int rc = run_logged({"/usr/bin/python3", r.res + "/scripts/report.py", r.out}, r.J("logs/report.py.log"), r.res);
+  const int rc = run_logged({"/usr/bin/python3", r.res + "/scripts/report.py", r.out},
+                            r.J("logs/report.py.log"), r.res);
   LAGA_CHECK(rc == 0, "laga report: scripts/report.py failed (exit {}): {}; see {}", rc,
              last_line(r.J("logs/report.py.log")), r.J("logs/report.py.log"));
 }

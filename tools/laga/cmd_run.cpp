@@ -15,8 +15,9 @@ namespace laga::cli {
 
 namespace {
 
-// One rank's attention collectives summed per (operation, tensor) over layers, in first-issue order:
-// seconds from issue to completion, exposed (the caller waited) and hidden (the rest: compute ran).
+// One rank's attention collectives summed per (operation, tensor) over layers, in first-issue
+// order: seconds from issue to completion, exposed (the caller waited) and hidden (the rest:
+// compute ran).
 void print_collectives(const nlohmann::json& rank, bool overlap) {
   struct Sum {
     std::string name;
@@ -33,39 +34,48 @@ void print_collectives(const nlohmann::json& rank, bool overlap) {
     it->exposed += r["wait_s"].get<double>();
     it->hidden += r["hidden_s"].get<double>();
   }
-  fmt::print("  rank {} collectives, all layers (overlap {}): exposed = waited for, hidden = ran behind compute\n",
-             rank["rank"].get<int>(), overlap ? "on" : "off");
-  fmt::print("# {:<24} {:>5} {:>10} {:>10} {:>10} {:>7}\n", "collective", "count", "seconds", "exposed", "hidden", "hidden");
+  fmt::print(
+      "  rank {} collectives, all layers (overlap {}): exposed = waited for, hidden = ran behind "
+      "compute\n",
+      rank["rank"].get<int>(), overlap ? "on" : "off");
+  fmt::print("# {:<24} {:>5} {:>10} {:>10} {:>10} {:>7}\n", "collective", "count", "seconds",
+             "exposed", "hidden", "hidden");
   fmt::print("# {:<24} {:>5} {:>10} {:>10} {:>10} {:>7}\n", "", "", "s", "s", "s", "%");
   for (const Sum& s : sums)
-    fmt::print("  {:<24} {:>5} {:>10.6f} {:>10.6f} {:>10.6f} {:>7.1f}\n", s.name, s.count, s.seconds, s.exposed, s.hidden,
-               s.seconds > 0 ? 100 * s.hidden / s.seconds : 0.0);
+    fmt::print("  {:<24} {:>5} {:>10.6f} {:>10.6f} {:>10.6f} {:>7.1f}\n", s.name, s.count,
+               s.seconds, s.exposed, s.hidden, s.seconds > 0 ? 100 * s.hidden / s.seconds : 0.0);
 }
 
-void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const RankResult& r0, std::ofstream* json_out,
-            const std::string& dump_dir, const std::string& backend) {
+void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const RankResult& r0,
+            std::ofstream* json_out, const std::string& dump_dir, const std::string& backend) {
   const std::string_view own = form_of(c).own_kernel();
-  const std::string kernel = own.empty() || own == kernel_name(c.kernel) ? std::string(kernel_name(c.kernel))
-                                         : fmt::format("{} (the form's own; --kernel {} does not apply)", own,
-                                                       kernel_name(c.kernel));
-  fmt::print("laga run: model {} T {} B {} P {} ({}) L {} form {} kernel {} dtype {} overlap {}\n", c.model, c.seq_len,
-             c.batch, c.sp, backend, c.num_layers, displayed_form(c), kernel, dtype_name(c.dtype), c.overlap ? "on" : "off");
-  fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "rank", "fwd", "bwd", "comm tensor", "comm wire",
-             "activation peak", "saved");
-  fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "", "s", "s", "bytes", "bytes", "bytes", "bytes");
+  const std::string kernel = own.empty() || own == kernel_name(c.kernel)
+                                 ? std::string(kernel_name(c.kernel))
+                                 : fmt::format("{} (the form's own; --kernel {} does not apply)",
+                                               own, kernel_name(c.kernel));
+  fmt::print("laga run: model {} T {} B {} P {} ({}) L {} form {} kernel {} dtype {} overlap {}\n",
+             c.model, c.seq_len, c.batch, c.sp, backend, c.num_layers, displayed_form(c), kernel,
+             dtype_name(c.dtype), c.overlap ? "on" : "off");
+  fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "rank", "fwd", "bwd",
+             "comm tensor", "comm wire", "activation peak", "saved");
+  fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "", "s", "s", "bytes", "bytes",
+             "bytes", "bytes");
   for (const auto& r : ranks)
-    fmt::print("  {:>4} {:>9.4f} {:>9.4f} {:>14} {:>14} {:>16} {:>16}\n", r["rank"].get<int>(), r["fwd_s"].get<double>(),
-               r["bwd_s"].get<double>(), r["comm"]["tensor_bytes"].get<int64_t>(),
-               r["comm"]["wire_bytes"].get<int64_t>(), r["activation_peak_bytes"].get<int64_t>(),
-               r["saved_bytes"].get<int64_t>());
+    fmt::print("  {:>4} {:>9.4f} {:>9.4f} {:>14} {:>14} {:>16} {:>16}\n", r["rank"].get<int>(),
+               r["fwd_s"].get<double>(), r["bwd_s"].get<double>(),
+               r["comm"]["tensor_bytes"].get<int64_t>(), r["comm"]["wire_bytes"].get<int64_t>(),
+               r["activation_peak_bytes"].get<int64_t>(), r["saved_bytes"].get<int64_t>());
   fmt::print("  rank {}: activation peak {}, saved {}, baseline {}\n", r0.rank,
              human_bytes(r0.memory.activation_peak_bytes), human_bytes(r0.memory.saved_bytes),
              human_bytes(r0.memory.baseline_bytes));
   const PoolStats pool = pool_stats();  // this process: every rank under threads, rank 0 under MPI
   if (pool.enabled)
-    fmt::print("  caching allocator (this process, beside the tracked bytes above): reserved peak {}, cached now {}, "
-               "{} of {} large allocations reused\n",
-               human_bytes(pool.peak_reserved_bytes), human_bytes(pool.cached_bytes), pool.hits, pool.hits + pool.misses);
+    fmt::print(
+        "  caching allocator (this process, beside the tracked bytes above): reserved peak {}, "
+        "cached now {}, "
+        "{} of {} large allocations reused\n",
+        human_bytes(pool.peak_reserved_bytes), human_bytes(pool.cached_bytes), pool.hits,
+        pool.hits + pool.misses);
   else
     fmt::print("  caching allocator: off (LAGA_ALLOC_CACHE=off)\n");
   if (!ranks.empty()) print_collectives(ranks.front(), c.overlap);
@@ -74,21 +84,28 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
     fmt::print("  dumped whole tensors to {}\n", dump_dir);
   }
   if (json_out) {
-    nlohmann::json j = {{"command", "run"}, {"form", find_form(c.form).family()}, {"variant", c.form}, {"sp", c.sp},
+    nlohmann::json j = {{"command", "run"},
+                        {"form", find_form(c.form).family()},
+                        {"variant", c.form},
+                        {"sp", c.sp},
                         {"backend", backend},
-                        {"config", c.to_json()}, {"ranks", ranks},
-                        {"allocator", {{"cache", pool.enabled}, {"process", backend == "mpi" ? "rank 0's" : "all ranks'"},
-                                       {"peak_reserved_bytes", pool.peak_reserved_bytes},
-                                       {"cached_bytes", pool.cached_bytes}, {"reused", pool.hits},
-                                       {"large_allocations", pool.hits + pool.misses}}}};
+                        {"config", c.to_json()},
+                        {"ranks", ranks},
+                        {"allocator",
+                         {{"cache", pool.enabled},
+                          {"process", backend == "mpi" ? "rank 0's" : "all ranks'"},
+                          {"peak_reserved_bytes", pool.peak_reserved_bytes},
+                          {"cached_bytes", pool.cached_bytes},
+                          {"reused", pool.hits},
+                          {"large_allocations", pool.hits + pool.misses}}}};
     *json_out << j.dump(2) << "\n";
   }
 }
 
 }  // namespace
 
-int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights, const std::string& mem_limit,
-            int64_t stand_in) {
+int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string& weights,
+            const std::string& mem_limit, int64_t stand_in) {
   const Config cfg = build_config(f);
   const MlaConfig& c = *cfg;
   const LaunchKind kind = stand_in >= 0 ? LaunchKind::stand_in : launch_kind(f.comm);
@@ -107,20 +124,26 @@ int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string
         std::unique_ptr<std::ofstream> json_out;
         std::vector<nlohmann::json> ranks;
         RankResult r0;
-        launcher.run(int(c.sp), [&](Communicator& comm) {
-          if (mpi) check_same_everywhere(comm, "configurations", c.to_json().dump() + weights + std::to_string(f.seed));
-          const bool reporter = kind == LaunchKind::stand_in || comm.rank() == 0;
-          if (reporter) {  // outputs fail before the run, not after it
-            json_out = open_output(f.json_path, "--json");
-            if (!dump_dir.empty()) check_writable_dir(dump_dir);
-          }
-          comm.barrier();
-          RankResult r = run_rank(cfg, opt, comm);
-          // A stand-in plays one rank: there are no others to gather from.
-          std::vector<nlohmann::json> all =
-              kind == LaunchKind::stand_in ? std::vector<nlohmann::json>{rank_json(r, plan)} : gather_json(comm, rank_json(r, plan));
-          if (reporter) ranks = std::move(all), r0 = std::move(r);
-        }, f.timeout_s);
+        launcher.run(
+            int(c.sp),
+            [&](Communicator& comm) {
+              if (mpi)
+                check_same_everywhere(comm, "configurations",
+                                      c.to_json().dump() + weights + std::to_string(f.seed));
+              const bool reporter = kind == LaunchKind::stand_in || comm.rank() == 0;
+              if (reporter) {  // outputs fail before the run, not after it
+                json_out = open_output(f.json_path, "--json");
+                if (!dump_dir.empty()) check_writable_dir(dump_dir);
+              }
+              comm.barrier();
+              RankResult r = run_rank(cfg, opt, comm);
+              // A stand-in plays one rank: there are no others to gather from.
+              std::vector<nlohmann::json> all =
+                  kind == LaunchKind::stand_in ? std::vector<nlohmann::json>{rank_json(r, plan)}
+                                               : gather_json(comm, rank_json(r, plan));
+              if (reporter) ranks = std::move(all), r0 = std::move(r);
+            },
+            f.timeout_s);
         if (launcher.is_root()) report(c, ranks, r0, json_out.get(), dump_dir, launcher.backend());
       },
       int(std::max<int64_t>(stand_in, 0)));

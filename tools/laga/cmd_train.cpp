@@ -1,8 +1,8 @@
 // laga train: a few hundred optimizer steps of each form on the synthetic regression task
-// (train.hpp), same seed for every form. Checks that every loss is finite and that every form's curve
-// agrees with the first form's (explicit's by default) to floating-point noise; exit 1 otherwise. How
-// far the loss fell (whether it halved: JSON "decreased") is reported, not judged: it depends on the
-// model, the steps and the learning rate, not on whether the forms are right.
+// (train.hpp), same seed for every form. Checks that every loss is finite and that every form's
+// curve agrees with the first form's (explicit's by default) to floating-point noise; exit 1
+// otherwise. How far the loss fell (whether it halved: JSON "decreased") is reported, not judged:
+// it depends on the model, the steps and the learning rate, not on whether the forms are right.
 // --ulysses Pu trains laga with head scatter in groups of Pu × a ring over the P/Pu groups ("laga
 // (ulysses Pu)"); the other forms run over the whole group (as_form).
 #include <fmt/format.h>
@@ -23,8 +23,8 @@ namespace laga::cli {
 
 int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr,
               const TrainFlags& t) {
-  // Each form as as_form gives it: --ulysses is laga's (head scatter × ring), the others run over the
-  // whole group; a named form that cannot run the configuration is refused (named_form_config).
+  // Each form as as_form gives it: --ulysses is laga's (head scatter × ring), the others run over
+  // the whole group; a named form that cannot run the configuration is refused (named_form_config).
   const MlaConfig base = build_spec(f);
   auto json_out = is_root_process() ? open_output(f.json_path, "--json") : nullptr;
   if (is_root_process() && !t.dump_weights.empty()) open_output(t.dump_weights, "--dump-weights");
@@ -33,17 +33,20 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
   opt.steps = steps, opt.lr = lr, opt.seed = f.seed;
   opt.checkpoint_every = t.checkpoint_every, opt.dump_weights = t.dump_weights;
   std::vector<Config> configs;
-  for (const auto& name : forms) configs.push_back(named_form_config(base, form_label(name, f.absorbed_kv), "--forms"));
+  for (const auto& name : forms)
+    configs.push_back(named_form_config(base, form_label(name, f.absorbed_kv), "--forms"));
   // A --checkpoint directory holding a checkpoint of a form is only continued, never overwritten by
   // another run: it must be the --resume directory.
   if (!t.checkpoint_dir.empty()) {
     std::error_code ec;
-    const bool continues = !t.resume_dir.empty() && std::filesystem::equivalent(t.checkpoint_dir, t.resume_dir, ec);
+    const bool continues =
+        !t.resume_dir.empty() && std::filesystem::equivalent(t.checkpoint_dir, t.resume_dir, ec);
     for (const Config& c : configs) {
       const std::string dir = train_checkpoint_dir(t.checkpoint_dir, c->form);
-      LAGA_CHECK(continues || !has_train_checkpoint(dir), "--checkpoint {}: {} already holds a checkpoint of another "
-                 "run; continue it with --resume {}, or choose an empty directory", t.checkpoint_dir, dir,
-                 t.checkpoint_dir);
+      LAGA_CHECK(continues || !has_train_checkpoint(dir),
+                 "--checkpoint {}: {} already holds a checkpoint of another "
+                 "run; continue it with --resume {}, or choose an empty directory",
+                 t.checkpoint_dir, dir, t.checkpoint_dir);
     }
   }
   // Every process reads (and checks) the checkpoints before any work: the state is replicated.
@@ -54,8 +57,10 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
     train_state_shape(configs[i], names, sizes);
     resume[i] = read_train_checkpoint(train_checkpoint_dir(t.resume_dir, configs[i]->form),
                                       train_identity(configs[i], opt), names, sizes);
-    LAGA_CHECK(resume[i].manifest.step <= steps, "--resume {}: the checkpoint of {} is at step {}, past --steps {}; "
-               "give --steps {} or more", t.resume_dir, configs[i]->form, resume[i].manifest.step, steps,
+    LAGA_CHECK(resume[i].manifest.step <= steps,
+               "--resume {}: the checkpoint of {} is at step {}, past --steps {}; "
+               "give --steps {} or more",
+               t.resume_dir, configs[i]->form, resume[i].manifest.step, steps,
                resume[i].manifest.step);
   }
   std::vector<TrainResult> results(configs.size());
@@ -63,13 +68,17 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
   const bool root = launch(launch_kind(f.comm), [&](Launcher& launcher) {
     backend = launcher.backend();
     for (size_t i = 0; i < configs.size(); ++i)
-      launcher.run(int(base.sp), [&](Communicator& comm) {
-        TrainOptions o = opt;
-        if (!t.checkpoint_dir.empty()) o.checkpoint_dir = train_checkpoint_dir(t.checkpoint_dir, configs[i]->form);
-        if (!resume.empty()) o.resume = &resume[i];
-        TrainResult r = train_rank(configs[i], o, comm);
-        if (comm.rank() == 0) results[i] = std::move(r);
-      }, f.timeout_s);
+      launcher.run(
+          int(base.sp),
+          [&](Communicator& comm) {
+            TrainOptions o = opt;
+            if (!t.checkpoint_dir.empty())
+              o.checkpoint_dir = train_checkpoint_dir(t.checkpoint_dir, configs[i]->form);
+            if (!resume.empty()) o.resume = &resume[i];
+            TrainResult r = train_rank(configs[i], o, comm);
+            if (comm.rank() == 0) results[i] = std::move(r);
+          },
+          f.timeout_s);
   });
   if (!root) return 0;
   // Agreement between forms: relative difference of each loss from explicit's.
@@ -77,11 +86,12 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
   nlohmann::json runs = nlohmann::json::array();
   std::vector<double> reference;
   bool pass = true;
-  fmt::print("laga train: model {} T {} B {} P {}{} ({}) L {} kernel {} dtype {} steps {} lr {:g}\n", base.model,
-             base.seq_len, base.batch, base.sp, ulysses_note(base), backend, base.num_layers, kernel_name(base.kernel),
-             dtype_name(base.dtype), steps, lr);
-  fmt::print("# {:<18} {:>12} {:>12} {:>12} {:>16} {:>9}\n", "form", "loss[0]", "loss[mid]", "loss[last]",
-             "max rel vs 1st", "seconds");
+  fmt::print(
+      "laga train: model {} T {} B {} P {}{} ({}) L {} kernel {} dtype {} steps {} lr {:g}\n",
+      base.model, base.seq_len, base.batch, base.sp, ulysses_note(base), backend, base.num_layers,
+      kernel_name(base.kernel), dtype_name(base.dtype), steps, lr);
+  fmt::print("# {:<18} {:>12} {:>12} {:>12} {:>16} {:>9}\n", "form", "loss[0]", "loss[mid]",
+             "loss[last]", "max rel vs 1st", "seconds");
   for (size_t i = 0; i < configs.size(); ++i) {
     const Config& c = configs[i];
     const TrainResult& r = results[i];
@@ -95,19 +105,27 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
     const bool agrees = max_rel <= tol;
     pass = pass && finite && agrees;
     const std::string label = displayed_form(*c);
-    fmt::print("  {:<18} {:>12.5e} {:>12.5e} {:>12.5e} {:>16.3e} {:>9.2f}{}{}{}\n", label, r.losses.front(),
-               r.losses[r.losses.size() / 2], r.losses.back(), max_rel, r.seconds,
-               decreased ? "" : "  (loss did not halve)", finite ? "" : "  FAIL: a loss is not finite",
+    fmt::print("  {:<18} {:>12.5e} {:>12.5e} {:>12.5e} {:>16.3e} {:>9.2f}{}{}{}\n", label,
+               r.losses.front(), r.losses[r.losses.size() / 2], r.losses.back(), max_rel, r.seconds,
+               decreased ? "" : "  (loss did not halve)",
+               finite ? "" : "  FAIL: a loss is not finite",
                agrees ? "" : "  FAIL: differs from the first form");
-    runs.push_back({{"form", find_form(c->form).family()}, {"variant", c->form}, {"label", label},
-                    {"ulysses", c->hybrid() ? c->ulysses : 0}, {"losses", r.losses}, {"seconds", r.seconds},
-                    {"max_rel_vs_first", max_rel}, {"decreased", decreased}, {"resumed_from", r.resumed_from}});
+    runs.push_back({{"form", find_form(c->form).family()},
+                    {"variant", c->form},
+                    {"label", label},
+                    {"ulysses", c->hybrid() ? c->ulysses : 0},
+                    {"losses", r.losses},
+                    {"seconds", r.seconds},
+                    {"max_rel_vs_first", max_rel},
+                    {"decreased", decreased},
+                    {"resumed_from", r.resumed_from}});
   }
-  fmt::print("train: {} (curves agree within {:g} relative; every loss finite)\n", pass ? "pass" : "FAIL",
-             tol);
+  fmt::print("train: {} (curves agree within {:g} relative; every loss finite)\n",
+             pass ? "pass" : "FAIL", tol);
   if (json_out) {
-    nlohmann::json j = {{"command", "train"}, {"config", base.to_json()}, {"steps", steps}, {"lr", lr},
-                        {"runs", runs}, {"pass", pass}};
+    nlohmann::json j = {{"command", "train"}, {"config", base.to_json()},
+                        {"steps", steps},     {"lr", lr},
+                        {"runs", runs},       {"pass", pass}};
     *json_out << j.dump(2) << "\n";
   }
   return pass ? 0 : 1;

@@ -1,8 +1,9 @@
 // The laga CLI (docs/cli.md): plan, run, verify, bench, bench-comm, train, model, report. Exit
 // status: 0 success, 1 a check failed, 2 bad usage or configuration, 3 an internal error.
 //
-// The command line is parsed and checked (the configuration built and validated) before any work, by
-// parse.cpp; each subcommand then opens its output files up front. The subcommands live in cmd_*.cpp.
+// The command line is parsed and checked (the configuration built and validated) before any work,
+// by parse.cpp; each subcommand then opens its output files up front. The subcommands live in
+// cmd_*.cpp.
 #include <cstdio>
 #include <iostream>
 
@@ -28,18 +29,20 @@ int main(int argc, char** argv) {
     const CommonFlags& flags = inv.flags;
     set_check_finite(flags.check_finite);
     set_mpi_progress_interval(flags.mpi_progress_us * 1e-6);
-    if (inv.command == "run") return cmd_run(flags, inv.dump_dir, inv.weights, inv.mem_limit, inv.stand_in);
+    if (inv.command == "run")
+      return cmd_run(flags, inv.dump_dir, inv.weights, inv.mem_limit, inv.stand_in);
     if (inv.command == "plan") return cmd_plan(flags, inv.sweep, inv.mem_limit);
     if (inv.command == "verify") return cmd_verify(flags, inv.sps, inv.mem_limit);
     if (inv.command == "bench")
-      return cmd_bench(flags, {inv.seqs, inv.forms, inv.iters, inv.warmup, !inv.no_validate, inv.inject_wrong, inv.profile,
-                                inv.mem_limit});
+      return cmd_bench(flags, {inv.seqs, inv.forms, inv.iters, inv.warmup, !inv.no_validate,
+                               inv.inject_wrong, inv.profile, inv.mem_limit});
     if (inv.command == "report") return cmd_report(inv.out_dir, inv.quick);
     if (inv.command == "bench-comm") return cmd_bench_comm(flags, inv.bench_comm);
     if (inv.command == "model") return cmd_model(flags, inv.model);
     if (inv.command == "train")
-      return cmd_train(flags, inv.forms, inv.steps, inv.lr,
-                       {inv.checkpoint_dir, inv.resume_dir, inv.dump_weights, inv.checkpoint_every});
+      return cmd_train(
+          flags, inv.forms, inv.steps, inv.lr,
+          {inv.checkpoint_dir, inv.resume_dir, inv.dump_weights, inv.checkpoint_every});
     return 2;
   } catch (const Error& e) {
     std::fprintf(stderr, "laga: %s\n", e.what());

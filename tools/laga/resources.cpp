@@ -14,7 +14,8 @@ namespace laga::cli {
 std::string self_exe() {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
-  LAGA_CHECK(n > 0, "laga report: cannot find its own binary (/proc/self/exe: {})", std::strerror(errno));
+  LAGA_CHECK(n > 0, "laga report: cannot find its own binary (/proc/self/exe: {})",
+             std::strerror(errno));
   return std::string(buf, size_t(n));
 }
 
@@ -24,7 +25,8 @@ std::string resource_dir(const std::string& needed) {
   std::error_code ec;
   LAGA_CHECK(std::filesystem::exists(dir + "/" + needed, ec),
              "laga: its resources are missing: no {} in {} (found relative to the binary {}: "
-             "<its directory>/../share/laga); install laga with cmake --install, or rebuild the build tree",
+             "<its directory>/../share/laga); install laga with cmake --install, or rebuild the "
+             "build tree",
              needed, dir, exe.string());
   return dir;
 }

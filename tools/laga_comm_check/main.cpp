@@ -7,17 +7,18 @@
 // options:
 //   --timeout S        collectives fail after waiting S seconds (MPI: non-blocking + polling)
 //   --piece-bytes N    MPI moves at most N bytes per call and rank (exercises the split path)
-//   --fault F          throw | kill | timeout | config: rank --fault-rank (default 2) throws, raises
-//                      SIGKILL, sleeps past the timeout, or passes a different configuration while
-//                      the others sit in an all_gather
+//   --fault F          throw | kill | timeout | config: rank --fault-rank (default 2) throws,
+//                      raises SIGKILL, sleeps past the timeout, or passes a different configuration
+//                      while the others sit in an all_gather
 //   --group P          MPI: run the cases on the world's first P ranks (first_ranks); the other
 //                      ranks only take part in the split (P > world size: a usage error, exit 2)
 //   --pending 1        with --fault: the others sit in waits on two non-blocking collectives in
 //                      flight (an all_gather and an all_reduce, waited in reverse order) instead
 // Output (stdout, rank 0 only): one line per case and rank, "<case> rank=<r> <FNV-1a 64 of the
 // output bytes>", covering all_gather (also in place), reduce_scatter, all_to_all, all_reduce,
-// send_recv and broadcast in fp32 and bf16 for sizes P does and does not divide; the same collectives again
-// non-blocking, all in flight at once and waited in an order that depends on the rank ("nonblocking
+// send_recv and broadcast in fp32 and bf16 for sizes P does and does not divide; the same
+// collectives again non-blocking, all in flight at once and waited in an order that depends on the
+// rank ("nonblocking
 // ..." cases; each must equal the blocking result on the same inputs, else the driver fails); and
 // each rank's ledger.
 #include <unistd.h>
@@ -94,9 +95,15 @@ void run_nonblocking_cases(Communicator& c, Add& add, uint64_t& stream) {
         std::vector<char> ag, ag_in_place, rs, a2a, ar1, ar2, bc, sr1, sr2;
       };
       auto fresh = [&] {
-        Outputs o{std::vector<char>(size_t(P * n * es)), std::vector<char>(size_t(P * n * es)),
-                  std::vector<char>(size_t(n * es)), std::vector<char>(size_t(P * n * es)), ar1_in, ar2_in, bc_in,
-                  std::vector<char>(size_t(n * es)), std::vector<char>(size_t(n * es))};
+        Outputs o{std::vector<char>(size_t(P * n * es)),
+                  std::vector<char>(size_t(P * n * es)),
+                  std::vector<char>(size_t(n * es)),
+                  std::vector<char>(size_t(P * n * es)),
+                  ar1_in,
+                  ar2_in,
+                  bc_in,
+                  std::vector<char>(size_t(n * es)),
+                  std::vector<char>(size_t(n * es))};
         if (n > 0) std::memcpy(o.ag_in_place.data() + r * n * es, ag_in.data(), size_t(n * es));
         return o;
       };
@@ -104,7 +111,8 @@ void run_nonblocking_cases(Communicator& c, Add& add, uint64_t& stream) {
       c.all_reduce(blocking.ar1.data(), n, t, "grad_a");
       c.all_gather(ag_in.data(), blocking.ag.data(), n, t, "latent");
       c.reduce_scatter(rs_in.data(), blocking.rs.data(), n, t, "dlatent");
-      c.all_gather(blocking.ag_in_place.data() + r * n * es, blocking.ag_in_place.data(), n, t, "latent");
+      c.all_gather(blocking.ag_in_place.data() + r * n * es, blocking.ag_in_place.data(), n, t,
+                   "latent");
       c.all_reduce(blocking.ar2.data(), n, t, "grad_b");
       c.all_to_all(a2a_in.data(), blocking.a2a.data(), n, t, "q");
       c.broadcast(blocking.bc.data(), n * es, P - 1, "config");
@@ -114,12 +122,14 @@ void run_nonblocking_cases(Communicator& c, Add& add, uint64_t& stream) {
       h.push_back(c.all_reduce_start(nb.ar1.data(), n, t, "grad_a"));
       h.push_back(c.all_gather_start(ag_in.data(), nb.ag.data(), n, t, "latent"));
       h.push_back(c.reduce_scatter_start(rs_in.data(), nb.rs.data(), n, t, "dlatent"));
-      h.push_back(c.all_gather_start(nb.ag_in_place.data() + r * n * es, nb.ag_in_place.data(), n, t, "latent"));
+      h.push_back(c.all_gather_start(nb.ag_in_place.data() + r * n * es, nb.ag_in_place.data(), n,
+                                     t, "latent"));
       h.push_back(c.all_reduce_start(nb.ar2.data(), n, t, "grad_b"));
       h.push_back(c.all_to_all_start(a2a_in.data(), nb.a2a.data(), n, t, "q"));
       h.push_back(c.broadcast_start(nb.bc.data(), n * es, P - 1, "config"));
       h.push_back(c.send_recv_start(sr_in.data(), nb.sr1.data(), n, t, "k"));
-      h.push_back(c.send_recv_start(blocking.sr1.data(), nb.sr2.data(), n, t, "v"));  // a second hop in flight
+      // a second hop in flight
+      h.push_back(c.send_recv_start(blocking.sr1.data(), nb.sr2.data(), n, t, "v"));
       const size_t k = h.size();
       for (size_t i = 0; i < k; ++i) {
         const size_t j = r % 2 == 0 ? (i + size_t(r)) % k : (k - 1 - i + size_t(r)) % k;
@@ -127,12 +137,14 @@ void run_nonblocking_cases(Communicator& c, Add& add, uint64_t& stream) {
         c.wait(h[j]);
       }
       const std::pair<const char*, std::vector<char> Outputs::*> cases[] = {
-          {"all_gather", &Outputs::ag}, {"all_gather_in_place", &Outputs::ag_in_place},
-          {"reduce_scatter", &Outputs::rs}, {"all_to_all", &Outputs::a2a},
-          {"all_reduce", &Outputs::ar1}, {"all_reduce_second", &Outputs::ar2},
-          {"broadcast", &Outputs::bc}, {"send_recv", &Outputs::sr1}, {"send_recv_second", &Outputs::sr2}};
+          {"all_gather", &Outputs::ag},       {"all_gather_in_place", &Outputs::ag_in_place},
+          {"reduce_scatter", &Outputs::rs},   {"all_to_all", &Outputs::a2a},
+          {"all_reduce", &Outputs::ar1},      {"all_reduce_second", &Outputs::ar2},
+          {"broadcast", &Outputs::bc},        {"send_recv", &Outputs::sr1},
+          {"send_recv_second", &Outputs::sr2}};
       for (const auto& [name, member] : cases) {
-        LAGA_ASSERT(nb.*member == blocking.*member, "rank {}: non-blocking {} {} differs from blocking", r, name, tag);
+        LAGA_ASSERT(nb.*member == blocking.*member,
+                    "rank {}: non-blocking {} {} differs from blocking", r, name, tag);
         add(fmt::format("nonblocking {} {}", name, tag), nb.*member);
       }
     }
@@ -198,8 +210,8 @@ void run_cases(Communicator& c, std::vector<std::string>& names, std::vector<uin
   check_same_everywhere(c, "driver configuration", "same everywhere");
   std::string ledger;
   for (const auto& rec : c.ledger().records())
-    ledger += fmt::format("{} {} {} {} {};", collective_name(rec.op), rec.tensor, dtype_name(rec.dtype),
-                          rec.tensor_bytes, rec.wire_bytes);
+    ledger += fmt::format("{} {} {} {} {};", collective_name(rec.op), rec.tensor,
+                          dtype_name(rec.dtype), rec.tensor_bytes, rec.wire_bytes);
   add("ledger", std::vector<char>(ledger.begin(), ledger.end()));
 }
 
@@ -211,7 +223,8 @@ void inject_fault(Communicator& c, const Options& o) {
     return;
   }
   if (c.rank() == o.fault_rank) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the others are in the all_gather by now
+    // the others are in the all_gather by now
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
     if (o.fault == "throw") throw Error(ErrorKind::failure, __FILE__, __LINE__, "injected fault");
     if (o.fault == "kill") std::raise(SIGKILL);
     if (o.fault == "timeout") std::this_thread::sleep_for(std::chrono::seconds(120));
@@ -231,7 +244,8 @@ void print(int P, const std::vector<std::string>& names, const std::vector<uint6
   const size_t cases = names.size();
   for (size_t k = 0; k < cases; ++k)
     for (int q = 0; q < P; ++q)
-      std::printf("%s rank=%d %016llx\n", names[k].c_str(), q, (unsigned long long)all[size_t(q) * cases + k]);
+      std::printf("%s rank=%d %016llx\n", names[k].c_str(), q,
+                  (unsigned long long)all[size_t(q) * cases + k]);
   std::fflush(stdout);
 }
 
@@ -241,17 +255,28 @@ Options parse(int argc, char** argv) {
     const std::string a = argv[i];
     LAGA_CHECK(i + 1 < argc, "{} needs a value", a);
     const std::string v = argv[++i];
-    if (a == "--threads") o.threads = std::stoi(v);
-    else if (a == "--timeout") o.timeout_s = std::stod(v);
-    else if (a == "--piece-bytes") o.piece_bytes = std::stoll(v);
-    else if (a == "--fault") o.fault = v;
-    else if (a == "--fault-rank") o.fault_rank = std::stoi(v);
-    else if (a == "--pending") o.pending = v == "1";
-    else if (a == "--group") o.group = std::stoi(v);
-    else LAGA_FAIL_USAGE("unknown option {}; try --threads, --timeout, --piece-bytes, --fault, --fault-rank, --pending, --group",
-                         a);
+    if (a == "--threads")
+      o.threads = std::stoi(v);
+    else if (a == "--timeout")
+      o.timeout_s = std::stod(v);
+    else if (a == "--piece-bytes")
+      o.piece_bytes = std::stoll(v);
+    else if (a == "--fault")
+      o.fault = v;
+    else if (a == "--fault-rank")
+      o.fault_rank = std::stoi(v);
+    else if (a == "--pending")
+      o.pending = v == "1";
+    else if (a == "--group")
+      o.group = std::stoi(v);
+    else
+      LAGA_FAIL_USAGE(
+          "unknown option {}; try --threads, --timeout, --piece-bytes, --fault, --fault-rank, "
+          "--pending, --group",
+          a);
   }
-  LAGA_CHECK(o.fault.empty() || o.fault == "throw" || o.fault == "kill" || o.fault == "timeout" || o.fault == "config",
+  LAGA_CHECK(o.fault.empty() || o.fault == "throw" || o.fault == "kill" || o.fault == "timeout" ||
+                 o.fault == "config",
              "--fault {}: try throw, kill, timeout or config", o.fault);
   return o;
 }
@@ -284,7 +309,8 @@ int main(int argc, char** argv) {
       return 0;
     }
     LAGA_CHECK(under_mpi(),
-               "not started by mpirun; run 'mpirun -np P laga_comm_check' or 'laga_comm_check --threads P'");
+               "not started by mpirun; run 'mpirun -np P laga_comm_check' or 'laga_comm_check "
+               "--threads P'");
     return run_mpi(
         [&](Communicator& world) {
           std::unique_ptr<Communicator> sub;

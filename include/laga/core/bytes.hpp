@@ -10,8 +10,8 @@ namespace laga {
 int64_t parse_bytes(const std::string& text);
 // This machine's available memory (MemAvailable of /proc/meminfo), in bytes.
 int64_t available_memory_bytes();
-// This process's peak resident set so far (VmHWM of /proc/self/status), in bytes: what the estimates
-// of verify and bench are checked against.
+// This process's peak resident set so far (VmHWM of /proc/self/status), in bytes: what the
+// estimates of verify and bench are checked against.
 int64_t peak_rss_bytes();
 // This process's anonymous memory in transparent huge pages now (AnonHugePages of
 // /proc/self/smaps_rollup), in bytes; −1 where it cannot be read.

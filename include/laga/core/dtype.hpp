@@ -25,22 +25,32 @@ inline float to_float(bf16 v) {
 inline bf16 to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
-  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu)) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN
+  // quiet NaN
+  if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x007fffffu))
+    return bf16{uint16_t((u >> 16) | 0x40)};
   u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest even
   return bf16{uint16_t(u >> 16)};
 }
 
 inline float to_float(float v) { return v; }
-template <class T> inline T from_float(float f);
-template <> inline float from_float<float>(float f) { return f; }
-template <> inline bf16 from_float<bf16>(float f) { return to_bf16(f); }
+template <class T>
+inline T from_float(float f);
+template <>
+inline float from_float<float>(float f) {
+  return f;
+}
+template <>
+inline bf16 from_float<bf16>(float f) {
+  return to_bf16(f);
+}
 
 // Rounds through the storage type: what a value becomes once stored as T.
 inline float round_to(DType t, float f) { return t == DType::bf16 ? to_float(to_bf16(f)) : f; }
 
 inline int64_t dtype_size(DType t) { return t == DType::f32 ? 4 : 2; }
-std::string_view dtype_name(DType t);          // "fp32", "bf16"
-DType parse_dtype(std::string_view name);      // "fp32"|"f32"|"float32", "bf16"|"bfloat16"; else usage error
+std::string_view dtype_name(DType t);  // "fp32", "bf16"
+// "fp32"|"f32"|"float32", "bf16"|"bfloat16"; else usage error
+DType parse_dtype(std::string_view name);
 
 // Calls f with a null pointer of the storage type: dispatch(t, [&](auto* tag) { using T = ...; }).
 template <class F>

@@ -3,8 +3,9 @@
 // Every error carries the file:line that raised it and a kind that maps to the CLI's exit status:
 // usage (bad input or configuration, exit 2), failure (a check of results failed, exit 1) and
 // internal (a broken invariant, exit 3). what() is the message alone for a usage error, which is
-// about the user's input, and "message (file:line)" for the other kinds. Messages name the offending value and, where one exists,
-// a valid alternative. Checks belong at boundaries, never in hot loops.
+// about the user's input, and "message (file:line)" for the other kinds. Messages name the
+// offending value and, where one exists, a valid alternative. Checks belong at boundaries, never in
+// hot loops.
 #pragma once
 
 #include <fmt/format.h>
@@ -33,15 +34,16 @@ class Error : public std::runtime_error {
   std::string message_;
 };
 
-// Divisors of n, for "try ..." suggestions: the first 12, smallest first, from those up to 2^20 and n.
+// Divisors of n, for "try ..." suggestions: the first 12, smallest first, from those up to 2^20 and
+// n.
 std::string divisors_str(int64_t n);
 
 }  // namespace laga
 
 // Bad input or configuration at an API or CLI boundary.
-#define LAGA_CHECK(cond, ...)                                                                \
-  do {                                                                                       \
-    if (!(cond))                                                                             \
+#define LAGA_CHECK(cond, ...)                                                                      \
+  do {                                                                                             \
+    if (!(cond))                                                                                   \
       throw ::laga::Error(::laga::ErrorKind::usage, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
   } while (0)
 
@@ -49,12 +51,14 @@ std::string divisors_str(int64_t n);
   throw ::laga::Error(::laga::ErrorKind::usage, __FILE__, __LINE__, fmt::format(__VA_ARGS__))
 
 // An invariant of laga itself; failing it is a bug in laga, not in the input.
-#define LAGA_ASSERT(cond, ...)                                                                  \
-  do {                                                                                          \
-    if (!(cond))                                                                                \
-      throw ::laga::Error(::laga::ErrorKind::internal, __FILE__, __LINE__, fmt::format(__VA_ARGS__)); \
+#define LAGA_ASSERT(cond, ...)                                             \
+  do {                                                                     \
+    if (!(cond))                                                           \
+      throw ::laga::Error(::laga::ErrorKind::internal, __FILE__, __LINE__, \
+                          fmt::format(__VA_ARGS__));                       \
   } while (0)
 
 // Something asked for that laga does not implement (yet): an error, never a silent fallback.
-#define LAGA_NOT_IMPLEMENTED(...) \
-  throw ::laga::Error(::laga::ErrorKind::usage, __FILE__, __LINE__, "not implemented: " + fmt::format(__VA_ARGS__))
+#define LAGA_NOT_IMPLEMENTED(...)                                   \
+  throw ::laga::Error(::laga::ErrorKind::usage, __FILE__, __LINE__, \
+                      "not implemented: " + fmt::format(__VA_ARGS__))

@@ -2,7 +2,8 @@
 // RANK throw a laga::Error (failure) when it reaches PLACE ("forward" or "backward", in the first
 // layer, after the form's collectives have started), stops answering for 10 s in forward ("stall",
 // for --timeout), sleeps 50 ms in each layer's forward ("slow", as a busy host would take the time:
-// the others wait for it, bench's skew), kills its process with SIGKILL in forward ("kill"), or poisons one value of its input with a NaN
+// the others wait for it, bench's skew), kills its process with SIGKILL in forward ("kill"), or
+// poisons one value of its input with a NaN
 // ("nan-x", "nan-dy") or of one weight with an Inf ("inf-wkv_b"), for --check-finite. Off unless
 // set; a single relaxed check per layer.
 #pragma once

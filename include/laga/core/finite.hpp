@@ -12,7 +12,8 @@ namespace laga {
 
 void set_check_finite(bool on);
 bool check_finite_enabled();
-// Throws laga::Error (failure) if t holds a NaN or Inf: "non-finite value in <name> at <step>: ...".
+// Throws laga::Error (failure) if t holds a NaN or Inf: "non-finite value in <name> at <step>:
+// ...".
 void check_finite(const Tensor& t, const std::string& name, const std::string& step);
 
 }  // namespace laga

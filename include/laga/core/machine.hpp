@@ -1,7 +1,7 @@
-// What a measurement ran on and was built from, for the headers of benchmarks and reports: the host,
-// the CPU model as the kernel names it, the cores this process may use, the instruction-set features
-// that decide the matmul rate (avx512_bf16, amx_bf16), the ISA laga's kernels use (core/isa.hpp), and the
-// commit of the build.
+// What a measurement ran on and was built from, for the headers of benchmarks and reports: the
+// host, the CPU model as the kernel names it, the cores this process may use, the instruction-set
+// features that decide the matmul rate (avx512_bf16, amx_bf16), the ISA laga's kernels use
+// (core/isa.hpp), and the commit of the build.
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
@@ -13,13 +13,16 @@
 namespace laga {
 
 struct MachineInfo {
-  std::string host;       // gethostname
-  std::string cpu_model;  // /proc/cpuinfo "model name" (e.g. "AMD EPYC 9R14 96-Core Processor"); "unknown" elsewhere
-  int cores = 0;          // CPUs this process may run on (sched_getaffinity: 1 for an MPI rank bound to a core)
-  int online = 0;         // CPUs the machine has online (sysconf)
-  std::string features;   // the ones present of: avx512f avx512_bf16 amx_bf16 amx_tile ("" when none)
-  std::string commit;     // build_commit()
-  IsaInfo isa;            // the kernels' ISA in use, under LAGA_MAX_ISA
+  std::string host;  // gethostname
+  // /proc/cpuinfo "model name" (e.g. "AMD EPYC 9R14 96-Core Processor"); "unknown" elsewhere
+  std::string cpu_model;
+  // CPUs this process may run on (sched_getaffinity: 1 for an MPI rank bound to a core)
+  int cores = 0;
+  int online = 0;  // CPUs the machine has online (sysconf)
+  // the ones present of: avx512f avx512_bf16 amx_bf16 amx_tile ("" when none)
+  std::string features;
+  std::string commit;  // build_commit()
+  IsaInfo isa;         // the kernels' ISA in use, under LAGA_MAX_ISA
   // "HOST, CPU (N cores; features), ISA: rows T, matmul I (bf16 ...), LAGA_MAX_ISA c, commit C";
   // "(1 of 2 cores; ...)" when this process may use fewer than the machine has.
   std::string line() const;
@@ -32,7 +35,8 @@ MachineInfo machine_info();
 // CPU of the machine: a rank bound to one core (mpirun's binding, scripts/link.sh's taskset) would
 // run several threads on it.
 int usable_cores();
-// `git describe --always --dirty` of the source tree when this binary was built; "unknown" outside git.
+// `git describe --always --dirty` of the source tree when this binary was built; "unknown" outside
+// git.
 const char* build_commit();
 
 }  // namespace laga

@@ -1,13 +1,13 @@
-// Wall time of one rank's compute by operation class: matmul (every oneDNN product laga issues outside
-// an attention kernel), attention forward and attention backward (every kernel call, eager, fused or
-// latent), each with the FLOPs it executes. What `laga bench` reports beside each row (--profile
-// prints it) and `laga model --bench-json` sets against the model's phase classes (docs/model.md §4):
-// the time left over — total minus these classes minus the exposed communication — is the
-// elementwise work, copies and everything else.
+// Wall time of one rank's compute by operation class: matmul (every oneDNN product laga issues
+// outside an attention kernel), attention forward and attention backward (every kernel call, eager,
+// fused or latent), each with the FLOPs it executes. What `laga bench` reports beside each row
+// (--profile prints it) and `laga model --bench-json` sets against the model's phase classes
+// (docs/model.md §4): the time left over — total minus these classes minus the exposed
+// communication — is the elementwise work, copies and everything else.
 //
 // Collection is per thread: a ProfileScope makes a profile current on its thread (a rank is one
-// thread, or one process under MPI); an op timed with OpTimer adds to it. Only the outermost timed op
-// counts (the eager kernel's products are attention, not matmul), and threads without a current
+// thread, or one process under MPI); an op timed with OpTimer adds to it. Only the outermost timed
+// op counts (the eager kernel's products are attention, not matmul), and threads without a current
 // profile (OpenMP workers) record nothing, so every second is counted once. Without a scope an
 // OpTimer costs one thread-local read.
 #pragma once
@@ -24,7 +24,8 @@ namespace laga {
 enum class ProfiledOp { matmul, attention_forward, attention_backward };
 inline constexpr ProfiledOp kProfiledOps[] = {ProfiledOp::matmul, ProfiledOp::attention_forward,
                                               ProfiledOp::attention_backward};
-// "matmul", "attention_fwd", "attention_bwd": the model's class names (mla/flops.hpp op_class_name).
+// "matmul", "attention_fwd", "attention_bwd": the model's class names (mla/flops.hpp
+// op_class_name).
 const char* profiled_op_name(ProfiledOp op);
 
 struct OpTotals {
@@ -34,7 +35,8 @@ struct OpTotals {
 
 struct OpProfile {
   std::map<ProfiledOp, OpTotals> by_op;
-  // matmul by shape, "M×N×K dtype" (batch products "b×M×N×K"): where a slow matmul class comes from.
+  // matmul by shape, "M×N×K dtype" (batch products "b×M×N×K"): where a slow matmul class comes
+  // from.
   std::map<std::string, OpTotals> matmul_shapes;
   double seconds() const;  // over every class
   void add(const OpProfile& o);
@@ -63,7 +65,8 @@ class OpTimer {
   OpTimer(const OpTimer&) = delete;
   OpTimer& operator=(const OpTimer&) = delete;
   bool recording() const { return target_ != nullptr; }
-  // The matmul shape it is filed under too (only when recording: callers format it behind recording()).
+  // The matmul shape it is filed under too (only when recording: callers format it behind
+  // recording()).
   void set_shape(std::string shape) { shape_ = std::move(shape); }
 
  private:

@@ -52,10 +52,12 @@ class Tensor {
   static Tensor empty(const Shape& shape, DType dtype, const std::string& tag);
   static Tensor zeros(const Shape& shape, DType dtype, const std::string& tag);
   // Values rounded to dtype; values.size() must equal the shape's element count.
-  static Tensor from_floats(const Shape& shape, DType dtype, const std::vector<float>& values, const std::string& tag);
+  static Tensor from_floats(const Shape& shape, DType dtype, const std::vector<float>& values,
+                            const std::string& tag);
 
   bool defined() const { return storage_ != nullptr; }
-  // Made by a meta tracker: sized and tracked, no storage (see memory.hpp). Data access is an error.
+  // Made by a meta tracker: sized and tracked, no storage (see memory.hpp). Data access is an
+  // error.
   bool is_meta() const { return storage_ && storage_->meta(); }
   const Shape& shape() const { return shape_; }
   int64_t dim(int i) const;  // negative counts from the end
@@ -66,23 +68,25 @@ class Tensor {
   const std::string& tag() const;
 
   void* raw() const;
-  template <class T> T* data() const {
-    LAGA_ASSERT(sizeof(T) == size_t(dtype_size(dtype_)), "tensor '{}' is {}, accessed as a {}-byte type", tag(),
-                dtype_name(dtype_), sizeof(T));
+  template <class T>
+  T* data() const {
+    LAGA_ASSERT(sizeof(T) == size_t(dtype_size(dtype_)),
+                "tensor '{}' is {}, accessed as a {}-byte type", tag(), dtype_name(dtype_),
+                sizeof(T));
     return static_cast<T*>(raw());
   }
 
-  Tensor reshape(const Shape& shape) const;      // same storage; element count must match
+  Tensor reshape(const Shape& shape) const;       // same storage; element count must match
   Tensor rows(int64_t begin, int64_t end) const;  // view of [begin, end) along dim 0
 
-  float get(int64_t flat_index) const;            // slow element access for tests and tools
+  float get(int64_t flat_index) const;  // slow element access for tests and tools
   void set(int64_t flat_index, float value);
   std::vector<float> to_floats() const;
   void fill(float value);
-  void copy_from(const Tensor& src);               // same shape; converts dtype
+  void copy_from(const Tensor& src);  // same shape; converts dtype
   Tensor clone(const std::string& tag) const;
-  // The storage (with every view of it) counted by `to` from now on, not copied: a rank's result that
-  // outlives the rank's tracker.
+  // The storage (with every view of it) counted by `to` from now on, not copied: a rank's result
+  // that outlives the rank's tracker.
   void hand_over(MemoryTracker& to);
   Tensor to(DType dtype, const std::string& tag) const;
 

@@ -27,22 +27,22 @@ class Launcher {
   virtual std::string backend() const = 0;  // for reports: "threads", "mpi", "stand-in for rank 2"
   virtual bool is_root() const = 0;         // this process reports
   // Runs fn on every rank of a P-rank group (those of this process) and returns when the group is
-  // done. A rank that throws brings its group down; the error reaches the caller (threads) or ends the
-  // job (mpi). timeout_s > 0 bounds every collective's wait.
+  // done. A rank that throws brings its group down; the error reaches the caller (threads) or ends
+  // the job (mpi). timeout_s > 0 bounds every collective's wait.
   virtual void run(int P, const std::function<void(Communicator&)>& fn, double timeout_s = 0) = 0;
 };
 
-// --comm auto|threads|mpi as a kind: auto is mpi under mpirun. Usage error for mpi without mpirun, an
-// unknown name, or threads under an mpirun of more than one process.
+// --comm auto|threads|mpi as a kind: auto is mpi under mpirun. Usage error for mpi without mpirun,
+// an unknown name, or threads under an mpirun of more than one process.
 LaunchKind launch_kind(std::string_view comm);
 
 // Whether this process will be the root, known before any launch (world rank 0 under mpirun): for
 // opening output files up front.
 bool is_root_process();
 
-// Runs body once in this process with a launcher of that kind (stand_in_rank: the rank a stand-in or
-// meta launcher plays). Returns whether this process is the root. Under mpi, MPI is initialised around
-// body and an escaping error ends the job with its exit status (comm's run_mpi).
+// Runs body once in this process with a launcher of that kind (stand_in_rank: the rank a stand-in
+// or meta launcher plays). Returns whether this process is the root. Under mpi, MPI is initialised
+// around body and an escaping error ends the job with its exit status (comm's run_mpi).
 bool launch(LaunchKind kind, const std::function<void(Launcher&)>& body, int stand_in_rank = 0);
 
 }  // namespace laga

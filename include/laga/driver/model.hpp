@@ -1,11 +1,13 @@
-// The performance model (docs/model.md): the predicted step time of a form on a user's hardware, from
-// the work the code executes — per phase its FLOPs (or bytes) over the rate of its operation class
-// (mla/flops.hpp phase_flops), per collective latency + bytes / bus bandwidth with the bytes the
-// planner records for the real code (driver/plan.hpp), so the model cannot drift from the forms.
+// The performance model (docs/model.md): the predicted step time of a form on a user's hardware,
+// from the work the code executes — per phase its FLOPs (or bytes) over the rate of its operation
+// class (mla/flops.hpp phase_flops), per collective latency + bytes / bus bandwidth with the bytes
+// the planner records for the real code (driver/plan.hpp), so the model cannot drift from the
+// forms.
 //
-// The hardware is a JSON file (HardwareSpec, docs/model.md §2): compute rates per dtype and operation
-// class, the bus bandwidth and latency of the link inside a node and across nodes, ranks per node.
-// Calibrating it on this machine with laga's own kernels and communicator: driver/calibrate.hpp.
+// The hardware is a JSON file (HardwareSpec, docs/model.md §2): compute rates per dtype and
+// operation class, the bus bandwidth and latency of the link inside a node and across nodes, ranks
+// per node. Calibrating it on this machine with laga's own kernels and communicator:
+// driver/calibrate.hpp.
 //
 // Overlap: with --overlap on, the collectives a form issues before its query path are exposed only
 // for what the query path's compute does not hide (CollectiveTime::exposed_s; docs/model.md §1).
@@ -25,36 +27,40 @@
 namespace laga {
 
 // The four collectives the forms and the grad sync issue (bench-comm measures the same four).
-inline constexpr CollectiveOp kModelledOps[] = {CollectiveOp::all_gather, CollectiveOp::reduce_scatter,
+inline constexpr CollectiveOp kModelledOps[] = {CollectiveOp::all_gather,
+                                                CollectiveOp::reduce_scatter,
                                                 CollectiveOp::all_to_all, CollectiveOp::all_reduce};
 
-// nccl-tests' conventions (docs/design.md §4). S, the size of a collective: the whole gathered array
-// for all_gather and reduce_scatter (P × the shard), the per-rank buffer for all_to_all and all_reduce.
-// algbw = S / t; busbw = algbw · bus_factor: (P−1)/P for all_gather, reduce_scatter and all_to_all,
-// 2(P−1)/P for all_reduce. So S · bus_factor is the bytes each rank sends (the ledger's wire bytes).
-double nccl_size_bytes(CollectiveOp op, int64_t P, double tensor_bytes);  // S from the ledger's tensor bytes
+// nccl-tests' conventions (docs/design.md §4). S, the size of a collective: the whole gathered
+// array for all_gather and reduce_scatter (P × the shard), the per-rank buffer for all_to_all and
+// all_reduce. algbw = S / t; busbw = algbw · bus_factor: (P−1)/P for all_gather, reduce_scatter and
+// all_to_all, 2(P−1)/P for all_reduce. So S · bus_factor is the bytes each rank sends (the ledger's
+// wire bytes). S from the ledger's tensor bytes
+double nccl_size_bytes(CollectiveOp op, int64_t P, double tensor_bytes);
 double bus_factor(CollectiveOp op, int64_t P);
 
 // A link. intra_node: the bus bandwidth (nccl-tests' busbw) of each op over ranks of one node.
 // inter_node: the bandwidth of one rank's own path to other nodes (its NIC; 1e9 bytes/s), per op.
 // host_ns_per_byte (optional): the compute time a collective's bytes take
-// from the ranks' cores while it is hidden behind compute, per byte a rank sends: a transport the CPU
-// drives (TCP in the kernel, shared-memory copies) slows the compute it overlaps, a NIC's DMA does
-// not. Absent: none (what an exposed collective costs the host is inside its measured time anyway).
+// from the ranks' cores while it is hidden behind compute, per byte a rank sends: a transport the
+// CPU drives (TCP in the kernel, shared-memory copies) slows the compute it overlaps, a NIC's DMA
+// does not. Absent: none (what an exposed collective costs the host is inside its measured time
+// anyway).
 struct LinkSpec {
   std::map<CollectiveOp, double> busbw_GBps;  // per op, GB/s (1e9 bytes per second)
   double latency_s = 0;                       // per collective
-  std::map<CollectiveOp, double> latency_op_s;  // per op when the file (or a fit) gives one; else latency_s
+  // per op when the file (or a fit) gives one; else latency_s
+  std::map<CollectiveOp, double> latency_op_s;
   std::map<CollectiveOp, double> host_ns_per_byte;  // per op, ns per byte sent; empty: none
   double latency(CollectiveOp op) const;
   double host_cost(CollectiveOp op) const;  // seconds per byte sent; 0 when the file gives none
 };
 
-// A compute rate that may depend on the sequence length: one number for every T, or rates measured at
-// some T (the file's {"2048": x, "8192": y}), read between two of them linearly in log T and held at
-// the ends (never extrapolated). A kernel's rate depends on the work per call (here the eager fp32
-// forward runs 9× slower at T 8192 than at 2048), so a rate measured at one T misjudges the others
-// (docs/model.md §3).
+// A compute rate that may depend on the sequence length: one number for every T, or rates measured
+// at some T (the file's {"2048": x, "8192": y}), read between two of them linearly in log T and
+// held at the ends (never extrapolated). A kernel's rate depends on the work per call (here the
+// eager fp32 forward runs 9× slower at T 8192 than at 2048), so a rate measured at one T misjudges
+// the others (docs/model.md §3).
 struct SeqRate {
   std::map<int64_t, double> by_seq;  // T → rate; the key 0 alone: the same rate at every T
   static SeqRate constant(double rate) { return SeqRate{{{0, rate}}}; }
@@ -65,18 +71,20 @@ struct SeqRate {
 struct ComputeSpec {
   SeqRate matmul_tflops;     // at the run's T (the projections' rows are T/P)
   SeqRate elementwise_GBps;  // at the run's T
-  // fp32 accumulation streams (add, log-sum-exp merge, zero fill, rounding: the ring forms' merges and
-  // accumulators), GB/s at the run's T. Optional: without it they run at elementwise_GBps, which
-  // prices them as norms and rotations (rates_line says which).
+  // fp32 accumulation streams (add, log-sum-exp merge, zero fill, rounding: the ring forms' merges
+  // and accumulators), GB/s at the run's T. Optional: without it they run at elementwise_GBps,
+  // which prices them as norms and rotations (rates_line says which).
   std::optional<SeqRate> accumulate_GBps;
-  double accumulate_rate(int64_t T) const { return (accumulate_GBps ? *accumulate_GBps : elementwise_GBps).at(T); }
+  double accumulate_rate(int64_t T) const {
+    return (accumulate_GBps ? *accumulate_GBps : elementwise_GBps).at(T);
+  }
   // Attention rates, TFLOP/s in the FlashAttention-3 counting of mla/flops.hpp, keyed by the file's
-  // names: "[eager_][latent_|mqa_|laga_fused_]attention_{fwd,bwd}_tflops", each at the length of one kernel call
-  // (Form::attention_call_seq). attention_fwd_tflops and attention_bwd_tflops (fused, per-head
-  // 192/128-like heads) are required; the others are optional. "laga_fused_attention_{fwd,bwd}_tflops"
-  // is laga-fused's latent kernel, counting the attention's FLOPs and the up-projection it runs inside
-  // (forward U, backward 3U: recomputed, then its dlatent and dwkv products); without it those run at
-  // the fused dense attention rate.
+  // names: "[eager_][latent_|mqa_|laga_fused_]attention_{fwd,bwd}_tflops", each at the length of
+  // one kernel call (Form::attention_call_seq). attention_fwd_tflops and attention_bwd_tflops
+  // (fused, per-head 192/128-like heads) are required; the others are optional.
+  // "laga_fused_attention_{fwd,bwd}_tflops" is laga-fused's latent kernel, counting the attention's
+  // FLOPs and the up-projection it runs inside (forward U, backward 3U: recomputed, then its
+  // dlatent and dwkv products); without it those run at the fused dense attention rate.
   std::map<std::string, SeqRate> attention_tflops;
   // The rate of attention in this regime at call length T; falls back from [eager_][shape_] to
   // [eager_] to the fused dense rate.
@@ -95,12 +103,13 @@ struct HardwareSpec {
   static HardwareSpec from_json(const nlohmann::json& j, const std::string& path);
   static HardwareSpec load(const std::string& path);
   nlohmann::json to_json() const;
-  const ComputeSpec& compute_for(DType d) const;  // usage error naming the file and "compute.<dtype>"
+  // usage error naming the file and "compute.<dtype>"
+  const ComputeSpec& compute_for(DType d) const;
 };
 
 struct PhaseTime {
-  PhaseFlops phase;    // per rank: the whole-group figures of phase_flops divided by P
-  double rate = 0;     // FLOP/s, or bytes/s for elementwise and accumulate
+  PhaseFlops phase;  // per rank: the whole-group figures of phase_flops divided by P
+  double rate = 0;   // FLOP/s, or bytes/s for elementwise and accumulate
   double seconds = 0;
 };
 
@@ -111,9 +120,11 @@ struct CollectiveTime {
   double size_bytes = 0;  // nccl-tests' S
   double busbw_GBps = 0;  // the effective bus bandwidth used
   double latency_s = 0;
-  double seconds = 0;    // latency + S · bus_factor / busbw
-  double exposed_s = 0;  // = seconds without overlap; with it, what the query path does not hide (model.cpp)
-  double host_s = 0;     // the link's host cost of the bytes this rank sends (charged to compute for the hidden part)
+  double seconds = 0;  // latency + S · bus_factor / busbw
+  // = seconds without overlap; with it, what the query path does not hide (model.cpp)
+  double exposed_s = 0;
+  // the link's host cost of the bytes this rank sends (charged to compute for the hidden part)
+  double host_s = 0;
 };
 
 struct FormPrediction {
@@ -121,7 +132,8 @@ struct FormPrediction {
   std::vector<PhaseTime> phases;
   std::vector<CollectiveTime> collectives;  // attention traffic only (no grad sync), issue order
   double fwd_compute_s = 0, bwd_compute_s = 0, fwd_comm_s = 0, bwd_comm_s = 0;  // comm: exposed
-  double hidden_host_s = 0;  // of the compute: the host cost of the hidden collectives' bytes (LinkSpec)
+  // of the compute: the host cost of the hidden collectives' bytes (LinkSpec)
+  double hidden_host_s = 0;
   // As laga bench reports them: fwd and bwd include their exposed communication; total = fwd + bwd.
   double fwd_s() const { return fwd_compute_s + fwd_comm_s; }
   double bwd_s() const { return bwd_compute_s + bwd_comm_s; }
@@ -140,18 +152,20 @@ CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r
 FormPrediction predict(const Config& c, const HardwareSpec& hw);
 
 // Least-squares fit of time = latency + bus_bytes / busbw over measured points (bus_bytes = S ·
-// bus_factor), weighted by 1/time² so that small and large sizes count alike (relative residuals). A
-// negative intercept is refitted as 0 (a line through the origin).
+// bus_factor), weighted by 1/time² so that small and large sizes count alike (relative residuals).
+// A negative intercept is refitted as 0 (a line through the origin).
 struct LatencyBandwidthFit {
   double latency_s = 0, busbw_GBps = 0;
   double max_rel_residual = 0;
   int points = 0;
 };
-LatencyBandwidthFit fit_latency_bandwidth(const std::vector<double>& bus_bytes, const std::vector<double>& seconds);
+LatencyBandwidthFit fit_latency_bandwidth(const std::vector<double>& bus_bytes,
+                                          const std::vector<double>& seconds);
 
 // A link from a `laga bench-comm --json` document: one fit per op present (rows of the given dtype,
 // or of every dtype when none is given). Usage error naming the file when it has no usable rows.
-LinkSpec link_from_bench_comm(const nlohmann::json& j, const std::string& path, int64_t* sp_out = nullptr);
+LinkSpec link_from_bench_comm(const nlohmann::json& j, const std::string& path,
+                              int64_t* sp_out = nullptr);
 
 // Predicted against measured, per row of a `laga bench --json` document (rows[i].{variant, seq, sp,
 // fwd_s, bwd_s, comm_s, total_s} and laga's ulysses, the run's dimensions in "config").
@@ -161,25 +175,26 @@ struct BenchRowComparison {
   int64_t seq = 0, sp = 0;
   int64_t ulysses = 0;  // the row's --ulysses (laga's; 0: Pu = P)
   double measured_fwd = 0, measured_bwd = 0, measured_comm = 0, measured_total = 0;
-  // Of measured_comm, the time the ranks waited for each other (bench's comm_skew_s: the same work on
-  // every rank, so time the host took from one of them); empty for files written before bench had it.
+  // Of measured_comm, the time the ranks waited for each other (bench's comm_skew_s: the same work
+  // on every rank, so time the host took from one of them); empty for files written before bench
+  // had it.
   std::optional<double> measured_skew;
   // The row's time by op class where its file has one (laga bench's "profile"): "matmul",
-  // "attention_fwd", "attention_bwd", and "other" (the rest beside exposed comm), measured against the
-  // model's phases of the same class (other: its elementwise phases). Empty for older files.
+  // "attention_fwd", "attention_bwd", and "other" (the rest beside exposed comm), measured against
+  // the model's phases of the same class (other: its elementwise phases). Empty for older files.
   std::map<std::string, double> measured_by_class;
   std::map<std::string, double> predicted_by_class() const;
   FormPrediction predicted;
   double rel_error_total() const { return (predicted.total_s() - measured_total) / measured_total; }
-  // Against the measured total less its skew: the model on a host that took nothing from any rank. Not
-  // the target's figure (that is rel_error_total); it says how much of a miss is the host's.
+  // Against the measured total less its skew: the model on a host that took nothing from any rank.
+  // Not the target's figure (that is rel_error_total); it says how much of a miss is the host's.
   std::optional<double> rel_error_without_skew() const {
     if (!measured_skew) return std::nullopt;
     const double t = measured_total - *measured_skew;
     return (predicted.total_s() - t) / t;
   }
 };
-std::vector<BenchRowComparison> compare_with_bench(const nlohmann::json& bench, const std::string& path,
-                                                   const HardwareSpec& hw);
+std::vector<BenchRowComparison> compare_with_bench(const nlohmann::json& bench,
+                                                   const std::string& path, const HardwareSpec& hw);
 
 }  // namespace laga

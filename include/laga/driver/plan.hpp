@@ -1,9 +1,10 @@
-// The planner: per-rank memory and communication of a run from its configuration alone (docs/design.md
-// §4), so DeepSeek-V3 scale can be planned on a laptop. The plan is the run itself — run_rank on meta
-// tensors (core/memory.hpp) with a MetaCommunicator (comm/meta.hpp) — so it cannot drift from the code:
-// every tensor the block, the form and the kernels allocate is counted with its tag and size, every
-// collective recorded with its bytes, and nothing is computed. The closed-form formulas of
-// docs/accounting.md are the independent check (tests/memory/test_planner.cpp).
+// The planner: per-rank memory and communication of a run from its configuration alone
+// (docs/design.md §4), so DeepSeek-V3 scale can be planned on a laptop. The plan is the run itself
+// — run_rank on meta tensors (core/memory.hpp) with a MetaCommunicator (comm/meta.hpp) — so it
+// cannot drift from the code: every tensor the block, the form and the kernels allocate is counted
+// with its tag and size, every collective recorded with its bytes, and nothing is computed. The
+// closed-form formulas of docs/accounting.md are the independent check
+// (tests/memory/test_planner.cpp).
 #pragma once
 
 #include <map>

@@ -4,7 +4,8 @@
 // runs in the student's token layout: explicit for the forms that hold contiguous tokens, so they
 // train on identical targets from the same seed; the student's own form for those that hold other
 // tokens (the ring forms' zigzag, laga --ulysses' zigzag over groups), which explicit has no layout
-// for, so their targets are the same function of the same sequence, equal to explicit's up to rounding.
+// for, so their targets are the same function of the same sequence, equal to explicit's up to
+// rounding.
 //
 // Step s's inputs come from the data seed seed + 1000003·(s + 1) (train_data_seed), so the data
 // stream's whole state is the step index. A run can be checkpointed and resumed losslessly
@@ -27,19 +28,22 @@ struct TrainOptions {
   int64_t steps = 200;
   double lr = 1e-3, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
   uint64_t seed = 1234;
-  // Checkpoints (rank 0 writes): into checkpoint_dir (the form's directory, train_checkpoint_dir) after
-  // every checkpoint_every steps (0: only after the last step) and after the last step; none when empty.
+  // Checkpoints (rank 0 writes): into checkpoint_dir (the form's directory, train_checkpoint_dir)
+  // after every checkpoint_every steps (0: only after the last step) and after the last step; none
+  // when empty.
   std::string checkpoint_dir;
   int64_t checkpoint_every = 0;
   // Start from this state (read_train_checkpoint) instead of step 0; not owned.
   const TrainState* resume = nullptr;
-  // Rank 0 writes the final weights here (write_weights, laga names, the run's dtype); none when empty.
+  // Rank 0 writes the final weights here (write_weights, laga names, the run's dtype); none when
+  // empty.
   std::string dump_weights;
 };
 
 struct TrainResult {
-  std::vector<double> losses;  // one per step, before that step's update (resumed: the checkpoint's first)
-  int64_t resumed_from = 0;    // the step the run started at
+  // one per step, before that step's update (resumed: the checkpoint's first)
+  std::vector<double> losses;
+  int64_t resumed_from = 0;  // the step the run started at
   double seconds = 0;
 };
 
@@ -47,12 +51,13 @@ struct TrainResult {
 uint64_t train_data_seed(uint64_t seed, int64_t step);
 // The teacher's config for student config c (see the top).
 Config teacher_config(const Config& c);
-// What a checkpoint must match to be resumed by this run: the resolved config JSON, P, Pu (--ulysses:
-// ranks per head-scatter group, P unless laga runs head scatter × ring), form, dtype, kernel, lr,
-// betas, eps, seed, and the task.
+// What a checkpoint must match to be resumed by this run: the resolved config JSON, P, Pu
+// (--ulysses: ranks per head-scatter group, P unless laga runs head scatter × ring), form, dtype,
+// kernel, lr, betas, eps, seed, and the task.
 nlohmann::json train_identity(const Config& c, const TrainOptions& opt);
 // The weights' names and element counts, in for_each order (what a checkpoint's state holds).
-void train_state_shape(const Config& c, std::vector<std::string>& names, std::vector<int64_t>& sizes);
+void train_state_shape(const Config& c, std::vector<std::string>& names,
+                       std::vector<int64_t>& sizes);
 
 // Runs on every rank of comm (config.sp ranks); every rank returns the same losses.
 TrainResult train_rank(const Config& c, const TrainOptions& opt, Communicator& comm);

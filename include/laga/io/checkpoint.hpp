@@ -2,8 +2,8 @@
 // Hugging Face DeepSeek-V2/V3 one, writing weights, and the --dump of a run (docs/cli.md §4) that
 // independent implementations check (tests/torch/mla_block_torch.py).
 //
-// Names (docs/design.md §1): laga's are "layers.{l}.<name>" with the names of LayerWeights; Hugging Face's
-// are "model.layers.{l}.input_layernorm.weight" for attn_norm and
+// Names (docs/design.md §1): laga's are "layers.{l}.<name>" with the names of LayerWeights; Hugging
+// Face's are "model.layers.{l}.input_layernorm.weight" for attn_norm and
 // "model.layers.{l}.self_attn.<key>.weight" for the rest (q_a_proj, q_a_layernorm, q_b_proj,
 // q_proj, kv_a_proj_with_mqa, kv_a_layernorm, kv_b_proj, o_proj). Both store [out, in] like a
 // PyTorch Linear, so nothing is transposed. FP8 checkpoints (DeepSeek-V3's release) must be
@@ -49,7 +49,7 @@ void check_writable_dir(const std::string& dir);
 // "layers.{l}.<name>.grad" for every gradient, all converted to F32 whatever c.dtype is
 // (metadata: format "pt", producer "laga", dtype = c.dtype's name). The file loads back with
 // load_weights. Creates dir if missing.
-void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, const Tensor& dy, const Tensor& y,
-                const Tensor& dx, const Weights& w, const Weights& grads);
+void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, const Tensor& dy,
+                const Tensor& y, const Tensor& dx, const Weights& w, const Weights& grads);
 
 }  // namespace laga

@@ -35,9 +35,9 @@ inline constexpr int64_t kSafetensorsMaxHeaderBytes = 100'000'000;
 
 struct SafetensorsEntry {
   std::string name;
-  std::string dtype;   // as in the file: "F32", "BF16", "F16", "F64", "I64", ...
+  std::string dtype;  // as in the file: "F32", "BF16", "F16", "F64", "I64", ...
   Shape shape;
-  int64_t begin = 0;   // byte offsets into the data section, [begin, end)
+  int64_t begin = 0;  // byte offsets into the data section, [begin, end)
   int64_t end = 0;
   int64_t numel() const { return shape_numel(shape); }
   int64_t nbytes() const { return end - begin; }
@@ -50,7 +50,8 @@ std::string safetensors_dtype_name(DType dtype);
 // store_as when given (converted through an untracked buffer, so writing never moves the memory
 // accounting). Names must be distinct and not "__metadata__". Usage error naming the path when
 // the file cannot be written.
-void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+void write_safetensors(const std::string& path,
+                       const std::vector<std::pair<std::string, const Tensor*>>& tensors,
                        const std::map<std::string, std::string>& metadata = {},
                        std::optional<DType> store_as = std::nullopt);
 
@@ -61,21 +62,22 @@ class SafetensorsFile {
   // The same validation over bytes in memory (tests, fuzzing); label names them in errors.
   static SafetensorsFile from_bytes(std::string bytes, const std::string& label);
 
-  const std::string& path() const { return path_; }   // or the label
+  const std::string& path() const { return path_; }                 // or the label
   const std::vector<std::string>& names() const { return names_; }  // in header order
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
-  const SafetensorsEntry& entry(const std::string& name) const;    // usage error if absent
+  const SafetensorsEntry& entry(const std::string& name) const;  // usage error if absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
   // A new tensor of the requested dtype (converting), from the current tracker under tag.
   Tensor load(const std::string& name, DType dtype, const std::string& tag) const;
 
  private:
-  static SafetensorsFile parse(const std::string& label, int64_t file_bytes, const std::string& header);
+  static SafetensorsFile parse(const std::string& label, int64_t file_bytes,
+                               const std::string& header);
   void read_data(const SafetensorsEntry& e, void* out) const;
 
   std::string path_;
-  int64_t data_start_ = 0;  // 8 + header length
+  int64_t data_start_ = 0;                    // 8 + header length
   std::shared_ptr<const std::string> bytes_;  // from_bytes: the whole file; open: null
   std::vector<std::string> names_;
   std::map<std::string, SafetensorsEntry> index_;

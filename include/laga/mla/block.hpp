@@ -1,10 +1,11 @@
 // The MLA attention block stack, y = x + MLA(RMSNorm(x)) per layer (docs/design.md §2), forward and
 // backward on one rank of a sequence-parallel group: the local stage (L1–L6) and the output
 // projection here, the attention core in between by the configured form (mla/form.hpp).
-// Forward keeps what backward needs in a StackSaved; backward walks the layers in reverse, frees each
-// layer's saved tensors as it goes, and accumulates every weight gradient (+=) into `grads` — partial
-// over this rank's tokens (or head shard, for wkv_b in the latent-gathering forms); the caller's grad
-// sync makes them whole. Math: docs/block.md; dataflow and memory: docs/accounting.md.
+// Forward keeps what backward needs in a StackSaved; backward walks the layers in reverse, frees
+// each layer's saved tensors as it goes, and accumulates every weight gradient (+=) into `grads` —
+// partial over this rank's tokens (or head shard, for wkv_b in the latent-gathering forms); the
+// caller's grad sync makes them whole. Math: docs/block.md; dataflow and memory:
+// docs/accounting.md.
 #pragma once
 
 #include <memory>
@@ -17,8 +18,8 @@
 
 namespace laga {
 
-// What one layer's forward keeps for its backward (tags "act.*"): the local stage's tensors here, the
-// form's in `core`. Shapes: N local tokens.
+// What one layer's forward keeps for its backward (tags "act.*"): the local stage's tensors here,
+// the form's in `core`. Shapes: N local tokens.
 struct LayerSaved {
   Tensor x;    // [N, B, D]       the layer's input
   Tensor xn;   // [N, B, D]       RMSNorm(x)
@@ -34,9 +35,10 @@ struct StackSaved {
 };
 
 // x [N, B, D] (this rank's tokens) -> y [N, B, D] (tag "act.y").
-Tensor stack_forward(const Config& c, const Weights& w, const Tensor& x, StackSaved& saved, Communicator& comm);
+Tensor stack_forward(const Config& c, const Weights& w, const Tensor& x, StackSaved& saved,
+                     Communicator& comm);
 // dy [N, B, D] -> dx [N, B, D] (tag "grad.x"); grads (+=); saved is consumed.
-Tensor stack_backward(const Config& c, const Weights& w, StackSaved& saved, const Tensor& dy, Weights& grads,
-                      Communicator& comm);
+Tensor stack_backward(const Config& c, const Weights& w, StackSaved& saved, const Tensor& dy,
+                      Weights& grads, Communicator& comm);
 
 }  // namespace laga

@@ -1,9 +1,9 @@
-// The configuration of a run, in three parts: ModelDims (the MLA block's dimensions, norms and RoPE,
-// Hugging Face names), RunShape (sequence, batch, ranks, layers) and RunChoices (form, kernel, dtype).
-// MlaConfig is the three together as the user spells them (presets, JSON, CLI flags), freely edited;
-// Config is an MlaConfig that passed validation — the only kind the engine (block, forms, drivers,
-// planner) accepts — so validation happens once, where a Config is made, and reports every problem in
-// one usage error.
+// The configuration of a run, in three parts: ModelDims (the MLA block's dimensions, norms and
+// RoPE, Hugging Face names), RunShape (sequence, batch, ranks, layers) and RunChoices (form,
+// kernel, dtype). MlaConfig is the three together as the user spells them (presets, JSON, CLI
+// flags), freely edited; Config is an MlaConfig that passed validation — the only kind the engine
+// (block, forms, drivers, planner) accepts — so validation happens once, where a Config is made,
+// and reports every problem in one usage error.
 //
 // The YaRN frequencies and factors live with RoPE (ops/rope.hpp); the softmax scale is derived here
 // from the same rope_scaling (docs/design.md §1.1).
@@ -26,8 +26,9 @@ namespace laga {
 
 class Form;
 
-// The largest model dimension laga accepts (hidden size, heads, ranks, head dims): far beyond any MLA
-// model, small enough that sizes derived from dimensions cannot overflow before problems() sizes them.
+// The largest model dimension laga accepts (hidden size, heads, ranks, head dims): far beyond any
+// MLA model, small enough that sizes derived from dimensions cannot overflow before problems()
+// sizes them.
 inline constexpr int64_t kMaxModelDim = int64_t(1) << 20;
 
 // The MLA block's dimensions (D, H, Lq, Lkv, Dn, Dr, Dv of docs/design.md §1), norms and RoPE.
@@ -47,7 +48,8 @@ struct ModelDims {
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }  // Dqk
   int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }       // Dl
   RopeSpec rope() const { return {qk_rope_head_dim, rope_theta, rope_interleaved, rope_scaling}; }
-  double softmax_scale() const;  // Dqk^-0.5 · yarn_mscale(f, mscale_all_dim)², Dqk^-0.5 without scaling
+  // Dqk^-0.5 · yarn_mscale(f, mscale_all_dim)², Dqk^-0.5 without scaling
+  double softmax_scale() const;
 };
 
 // How much work: the stacked layers, the global sequence, the micro-batch, the ranks of the group.
@@ -61,26 +63,26 @@ struct RunShape {
   // over the Pr groups (docs/design.md §2.7).
   int64_t ulysses = 0;
 
-  int64_t head_group() const { return ulysses > 0 ? ulysses : sp; }          // Pu
+  int64_t head_group() const { return ulysses > 0 ? ulysses : sp; }                // Pu
   int64_t ring_groups() const { return sp / std::max<int64_t>(head_group(), 1); }  // Pr
-  bool hybrid() const { return ulysses > 0 && ulysses < sp; }              // head scatter × ring
+  bool hybrid() const { return ulysses > 0 && ulysses < sp; }  // head scatter × ring
 };
 
-// The dtype in which the forms that all-gather the latent (laga, laga-recompute, both absorbed) send
-// their dlatent partial sums through the reduce-scatter, the all-gather's adjoint: `storage` rounds each
-// rank's partial (its heads' sum) to the storage dtype before the sum over ranks; `fp32` keeps it in
-// fp32 and rounds once, after the sum over ranks — as explicit rounds its dlatent once, after its sum
-// over all heads. Identical under fp32 storage; under bf16, fp32 doubles the reduce-scatter's bytes.
-// Chosen default and its numbers: docs/numerics.md.
+// The dtype in which the forms that all-gather the latent (laga, laga-recompute, both absorbed)
+// send their dlatent partial sums through the reduce-scatter, the all-gather's adjoint: `storage`
+// rounds each rank's partial (its heads' sum) to the storage dtype before the sum over ranks;
+// `fp32` keeps it in fp32 and rounds once, after the sum over ranks — as explicit rounds its
+// dlatent once, after its sum over all heads. Identical under fp32 storage; under bf16, fp32
+// doubles the reduce-scatter's bytes. Chosen default and its numbers: docs/numerics.md.
 enum class DlatentSum { storage, fp32 };
 std::string_view dlatent_sum_name(DlatentSum s);
 DlatentSum parse_dlatent_sum(std::string_view name);  // usage error naming the valid values
 
 // The fused attention kernel's backward order (docs/attention.md §4): two-pass keeps its workspace
-// small (a second pass recomputes S and dP for dq); one-pass runs FlashAttention-2's 5 tile products
-// per pair instead of 7 and holds fp32 dq sums of the tasks in flight (and, with fewer than 4 K/V
-// heads × batch, fp32 dk, dv partials; docs/attention.md §5). A speed / memory trade-off, shown by
-// plan and bench; the default is two-pass, the lean one.
+// small (a second pass recomputes S and dP for dq); one-pass runs FlashAttention-2's 5 tile
+// products per pair instead of 7 and holds fp32 dq sums of the tasks in flight (and, with fewer
+// than 4 K/V heads × batch, fp32 dk, dv partials; docs/attention.md §5). A speed / memory
+// trade-off, shown by plan and bench; the default is two-pass, the lean one.
 enum class AttnBackward { two_pass, one_pass };
 std::string_view attn_backward_name(AttnBackward a);
 AttnBackward parse_attn_backward(std::string_view name);  // usage error naming the valid values
@@ -107,33 +109,35 @@ struct MlaConfig : ModelDims, RunShape, RunChoices {
   static MlaConfig preset(std::string_view name);  // usage error naming the valid presets
   static std::vector<std::string> preset_names();
 
-  int64_t tokens_per_rank() const { return seq_len / sp; }             // N (per batch entry)
+  int64_t tokens_per_rank() const { return seq_len / sp; }  // N (per batch entry)
   int64_t heads_per_rank() const { return num_attention_heads / head_group(); }  // Hr = H/Pu
 
   // Empty when valid. Besides ranges and divisibility: a registered form, every double finite, no
-  // model dimension above kMaxModelDim, the largest tensors of a run addressable in int64 bytes, and a
-  // finite, positive softmax scale and RoPE attention factor.
+  // model dimension above kMaxModelDim, the largest tensors of a run addressable in int64 bytes,
+  // and a finite, positive softmax scale and RoPE attention factor.
   std::vector<std::string> problems() const;
-  // The same checks without any form's own conditions (P | H for the head-scatter forms, the zigzag's
-  // 2P | T for the ring forms) and without checking that the form is registered: what must hold for
-  // every command, whichever forms it runs. Commands that run every form (plan, verify) refuse a config
-  // with these problems and report a form whose own conditions fail as "not run" (forms_at, form.hpp).
+  // The same checks without any form's own conditions (P | H for the head-scatter forms, the
+  // zigzag's 2P | T for the ring forms) and without checking that the form is registered: what must
+  // hold for every command, whichever forms it runs. Commands that run every form (plan, verify)
+  // refuse a config with these problems and report a form whose own conditions fail as "not run"
+  // (forms_at, form.hpp).
   std::vector<std::string> problems_apart_from_form() const;
 
   nlohmann::json to_json() const;  // the keys of docs/design.md §1.1
-  // Inverse of to_json; also reads a Hugging Face DeepSeek config.json (its extra keys are ignored).
-  // Usage error on missing or mistyped keys. Not validated: make a Config of it.
+  // Inverse of to_json; also reads a Hugging Face DeepSeek config.json (its extra keys are
+  // ignored). Usage error on missing or mistyped keys. Not validated: make a Config of it.
   static MlaConfig from_json(const nlohmann::json& j);
 
  private:
   std::vector<std::string> problems_with(const Form* f, bool named) const;
 };
 
-// A validated MlaConfig. Making one (implicitly, from an MlaConfig) validates it: a usage error listing
-// every problem. Read it through -> or *; edit a copy with with().
+// A validated MlaConfig. Making one (implicitly, from an MlaConfig) validates it: a usage error
+// listing every problem. Read it through -> or *; edit a copy with with().
 class Config {
  public:
-  Config(MlaConfig spec);  // implicit on purpose: every MlaConfig entering the engine is checked here
+  // implicit on purpose: every MlaConfig entering the engine is checked here
+  Config(MlaConfig spec);
   const MlaConfig& operator*() const { return spec_; }
   const MlaConfig* operator->() const { return &spec_; }
   // A copy with edit applied, validated again.

@@ -1,13 +1,14 @@
 // A form: one way of computing the attention core of the MLA block under sequence parallelism —
 // everything between the local stage (q and the latent of this rank's tokens) and the output
 // projection (o of this rank's tokens). Each form is one source file in src/mla/forms/ implementing
-// this interface: its forward and backward, its own saved state, the collectives it issues (declared
-// as forward/backward pairs, comm/pairs.hpp), its FLOPs, and the configurations it refuses. Its memory
-// plan is its own code run on meta tensors (driver/plan.hpp), so nothing is written twice.
+// this interface: its forward and backward, its own saved state, the collectives it issues
+// (declared as forward/backward pairs, comm/pairs.hpp), its FLOPs, and the configurations it
+// refuses. Its memory plan is its own code run on meta tensors (driver/plan.hpp), so nothing is
+// written twice.
 //
 // The registry (src/mla/forms/registry.cpp) lists every form; every command, test sweep and report
-// iterates it, so a new form appears everywhere by being registered. The dataflow of each form is in
-// docs/design.md §2; how to add one, in docs/architecture.md.
+// iterates it, so a new form appears everywhere by being registered. The dataflow of each form is
+// in docs/design.md §2; how to add one, in docs/architecture.md.
 #pragma once
 
 #include <cstdint>
@@ -24,21 +25,22 @@
 
 namespace laga {
 
-// Which global tokens a rank holds. contiguous: rank r holds [r·N, (r+1)·N) (the head-scatter forms).
-// zigzag: the sequence cut into 2P chunks of C = T/(2P), rank r holds chunks r and 2P−1−r, in that
-// order (the ring forms: under causal attention every rank then has the same work).
+// Which global tokens a rank holds. contiguous: rank r holds [r·N, (r+1)·N) (the head-scatter
+// forms). zigzag: the sequence cut into 2P chunks of C = T/(2P), rank r holds chunks r and 2P−1−r,
+// in that order (the ring forms: under causal attention every rank then has the same work).
 // zigzag_groups (laga with --ulysses Pu < P): the sequence cut into 2Pr chunks, group g (ranks
 // g·Pu .. g·Pu + Pu − 1) holds chunks g and 2Pr−1−g concatenated, and its rank u holds rows
 // [u·N, (u+1)·N) of that concatenation (one or two segments).
 enum class TokenLayout { contiguous, zigzag, zigzag_groups };
 std::string_view token_layout_name(TokenLayout layout);
 
-// A run of global token positions [pos0, pos0 + len) held by one rank, as len consecutive local rows.
+// A run of global token positions [pos0, pos0 + len) held by one rank, as len consecutive local
+// rows.
 struct TokenSegment {
   int64_t pos0 = 0, len = 0;
 };
-// The segments of rank `rank` for config c (its form's layout), in local order: the one mechanism by
-// which every local token maps to its global position (RoPE in the block; the driver's inputs,
+// The segments of rank `rank` for config c (its form's layout), in local order: the one mechanism
+// by which every local token maps to its global position (RoPE in the block; the driver's inputs,
 // gathered outputs and dumps). Their lengths add up to N = T/P.
 std::vector<TokenSegment> token_segments(const MlaConfig& c, int64_t rank);
 
@@ -53,8 +55,9 @@ struct RankCtx {
   std::vector<TokenSegment> segments;  // token_segments(c, r)
   DType dt;
   // laga with --ulysses (c.hybrid()): Pu ranks per head-scatter group, Pr groups on the ring, this
-  // rank's group g and place u in it, and the two sub-communicators (split from comm here, so making
-  // a RankCtx is collective then); Hr = H/Pu. Otherwise Pu = P, Pr = 1, g = 0, u = r and both null.
+  // rank's group g and place u in it, and the two sub-communicators (split from comm here, so
+  // making a RankCtx is collective then); Hr = H/Pu. Otherwise Pu = P, Pr = 1, g = 0, u = r and
+  // both null.
   int64_t Pu, Pr, g, u;
   std::shared_ptr<Communicator> heads_group;  // ranks g·Pu .. g·Pu + Pu − 1, rank u
   std::shared_ptr<Communicator> ring;         // ranks u, Pu + u, ..., rank g
@@ -72,56 +75,63 @@ struct CoreSaved {
 
 // A forward/backward pair of collectives a form issues per layer, by the ledger's tensor names
 // ("q" forward, its adjoint "dq" in backward). A form that recomputes in backward what forward sent
-// (explicit-recompute's k and v) issues the forward collective once more in backward, before the adjoint.
-// Form::collectives() lists them in the forward's issue order (with overlap on and off alike: the choice
-// moves waits, not issues); the backward issues the adjoints in an order of its own.
+// (explicit-recompute's k and v) issues the forward collective once more in backward, before the
+// adjoint. Form::collectives() lists them in the forward's issue order (with overlap on and off
+// alike: the choice moves waits, not issues); the backward issues the adjoints in an order of its
+// own.
 struct DeclaredCollective {
   CollectiveOp forward_op;
   std::string forward;
   CollectiveOp backward_op;
   std::string backward;
   bool forward_again_in_backward = false;
-  // A ring pair (send_recv): issued once per hop, Form::ring_hops times per layer (P − 1 for the ring
-  // forms, Pr − 1 for laga with --ulysses; its forward_again_in_backward and its adjoint too). The forward issues the plain pairs first, then the ring pairs hop by hop,
-  // each hop in the declared order.
+  // A ring pair (send_recv): issued once per hop, Form::ring_hops times per layer (P − 1 for the
+  // ring forms, Pr − 1 for laga with --ulysses; its forward_again_in_backward and its adjoint too).
+  // The forward issues the plain pairs first, then the ring pairs hop by hop, each hop in the
+  // declared order.
   bool per_ring_hop = false;
 };
 
-// The block's query path, run by the core's forward where it wants q: returns q_local [N, B, H, Dqk]
-// (after RoPE). And its backward, run by the core's backward: takes dq_local [N, B, H, Dqk].
+// The block's query path, run by the core's forward where it wants q: returns q_local [N, B, H,
+// Dqk] (after RoPE). And its backward, run by the core's backward: takes dq_local [N, B, H, Dqk].
 using QueryPath = std::function<Tensor()>;
 using QueryPathBackward = std::function<void(Tensor dq_local)>;
 
 class Form {
  public:
   virtual ~Form() = default;
-  virtual std::string_view name() const = 0;     // the registry label: "explicit", "absorbed-shared", ...
-  virtual std::string_view family() const = 0;   // "absorbed" for both absorbed variants; else the name
+  // the registry label: "explicit", "absorbed-shared", ...
+  virtual std::string_view name() const = 0;
+  // "absorbed" for both absorbed variants; else the name
+  virtual std::string_view family() const = 0;
   virtual std::string_view summary() const = 0;  // one line: what moves and what each rank computes
 
-  // The core's forward: latent [N, B, Dl] = [ckv | kpe] of this rank's tokens -> o [T, B, Hr, Dv] of
-  // this rank's heads over the whole sequence. The block's query path (L1–L3 and q's RoPE) is handed in
-  // as `query`, which the form calls exactly once, where it wants q_local [N, B, H, Dqk]: after issuing
-  // what it can issue from the latent alone, so those collectives run behind the query path (laga: the
-  // latent all-gather; explicit: k's and v's all-to-alls). The latent is the form's to keep or release;
-  // what backward needs goes into `saved`. Every collective meant to run behind compute is issued
-  // through issue() (forms/common.hpp): with the run's overlap on it stays in flight until its output
-  // is needed, with overlap off it is waited where it is issued — the same code, the same operations
-  // in the same order, so the same bits. One with nothing to run behind it is started and waited at once.
-  virtual Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
-                         std::unique_ptr<CoreSaved>& saved) const = 0;
-  // The core's backward: dout [T, B, Hr, Dv] -> dlatent [N, B, Dl] (returned); g.wkv_b (+=), partial over
-  // this rank's tokens or head shard. Consumes saved. dq_local [N, B, H, Dqk] goes to `query_backward`
-  // (the block's query-path backward: RoPE's transpose, L3, L2 and L1's weight gradient, none of which
-  // needs dlatent), which the form calls exactly once, with what it can issue before it in flight
-  // (laga: the dlatent reduce-scatter; explicit: dk's and dv's all-to-alls).
-  virtual Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved, Tensor dout,
-                          LayerWeights& g, const QueryPathBackward& query_backward) const = 0;
+  // The core's forward: latent [N, B, Dl] = [ckv | kpe] of this rank's tokens -> o [T, B, Hr, Dv]
+  // of this rank's heads over the whole sequence. The block's query path (L1–L3 and q's RoPE) is
+  // handed in as `query`, which the form calls exactly once, where it wants q_local [N, B, H, Dqk]:
+  // after issuing what it can issue from the latent alone, so those collectives run behind the
+  // query path (laga: the latent all-gather; explicit: k's and v's all-to-alls). The latent is the
+  // form's to keep or release; what backward needs goes into `saved`. Every collective meant to run
+  // behind compute is issued through issue() (forms/common.hpp): with the run's overlap on it stays
+  // in flight until its output is needed, with overlap off it is waited where it is issued — the
+  // same code, the same operations in the same order, so the same bits. One with nothing to run
+  // behind it is started and waited at once.
+  virtual Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent,
+                         const QueryPath& query, std::unique_ptr<CoreSaved>& saved) const = 0;
+  // The core's backward: dout [T, B, Hr, Dv] -> dlatent [N, B, Dl] (returned); g.wkv_b (+=),
+  // partial over this rank's tokens or head shard. Consumes saved. dq_local [N, B, H, Dqk] goes to
+  // `query_backward` (the block's query-path backward: RoPE's transpose, L3, L2 and L1's weight
+  // gradient, none of which needs dlatent), which the form calls exactly once, with what it can
+  // issue before it in flight (laga: the dlatent reduce-scatter; explicit: dk's and dv's
+  // all-to-alls).
+  virtual Tensor backward(const RankCtx& ctx, const LayerWeights& w,
+                          std::unique_ptr<CoreSaved> saved, Tensor dout, LayerWeights& g,
+                          const QueryPathBackward& query_backward) const = 0;
 
-  // Where the core's output lives. heads: o [T, B, Hr, Dv], this rank's heads over the whole sequence
-  // (the head-scatter forms), and the block adds the o/do all-to-all pair (gather_heads / its adjoint)
-  // around the core. tokens: o [N, B, H, Dv], this rank's tokens with all H heads (the ring forms),
-  // and the block uses it as is (and hands the core dout [N, B, H, Dv]).
+  // Where the core's output lives. heads: o [T, B, Hr, Dv], this rank's heads over the whole
+  // sequence (the head-scatter forms), and the block adds the o/do all-to-all pair (gather_heads /
+  // its adjoint) around the core. tokens: o [N, B, H, Dv], this rank's tokens with all H heads (the
+  // ring forms), and the block uses it as is (and hands the core dout [N, B, H, Dv]).
   enum class Output { heads, tokens };
   virtual Output output() const { return Output::heads; }
   // Which global tokens each rank holds (token_segments).
@@ -142,26 +152,27 @@ class Form {
   // FLOPs the backward re-executes from forward, whole sequence, all ranks (a recomputed
   // up-projection); block_flops counts them into backward. 0 for forms that recompute nothing.
   virtual double recompute_flops(const MlaConfig& c) const { return 0; }
-  // Executed FLOPs beyond the block's own count (whole sequence, all ranks), forward and backward: a
-  // form that up-projects every rank's latent on every rank (ring-latent). block_flops adds them.
+  // Executed FLOPs beyond the block's own count (whole sequence, all ranks), forward and backward:
+  // a form that up-projects every rank's latent on every rank (ring-latent). block_flops adds them.
   virtual double extra_forward_flops(const MlaConfig& c) const { return 0; }
   virtual double extra_backward_flops(const MlaConfig& c) const { return 0; }
-  // Elementwise traffic beyond the block's phases (bytes read + written, whole sequence, all ranks, one
-  // layer, in one pass): the ring forms' log-sum-exp merges and fp32 gradient accumulators (fp32), and
-  // the K/V assembly of the blocks every rank up-projects beyond its own (storage dtype). The
-  // performance model times the first at its accumulate rate (fp32 streams), the second at its
-  // elementwise rate.
+  // Elementwise traffic beyond the block's phases (bytes read + written, whole sequence, all ranks,
+  // one layer, in one pass): the ring forms' log-sum-exp merges and fp32 gradient accumulators
+  // (fp32), and the K/V assembly of the blocks every rank up-projects beyond its own (storage
+  // dtype). The performance model times the first at its accumulate rate (fp32 streams), the second
+  // at its elementwise rate.
   struct ExtraBytes {
     double fp32 = 0, storage = 0;
   };
   virtual ExtraBytes extra_elementwise_bytes(const MlaConfig& c, bool backward) const { return {}; }
-  // True when at P = 1 the form runs explicit's operations exactly (its collectives are identities):
-  // its results must then be bit-identical to explicit's (laga and its variants).
+  // True when at P = 1 the form runs explicit's operations exactly (its collectives are
+  // identities): its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }
-  // The attention kernel the form runs whatever the config's kernel says (laga-fused: "latent", its own
-  // kernel with the up-projection inside; the ring forms: "fused", whose log-sum-exp merges the chunk
-  // partials); empty for the forms that run the config's kernel. Commands print it where they print the
-  // kernel when it differs from the config's, so the config's kernel is never silently ignored.
+  // The attention kernel the form runs whatever the config's kernel says (laga-fused: "latent", its
+  // own kernel with the up-projection inside; the ring forms: "fused", whose log-sum-exp merges the
+  // chunk partials); empty for the forms that run the config's kernel. Commands print it where they
+  // print the kernel when it differs from the config's, so the config's kernel is never silently
+  // ignored.
   virtual std::string_view own_kernel() const { return {}; }
   // Configurations this form cannot run, as messages naming the value and a valid alternative. By
   // default the head-scatter forms' own condition: P divides H (add_head_scatter_problems).
@@ -172,7 +183,8 @@ class Form {
   static void add_head_scatter_problems(const MlaConfig& c, std::vector<std::string>& problems);
 };
 
-// Every registered form, in registry order (explicit first: the baseline every other is compared to).
+// Every registered form, in registry order (explicit first: the baseline every other is compared
+// to).
 const std::vector<const Form*>& registered_forms();
 // The form every other is checked and timed against.
 inline constexpr std::string_view kBaselineForm = "explicit";
@@ -182,15 +194,17 @@ const Form& find_form(std::string_view name);  // usage error naming the valid l
 // head-scatter × ring variant (not registered: to the user it is laga with --ulysses).
 const Form& form_of(const MlaConfig& c);
 // c with form `name`: --ulysses (Pu) is laga's own option, so any other form gets Pu = 0 (its own
-// layout over the whole group). The one way the commands that run every form derive a form's config.
+// layout over the whole group). The one way the commands that run every form derive a form's
+// config.
 MlaConfig as_form(MlaConfig c, std::string_view name);
 // How commands name c's form: its label, "laga (ulysses 8)" for the variant.
 std::string displayed_form(const MlaConfig& c);
-std::string form_names();                      // "explicit, absorbed-expanded, absorbed-shared, laga, ..."
-// The one rule of the commands that run every form (plan, verify): a config whose problems lie apart
-// from any form (problems_apart_from_form) is refused as a whole (usage error); a form whose own
-// conditions fail is "not run", with its first reason, and the command goes on with the others. A
-// config that no form can run is refused, naming each form's reason. Each form is judged on
+// "explicit, absorbed-expanded, absorbed-shared, laga, ..."
+std::string form_names();
+// The one rule of the commands that run every form (plan, verify): a config whose problems lie
+// apart from any form (problems_apart_from_form) is refused as a whole (usage error); a form whose
+// own conditions fail is "not run", with its first reason, and the command goes on with the others.
+// A config that no form can run is refused, naming each form's reason. Each form is judged on
 // as_form(c, its name): --ulysses below P is laga's, the others run over the whole group.
 struct FormRefusal {
   const Form* form;

@@ -1,5 +1,5 @@
-// The weights of an L-layer MLA stack, by DeepSeek-V3's reference names (docs/design.md §1), row-major
-// [out, in] like a PyTorch Linear, and their gradients. Replicated on every rank.
+// The weights of an L-layer MLA stack, by DeepSeek-V3's reference names (docs/design.md §1),
+// row-major [out, in] like a PyTorch Linear, and their gradients. Replicated on every rank.
 //
 // Layer l's tensors are named "layers.{l}.<name>" in files; gradients "layers.{l}.<name>.grad".
 #pragma once
@@ -50,7 +50,8 @@ struct WeightSpec {
   const char* paper;      // the DeepSeek-V2/V3 papers' symbols
   const char* shape_doc;  // "[Lq, D]": the shape in the dimension letters of docs/design.md §1
   Tensor LayerWeights::*member;
-  // The shape for these dimensions; empty when the weight does not exist (wq_a without q_lora_rank).
+  // The shape for these dimensions; empty when the weight does not exist (wq_a without
+  // q_lora_rank).
   Shape (*shape)(const ModelDims& d);
 };
 const std::vector<WeightSpec>& weight_table();

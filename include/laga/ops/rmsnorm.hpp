@@ -10,19 +10,24 @@
 namespace laga {
 
 struct RmsNormParams {
-  int64_t M = 0, C = 0;       // rows, normalised width
-  DType dtype = DType::f32;   // of x, y, dx, dy and w
+  int64_t M = 0, C = 0;      // rows, normalised width
+  DType dtype = DType::f32;  // of x, y, dx, dy and w
   double eps = 1e-6;
-  const void* x = nullptr;   int64_t x_stride = 0;   // [M, C] rows x_stride apart
-  const void* w = nullptr;                            // [C]
-  void* y = nullptr;         int64_t y_stride = 0;   // [M, C] (=)
+  const void* x = nullptr;
+  int64_t x_stride = 0;     // [M, C] rows x_stride apart
+  const void* w = nullptr;  // [C]
+  void* y = nullptr;
+  int64_t y_stride = 0;  // [M, C] (=)
 };
 
 struct RmsNormBwdParams : RmsNormParams {
-  const void* dy = nullptr;  int64_t dy_stride = 0;  // [M, C]
-  void* dx = nullptr;        int64_t dx_stride = 0;  // [M, C] (=)
-  void* dw = nullptr;                                 // [C] (+=)
-  DType dw_dtype = DType::f32;                        // the gradient's own dtype (fp32 accumulation)
+  const void* dy = nullptr;
+  int64_t dy_stride = 0;  // [M, C]
+  void* dx = nullptr;
+  int64_t dx_stride = 0;  // [M, C] (=)
+  void* dw = nullptr;     // [C] (+=)
+  // the gradient's own dtype (fp32 accumulation)
+  DType dw_dtype = DType::f32;
 };
 
 void rmsnorm_forward(const RmsNormParams& p);
@@ -31,6 +36,7 @@ void rmsnorm_backward(const RmsNormBwdParams& p);
 // Whole-tensor forms: x [..., C], w [C].
 Tensor rmsnorm_forward(const Tensor& x, const Tensor& w, double eps, const std::string& tag);
 // dx (=), dw (+=; fp32 or x's dtype).
-void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, double eps, Tensor& dx, Tensor& dw);
+void rmsnorm_backward(const Tensor& x, const Tensor& w, const Tensor& dy, double eps, Tensor& dx,
+                      Tensor& dw);
 
 }  // namespace laga

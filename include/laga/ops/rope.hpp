@@ -1,7 +1,7 @@
 // RoPE with YaRN (docs/design.md §1.1), applied in place to Dr-wide vectors inside a sequence-first
-// buffer: T tokens × `inner` vectors per token (batch × heads), token t at global position pos0 + t.
-// Forward rotates by +θ and scales by YaRN's attention factor m; backward is the transpose,
-// a rotation by −θ scaled by m. Angles are computed per call in double: no table is stored.
+// buffer: T tokens × `inner` vectors per token (batch × heads), token t at global position pos0 +
+// t. Forward rotates by +θ and scales by YaRN's attention factor m; backward is the transpose, a
+// rotation by −θ scaled by m. Angles are computed per call in double: no table is stored.
 // Derivation: docs/block.md §rope.
 #pragma once
 
@@ -29,9 +29,11 @@ struct RopeSpec {
   RopeScaling scaling;
 };
 
-double yarn_mscale(double factor, double m);             // 0.1 · m · ln(factor) + 1, or 1 if factor ≤ 1
-std::vector<double> rope_inv_freq(const RopeSpec& s);    // [Dr/2], YaRN-corrected (docs/design.md §1.1)
-double rope_attention_factor(const RopeSpec& s);         // yarn_mscale(f, m) / yarn_mscale(f, ma)
+// 0.1 · m · ln(factor) + 1, or 1 if factor ≤ 1
+double yarn_mscale(double factor, double m);
+// [Dr/2], YaRN-corrected (docs/design.md §1.1)
+std::vector<double> rope_inv_freq(const RopeSpec& s);
+double rope_attention_factor(const RopeSpec& s);  // yarn_mscale(f, m) / yarn_mscale(f, ma)
 
 struct RopeParams {
   int64_t T = 0, inner = 0, Dr = 0;
@@ -39,7 +41,7 @@ struct RopeParams {
   void* x = nullptr;  // [T, inner, Dr] at x + t·t_stride + i·inner_stride (+=/= in place)
   int64_t t_stride = 0, inner_stride = 0;
   int64_t pos0 = 0;
-  bool interleaved = true;   // pairs (2i, 2i+1); false: (i, i + Dr/2)
+  bool interleaved = true;       // pairs (2i, 2i+1); false: (i, i + Dr/2)
   std::vector<double> inv_freq;  // [Dr/2]
   double attention_factor = 1.0;
 };

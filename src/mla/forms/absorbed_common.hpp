@@ -1,7 +1,7 @@
-// What the two absorbed variants share (docs/design.md §2.3): the saved state, and the steps on either
-// side of their attention — A2, W_UK folded into the query, and A4, W_UV applied after attention — with
-// their backwards. The variants differ only in how the latent is handed to the attention kernel
-// (absorbed_shared.cpp, absorbed_expanded.cpp).
+// What the two absorbed variants share (docs/design.md §2.3): the saved state, and the steps on
+// either side of their attention — A2, W_UK folded into the query, and A4, W_UV applied after
+// attention — with their backwards. The variants differ only in how the latent is handed to the
+// attention kernel (absorbed_shared.cpp, absorbed_expanded.cpp).
 #pragma once
 
 #include "common.hpp"
@@ -16,19 +16,20 @@ struct AbsorbedSaved final : CoreSaved {
   Tensor o_lat;         // [T, B, Hr, Dvo] attention output in the latent (Dvo = Lkv, or Dl padded)
   AttentionSaved attn;
   void for_each(const std::function<void(const char*, const Tensor&)>& f) const override {
-    f("latent_g", latent_g), f("q", q), f("q_abs", q_abs), f("k_exp", k_exp), f("v_exp", v_exp), f("o_att", o_lat);
+    f("latent_g", latent_g), f("q", q), f("q_abs", q_abs), f("k_exp", k_exp), f("v_exp", v_exp),
+        f("o_att", o_lat);
   }
 };
 
 // A2 q_abs = [q_nope·W_UK(h) | q_pe] per head h of this rank: q [T, B, Hr, Dqk] -> [T, B, Hr, Dl].
 Tensor absorb_query(const RankCtx& ctx, const LayerWeights& w, const Tensor& q);
 // Its backward: dq [T, B, Hr, Dqk] from dq_abs; dW_UK (+=) into g.wkv_b.
-Tensor absorb_query_backward(const RankCtx& ctx, const LayerWeights& w, const Tensor& q, const Tensor& dq_abs,
-                             LayerWeights& g);
+Tensor absorb_query_backward(const RankCtx& ctx, const LayerWeights& w, const Tensor& q,
+                             const Tensor& dq_abs, LayerWeights& g);
 // A4 o = o_lat[..., :Lkv]·W_UV(h)ᵀ: o_lat [T, B, Hr, Dvo] -> o [T, B, Hr, Dv] (tag "act.o_g").
 Tensor project_out(const RankCtx& ctx, const LayerWeights& w, const Tensor& o_lat, int64_t Dvo);
 // Its backward: do_lat [T, B, Hr, Dvo] (padding columns zero) from dout; dW_UV (+=) into g.wkv_b.
-Tensor project_out_backward(const RankCtx& ctx, const LayerWeights& w, const Tensor& dout, const Tensor& o_lat,
-                            int64_t Dvo, LayerWeights& g);
+Tensor project_out_backward(const RankCtx& ctx, const LayerWeights& w, const Tensor& dout,
+                            const Tensor& o_lat, int64_t Dvo, LayerWeights& g);
 
 }  // namespace laga::forms

@@ -22,14 +22,10 @@ const Form& laga_ring_form();
 
 const std::vector<const Form*>& registered_forms() {
   static const std::vector<const Form*> all = {
-      &forms::explicit_form(),
-      &forms::absorbed_expanded_form(),
-      &forms::absorbed_shared_form(),
-      &forms::laga_form(),
-      &forms::explicit_recompute_form(),
-      &forms::laga_recompute_form(),
-      &forms::laga_fused_form(),
-      &forms::ring_kv_form(),
+      &forms::explicit_form(),           &forms::absorbed_expanded_form(),
+      &forms::absorbed_shared_form(),    &forms::laga_form(),
+      &forms::explicit_recompute_form(), &forms::laga_recompute_form(),
+      &forms::laga_fused_form(),         &forms::ring_kv_form(),
       &forms::ring_latent_form(),
   };
   return all;
@@ -92,7 +88,8 @@ FormsAt forms_at(const MlaConfig& c) {
   FormsAt at = judge_forms(c);
   if (at.runnable.empty()) {
     std::string msg;
-    for (const auto& r : at.refused) msg += fmt::format("{}{}: {}", msg.empty() ? "" : "; ", r.form->name(), r.reason);
+    for (const auto& r : at.refused)
+      msg += fmt::format("{}{}: {}", msg.empty() ? "" : "; ", r.form->name(), r.reason);
     LAGA_FAIL_USAGE("invalid configuration (model '{}'): no form can run it: {}", c.model, msg);
   }
   return at;
@@ -109,8 +106,10 @@ std::string resolve_form_label(std::string_view form, std::string_view regime) {
   std::vector<std::string> variants;
   for (const Form* f : registered_forms())
     if (f->family() == form && f->name() != form) variants.emplace_back(f->name());
-  LAGA_CHECK(!variants.empty(), "unknown form '{}'; valid: {} (or a family with its regime, e.g. absorbed "
-             "--absorbed-kv shared)", form, form_names());
+  LAGA_CHECK(!variants.empty(),
+             "unknown form '{}'; valid: {} (or a family with its regime, e.g. absorbed "
+             "--absorbed-kv shared)",
+             form, form_names());
   const std::string label = std::string(form) + "-" + std::string(regime);
   LAGA_CHECK(find_form_or_null(label), "unknown {} regime '{}'; valid: {}", form, regime, [&] {
     std::string s;
@@ -122,15 +121,18 @@ std::string resolve_form_label(std::string_view form, std::string_view regime) {
 
 void Form::add_head_scatter_problems(const MlaConfig& c, std::vector<std::string>& p) {
   if (c.sp > 0 && c.num_attention_heads > 0 && c.num_attention_heads % c.sp)
-    p.push_back(fmt::format("--sp {} does not divide num_attention_heads {}; try {}", c.sp, c.num_attention_heads,
-                            divisors_str(c.num_attention_heads)));
+    p.push_back(fmt::format("--sp {} does not divide num_attention_heads {}; try {}", c.sp,
+                            c.num_attention_heads, divisors_str(c.num_attention_heads)));
 }
 
 std::string_view token_layout_name(TokenLayout layout) {
   switch (layout) {
-    case TokenLayout::contiguous: return "contiguous";
-    case TokenLayout::zigzag: return "zigzag";
-    case TokenLayout::zigzag_groups: return "zigzag over groups";
+    case TokenLayout::contiguous:
+      return "contiguous";
+    case TokenLayout::zigzag:
+      return "zigzag";
+    case TokenLayout::zigzag_groups:
+      return "zigzag over groups";
   }
   return "unknown";
 }
@@ -144,9 +146,10 @@ std::vector<TokenSegment> token_segments(const MlaConfig& c, int64_t rank) {
     return {{rank * C, C}, {(2 * P - 1 - rank) * C, C}};
   }
   // zigzag_groups: group g = rank / Pu holds chunks g and 2Pr−1−g of C = T/(2Pr), concatenated; its
-  // rank u = rank % Pu holds rows [u·N, (u+1)·N) of that concatenation (one segment, or two when the
-  // rows straddle the chunks' seam).
-  const int64_t Pu = c.head_group(), Pr = c.ring_groups(), g = rank / Pu, u = rank % Pu, C = c.seq_len / (2 * Pr);
+  // rank u = rank % Pu holds rows [u·N, (u+1)·N) of that concatenation (one segment, or two when
+  // the rows straddle the chunks' seam).
+  const int64_t Pu = c.head_group(), Pr = c.ring_groups(), g = rank / Pu, u = rank % Pu,
+                C = c.seq_len / (2 * Pr);
   const int64_t lo = u * N, hi = lo + N;
   std::vector<TokenSegment> segs;
   const int64_t chunk_pos[2] = {g * C, (2 * Pr - 1 - g) * C};
@@ -158,19 +161,41 @@ std::vector<TokenSegment> token_segments(const MlaConfig& c, int64_t rank) {
 }
 
 RankCtx::RankCtx(const Config& cfg, Communicator& cm)
-    : c(*cfg), comm(cm), P(cm.size()), r(cm.rank()), N(cfg->tokens_per_rank()), T(cfg->seq_len), B(cfg->batch),
-      D(cfg->hidden_size), H(cfg->num_attention_heads), Hr(cfg->heads_per_rank()), Lq(cfg->q_lora_rank),
-      Lkv(cfg->kv_lora_rank), Dn(cfg->qk_nope_head_dim), Dr(cfg->qk_rope_head_dim), Dqk(cfg->qk_head_dim()),
-      Dv(cfg->v_head_dim), Dl(cfg->latent_dim()), pos0(cm.rank() * cfg->tokens_per_rank()), segments(token_segments(*cfg, cm.rank())),
-      dt(cfg->dtype), Pu(cfg->head_group()), Pr(cfg->ring_groups()), g(cm.rank() / cfg->head_group()),
+    : c(*cfg),
+      comm(cm),
+      P(cm.size()),
+      r(cm.rank()),
+      N(cfg->tokens_per_rank()),
+      T(cfg->seq_len),
+      B(cfg->batch),
+      D(cfg->hidden_size),
+      H(cfg->num_attention_heads),
+      Hr(cfg->heads_per_rank()),
+      Lq(cfg->q_lora_rank),
+      Lkv(cfg->kv_lora_rank),
+      Dn(cfg->qk_nope_head_dim),
+      Dr(cfg->qk_rope_head_dim),
+      Dqk(cfg->qk_head_dim()),
+      Dv(cfg->v_head_dim),
+      Dl(cfg->latent_dim()),
+      pos0(cm.rank() * cfg->tokens_per_rank()),
+      segments(token_segments(*cfg, cm.rank())),
+      dt(cfg->dtype),
+      Pu(cfg->head_group()),
+      Pr(cfg->ring_groups()),
+      g(cm.rank() / cfg->head_group()),
       u(cm.rank() % cfg->head_group()) {
-  LAGA_CHECK(cfg->sp == cm.size(), "config says --sp {} but the group has {} ranks; run with --sp {}", cfg->sp,
-             cm.size(), cm.size());
+  LAGA_CHECK(cfg->sp == cm.size(),
+             "config says --sp {} but the group has {} ranks; run with --sp {}", cfg->sp, cm.size(),
+             cm.size());
   if (Pr > 1) {  // collective over the group: every rank makes its RankCtx at the same point
     const int64_t pu = Pu;
-    heads_group = std::shared_ptr<Communicator>(
-        cm.split([pu](int q) { return SplitKey{int(q / pu), int(q % pu)}; }));
-    ring = std::shared_ptr<Communicator>(cm.split([pu](int q) { return SplitKey{int(q % pu), int(q / pu)}; }));
+    heads_group = std::shared_ptr<Communicator>(cm.split([pu](int q) {
+      return SplitKey{int(q / pu), int(q % pu)};
+    }));
+    ring = std::shared_ptr<Communicator>(cm.split([pu](int q) {
+      return SplitKey{int(q % pu), int(q / pu)};
+    }));
   }
 }
 
