@@ -11,8 +11,8 @@
 #   scripts/link.sh [--ranks N] [--rate R] [--burst B] [--latency L] [--delay D] [--startup-timeout S]
 #                   -- PROGRAM ARGS...
 #     --ranks N    namespaces = MPI ranks (default 2)
-#     --rate R     tbf rate per rank, tc's units (default 28mbit: the rate docs/throughput.md §3 matches
-#                  to the paper's two-node setting on this machine)
+#     --rate R     tbf rate per rank, tc's units (default 28mbit; `laga report` derives the rate that
+#                  matches the paper's two-node setting on the machine it runs on: docs/throughput.md §3)
 #     --burst B    tbf bucket, tc's units (default 64kb)
 #     --latency L  tbf queueing limit (default 50ms)
 #     --delay D    netem delay before the bucket, e.g. 100us (needs sch_netem in the kernel)
@@ -164,10 +164,10 @@ cpus_of() {  # rank -> a taskset list of its cores
 
 qdisc="tbf rate $rate burst $burst latency $latency"
 # TCP's congestion control, set on the route of the subnet inside each rank's namespace (the host's
-# default is left alone): loss-based CUBIC (else Reno, always built in). Under BBR, the default of
-# some hosts, transfers through the bucket were erratic: BBR's bandwidth estimate read the veth's
-# bursts as 1–3 Gbit/s against a 57 Mbit/s bucket, and a 6 MB all-to-all took 0.37–0.71 s where CUBIC
-# and Reno took 0.463 s every time (docs/throughput.md §2).
+# default is left alone): loss-based CUBIC (else Reno, always built in). BBR, the default of some
+# hosts, estimates bandwidth from the veth's bursts, far above the bucket's rate, so its transfers
+# through the bucket vary from run to run where the loss-based ones take the same time
+# (docs/throughput.md §2).
 congctl=reno
 grep -qw cubic /proc/sys/net/ipv4/tcp_available_congestion_control 2>/dev/null && congctl=cubic
 link="$ranks namespaces, tbf rate $rate burst $burst latency $latency${delay:+, netem delay $delay}, tcp $congctl"

@@ -81,9 +81,10 @@ inline constexpr int64_t kPoolMinBytes = int64_t(1) << 20;
 // blocks down to this bound (misses of several threads at one moment may pass it by their own
 // blocks: each evicts for itself before it takes its block from the OS). A step whose blocks of
 // every size (its no-miss set) fit within it finds them all cached the next time. With nothing
-// evicted, benches held 1.06–1.13 × their peak in use (docs/architecture.md §2); 3/2 leaves room
-// above that. Least recently released first: a step that needed more than the bound would miss on
-// every block of a cyclic order, so the slack must cover the no-miss set.
+// evicted, a step holds a few per cent above its peak in use (block rounding, the order of
+// releases; docs/architecture.md §2); 3/2 leaves room above that. Least recently released first: a
+// step that needed more than the bound would miss on every block of a cyclic order, so the slack
+// must cover the no-miss set.
 inline constexpr int64_t kPoolSlackNum = 3, kPoolSlackDen = 2;
 inline int64_t pool_bound(int64_t cap, int64_t peak_in_use) {
   return std::max(cap, peak_in_use * kPoolSlackNum / kPoolSlackDen);
