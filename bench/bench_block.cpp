@@ -30,11 +30,11 @@
 #include "matmul_bench.hpp"
 #include "laga/comm/communicator.hpp"
 #include "laga/mla/config.hpp"
-#include "laga/core/profile.hpp"
+#include "laga/core/work.hpp"
 #include "laga/core/random.hpp"
 #include "laga/core/tensor.hpp"
 #include "laga/mla/block.hpp"
-#include "laga/mla/flops.hpp"
+#include "laga/driver/plan.hpp"
 #include "laga/mla/weights.hpp"
 #include "reference/array.hpp"
 #include "reference/block_ref.hpp"
@@ -125,7 +125,7 @@ MlaConfig config_of(const Args& a) {
 // What the timed iterations measured, per iteration.
 struct Timings {
   std::vector<double> fwd_s, bwd_s, tot_s, mm_s;
-  // Per timed iteration: the block's time by op class (core/profile.hpp) and the rest ("other").
+  // Per timed iteration: the block's time by op class (core/work.hpp) and the rest ("other").
   std::map<std::string, std::vector<double>> class_s;
   std::map<std::string, double> class_flops;
   int64_t mm_wrong = 0;
@@ -159,8 +159,8 @@ Timings time_block(const MlaConfig& c, const Args& a, int threads) {
       const double tm_s = bench::now_s() - tm;
       g.for_each([](const std::string&, Tensor& t) { t.fill(0.0f); });
       StackSaved saved;
-      OpProfile prof;
-      std::optional<ProfileScope> scope(prof);
+      WorkLedger prof;
+      std::optional<WorkScope> scope(std::in_place, prof);
       const double t0 = bench::now_s();
       Tensor y = stack_forward(c, w, x, saved, comm);
       const double t1 = bench::now_s();
@@ -168,10 +168,11 @@ Timings time_block(const MlaConfig& c, const Args& a, int threads) {
       const double t2 = bench::now_s();
       scope.reset();
       if (it < a.warmup) continue;
-      for (ProfiledOp op : kProfiledOps) {
-        const OpTotals t = prof.by_op.count(op) ? prof.by_op.at(op) : OpTotals{};
-        r.class_s[profiled_op_name(op)].push_back(t.seconds);
-        r.class_flops[profiled_op_name(op)] = t.flops;
+      const auto totals = prof.totals();
+      for (WorkClass op : kWorkClasses) {
+        const ClassTotals& t = totals.at(op);
+        r.class_s[work_class_name(op)].push_back(t.seconds);
+        r.class_flops[work_class_name(op)] = t.flops;
       }
       r.class_s["other"].push_back(t2 - t0 - prof.seconds());
       r.mm_s.push_back(tm_s);
@@ -186,6 +187,20 @@ Timings time_block(const MlaConfig& c, const Args& a, int threads) {
     r.mm_wrong = mm.validate();
   });
   return r;
+}
+
+// The stack's FLOPs as its planned work ledger records them (driver/plan.hpp): projections exact,
+// attention by FlashAttention-3's convention.
+struct BlockFlops {
+  double forward = 0, backward = 0, attention_forward = 0;
+};
+BlockFlops block_flops(const MlaConfig& c) {
+  const WorkLedger w = plan_run(Config(c)).work;
+  BlockFlops f;
+  f.forward = w.flops(false), f.backward = w.flops(true);
+  for (size_t i = 0; i < w.backward_records; ++i)
+    if (w.records[i].cls == WorkClass::attention_forward) f.attention_forward += w.records[i].flops;
+  return f;
 }
 
 std::vector<std::string> header_lines(const MlaConfig& c, const Args& a, const BlockFlops& flops,
@@ -275,9 +290,9 @@ int run(const Args& a) {
   row("total", r.tot_s, total_flops, 0);
   // The total by op class: where the block's time goes beside the matmul rate (other: elementwise,
   // copies, allocation; no FLOPs counted).
-  for (ProfiledOp op : kProfiledOps)
-    row((std::string(" ") + profiled_op_name(op)).c_str(), r.class_s[profiled_op_name(op)],
-        r.class_flops[profiled_op_name(op)], 0);
+  for (WorkClass op : kWorkClasses)
+    row((std::string(" ") + work_class_name(op)).c_str(), r.class_s[work_class_name(op)],
+        r.class_flops[work_class_name(op)], 0);
   row(" other", r.class_s["other"], 0, 0);
 
   nlohmann::json extra = c.to_json();

@@ -17,6 +17,7 @@
 #include <fmt/ranges.h>
 
 #include "laga/core/error.hpp"
+#include "laga/core/work.hpp"
 #include "laga/core/memory.hpp"
 
 namespace laga {
@@ -406,6 +407,7 @@ void Communicator::wait(CollectiveHandle& h) {
     h.p_.reset();
     throw;
   }
+  if (p.recorded && p.generation == led_->generation_) note_collective_wait(int64_t(p.index));
   h.p_.reset();
 }
 
@@ -444,6 +446,7 @@ CollectiveHandle Communicator::issue(std::unique_ptr<Pending> p, const RawOp& op
     r.issued_s = issued;
     r.group = group_;
     led.records_.push_back(std::move(r));
+    note_collective_issue(int64_t(p->index));
   }
   if (p->phase == 1) queue_.push_back(p.get());
   if (!moves_data()) advance_queue();  // completes at once

@@ -1,4 +1,5 @@
 #include "laga/core/tensor.hpp"
+#include "laga/core/work.hpp"
 
 #include <cstring>
 #include <type_traits>
@@ -48,6 +49,7 @@ Tensor Tensor::empty(const Shape& shape, DType dtype, const std::string& tag) {
 
 Tensor Tensor::zeros(const Shape& shape, DType dtype, const std::string& tag) {
   Tensor t = empty(shape, dtype, tag);
+  WorkOp work(stream_work(WorkClass::accumulate, "fill", dtype, double(t.nbytes())));
   if (t.nbytes() && !meta_mode()) std::memset(t.raw(), 0, size_t(t.nbytes()));
   return t;
 }
@@ -117,6 +119,7 @@ std::vector<float> Tensor::to_floats() const {
 }
 
 void Tensor::fill(float v) {
+  WorkOp work(stream_work(WorkClass::accumulate, "fill", dtype_, double(nbytes())));
   if (is_meta()) return;
   for (int64_t i = 0; i < numel(); ++i) set(i, v);
 }
@@ -124,6 +127,10 @@ void Tensor::fill(float v) {
 void Tensor::copy_from(const Tensor& src) {
   LAGA_ASSERT(src.shape_ == shape_, "copy into '{}' {} from '{}' {}", tag(), shape_str(shape_),
               src.tag(), shape_str(src.shape_));
+  WorkOp work(
+      src.dtype_ == dtype_
+          ? stream_work(WorkClass::elementwise, "copy", dtype_, 2.0 * double(nbytes()))
+          : stream_work(WorkClass::accumulate, "convert", dtype_, double(src.nbytes() + nbytes())));
   if (is_meta()) return;
   if (src.dtype_ == dtype_) {
     if (nbytes()) std::memmove(raw(), src.raw(), size_t(nbytes()));

@@ -178,7 +178,7 @@ void add_matmul(const At& a, std::vector<Measurement>& ms) {
 }
 
 // An attention kernel's rates at T under `key`: forward and backward, each its own measurement on
-// fresh buffers from make(backward), their FLOPs as the model's phases count them.
+// fresh buffers from make(backward), their FLOPs as the work ledger records them (core/work.hpp).
 using Maker = std::function<std::function<std::function<void()>()>(bool)>;
 void add_attention_rates(const At& a, const std::string& key, double fwd_flops, double bwd_flops,
                          const Maker& make, std::vector<Measurement>& ms) {
@@ -278,8 +278,8 @@ void add_laga_fused(const At& at, std::vector<Measurement>& ms) {
       return [t, p, saved] { Tensor dq_sum = latent_attention_backward(p, *saved); };
     };
   };
-  // FLOPs as the model's phases count them: forward the attention and one up-projection U,
-  // backward 2.5× the attention, U again (recomputed) and 2U (its dlatent and dwkv products).
+  // FLOPs as the work ledger records the latent kernel: forward the attention and one up-projection
+  // U, backward 2.5× the attention, U again (recomputed) and 2U (its dlatent and dwkv products).
   const double fl = attention_forward_flops(1, Hr, T, Dqk, Dv, true),
                up = latent_up_projection_flops(dims);
   add_attention_rates(at, "laga_fused_attention", fl + up, 2.5 * fl + 3 * up, make, ms);

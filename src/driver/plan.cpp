@@ -12,12 +12,22 @@ Plan plan_run(const Config& c, int rank) {
   const RankResult r = run_rank(c, opt, comm);
   Plan p;
   p.memory = r.memory;
+  p.work = r.work;
   for (const auto& rec : r.collectives)
     (is_grad_sync(rec) ? p.comm.grad_sync : p.comm.attention).push_back(rec);
   return p;
 }
 
 PlannedMemory plan_memory(const Config& c) { return plan_run(c).memory; }
+
+PlannedFlops planned_flops(const Config& c) {
+  PlannedFlops f;
+  for (int r = 0; r < int(c->sp); ++r) {
+    const WorkLedger w = plan_run(c, r).work;
+    f.forward += w.flops(false), f.backward += w.flops(true);
+  }
+  return f;
+}
 PlannedComm plan_comm(const Config& c) { return plan_run(c).comm; }
 
 int64_t PlannedComm::tensor_bytes() const {

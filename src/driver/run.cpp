@@ -126,11 +126,11 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
     tracker.reset_peak();
 
     StackSaved saved;
-    std::optional<ProfileScope> profiling;
-    if (!meta) profiling.emplace(r.profile);
+    std::optional<WorkScope> recording(std::in_place, r.work);
     auto t0 = clock_type::now();
     y_shard = stack_forward(cfg, w, x_shard, saved, comm);
     r.forward_s = since(t0);
+    r.work.mark_backward();
     r.memory.saved_bytes = tracker.live_bytes() - baseline;
     for (const auto& [tag, bytes] : tracker.live_by_tag()) {
       const auto it = baseline_tags.find(tag);
@@ -143,7 +143,7 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
     auto t1 = clock_type::now();
     dx_shard = stack_backward(cfg, w, saved, dy_shard, g, comm);
     r.backward_s = since(t1);
-    profiling.reset();
+    recording.reset();
     r.memory.backward_peak_bytes = tracker.peak_bytes() - baseline;
     r.memory.activation_peak_bytes =
         std::max(r.memory.forward_peak_bytes, r.memory.backward_peak_bytes);

@@ -7,7 +7,7 @@
 #include <map>
 
 #include "attention_internal.hpp"
-#include "laga/core/profile.hpp"
+#include "laga/core/work.hpp"
 
 namespace laga {
 
@@ -76,15 +76,27 @@ Kernel parse_kernel(std::string_view s) {
   LAGA_FAIL_USAGE("unknown kernel '{}'; valid: eager, fused", s);
 }
 
+namespace {
+// The work ledger's record of one call (core/work.hpp): FlashAttention-3's FLOPs, its shape.
+WorkRecord attention_work(Kernel kernel, const AttentionFwdParams& p, bool backward) {
+  WorkRecord r;
+  r.cls = backward ? WorkClass::attention_backward : WorkClass::attention_forward;
+  r.op = "attention", r.dtype = p.dtype;
+  r.flops = (backward ? 2.5 : 1.0) * attention_forward_flops(p.B, p.Hq, p.T, p.Dqk, p.Dv, p.causal);
+  r.dims[0] = p.T, r.dims[1] = p.Hq, r.dims[2] = p.Hkv, r.dims[3] = p.Dqk, r.dims[4] = p.Dv;
+  r.kernel = kernel == Kernel::eager ? AttentionKernel::eager : AttentionKernel::fused;
+  return r;
+}
+}  // namespace
+
 AttentionSaved attention_forward(Kernel kernel, const AttentionFwdParams& p) {
   check_attention_params(p);
   LAGA_CHECK(kernel == Kernel::fused || !p.o_f32,
              "the eager attention kernel writes o only in the storage dtype ({}), not fp32; use "
              "--kernel fused",
              dtype_name(p.dtype));
+  WorkOp work(attention_work(kernel, p, false));
   if (meta_mode()) return meta_walk(kernel, p, false);
-  OpTimer timer(ProfiledOp::attention_forward,
-                attention_forward_flops(p.B, p.Hq, p.T, p.Dqk, p.Dv, p.causal));
   return kernel == Kernel::eager ? attn::eager_forward(p) : attn::fused_forward(p);
 }
 
@@ -101,16 +113,14 @@ void attention_backward(Kernel kernel, const AttentionBwdParams& p, const Attent
   if (kernel == Kernel::eager) {
     check_shape(saved.probs, {p.B, p.Hq, p.T, p.T}, "saved.probs (eager attention)");
     check_dtype(saved.probs, p.dtype, "saved.probs (eager attention)");
+    WorkOp work(attention_work(kernel, p, true));
     if (meta_mode()) return (void)meta_walk(kernel, p, true);
-    OpTimer timer(ProfiledOp::attention_backward,
-                  2.5 * attention_forward_flops(p.B, p.Hq, p.T, p.Dqk, p.Dv, p.causal));
     attn::eager_backward(p, saved);
   } else {
     check_shape(saved.lse, {p.B, p.Hq, p.T}, "saved.lse (fused attention)");
     check_dtype(saved.lse, DType::f32, "saved.lse (fused attention)");
+    WorkOp work(attention_work(kernel, p, true));
     if (meta_mode()) return (void)meta_walk(kernel, p, true);
-    OpTimer timer(ProfiledOp::attention_backward,
-                  2.5 * attention_forward_flops(p.B, p.Hq, p.T, p.Dqk, p.Dv, p.causal));
     attn::fused_backward(p, saved);
   }
 }

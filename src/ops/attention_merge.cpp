@@ -8,6 +8,7 @@
 
 #include "laga/core/error.hpp"
 #include "laga/ops/attention.hpp"
+#include "laga/core/work.hpp"
 
 namespace laga {
 
@@ -24,6 +25,8 @@ void attention_merge(const Tensor& o_part, const Tensor& lse_part, Tensor& o_acc
   for (const Tensor* t :
        {&o_part, &lse_part, const_cast<const Tensor*>(&o_acc), const_cast<const Tensor*>(&lse_acc)})
     check_dtype(*t, DType::f32, "attention_merge operand");
+  WorkOp work(stream_work(WorkClass::accumulate, "merge", DType::f32,
+                          (first ? 2.0 : 3.0) * double(o_part.nbytes() + lse_part.nbytes())));
   if (o_acc.is_meta()) return;
   const float* op = o_part.data<float>();
   const float* lp = lse_part.data<float>();

@@ -1,5 +1,6 @@
 // The loops of ops/elementwise.hpp.
 #include "laga/ops/elementwise.hpp"
+#include "laga/core/work.hpp"
 
 #include <cstring>
 #include <type_traits>
@@ -12,8 +13,9 @@ void* at(const Tensor& x, int64_t offset) {
 
 void copy_rows(DType t, int64_t rows, int64_t cols, const void* src, int64_t src_stride, void* dst,
                int64_t dst_stride) {
-  if (meta_mode()) return;
   const int64_t es = dtype_size(t);
+  WorkOp work(stream_work(WorkClass::elementwise, "copy", t, 2.0 * double(rows * cols * es)));
+  if (meta_mode()) return;
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
   for (int64_t i = 0; i < rows; ++i)
     std::memcpy(static_cast<char*>(dst) + i * dst_stride * es,
@@ -23,6 +25,7 @@ void copy_rows(DType t, int64_t rows, int64_t cols, const void* src, int64_t src
 void add_into(Tensor& y, const Tensor& x) {
   LAGA_ASSERT(y.shape() == x.shape() && y.dtype() == x.dtype(), "add_into '{}' {} += '{}' {}",
               y.tag(), shape_str(y.shape()), x.tag(), shape_str(x.shape()));
+  WorkOp work(stream_work(WorkClass::accumulate, "add", y.dtype(), 3.0 * double(y.nbytes())));
   if (y.is_meta()) return;
   dispatch_dtype(y.dtype(), [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
@@ -37,6 +40,9 @@ void add_into(Tensor& y, const Tensor& x) {
 void sum_heads(DType src_t, int64_t rows, int64_t Hs, int64_t cols, const void* src,
                int64_t src_row, int64_t src_head, DType dst_t, void* dst, int64_t dst_row,
                bool accumulate) {
+  WorkOp work(stream_work(WorkClass::elementwise, "sum heads", src_t,
+                          double(rows * Hs * cols * dtype_size(src_t)) +
+                              (accumulate ? 2.0 : 1.0) * double(rows * cols * dtype_size(dst_t))));
   if (meta_mode()) return;
   LAGA_ASSERT(dst_t == src_t || dst_t == DType::f32,
               "sum_heads from {} into {}: the destination is the source's "

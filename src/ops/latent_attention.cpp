@@ -28,7 +28,7 @@
 #include <map>
 
 #include "attention_internal.hpp"
-#include "laga/core/profile.hpp"
+#include "laga/core/work.hpp"
 #include "laga/core/memory.hpp"
 #include "laga/ops/matmul.hpp"
 
@@ -468,13 +468,26 @@ void check_latent_attention_params(const LatentAttentionBwdParams& p) {
              dtype_name(p.dlatent_dtype), dtype_name(p.dtype));
 }
 
+namespace {
+// The work ledger's record of one call (core/work.hpp): the attention's FLOPs (FlashAttention-3's
+// convention) and the up-projection's products the kernel runs inside (forward once; backward
+// three times: recomputed, then its dlatent and dwkv products), which its rate covers.
+WorkRecord latent_work(const LatentAttentionParams& p, bool backward) {
+  WorkRecord r;
+  r.cls = backward ? WorkClass::attention_backward : WorkClass::attention_forward;
+  r.op = "latent attention", r.dtype = p.dtype;
+  r.flops = (backward ? 2.5 : 1.0) * attention_forward_flops(p.B, p.H, p.T, p.Dqk(), p.Dv, true) +
+            (backward ? 3.0 : 1.0) * latent_up_projection_flops(p);
+  r.dims[0] = p.T, r.dims[1] = p.H, r.dims[2] = p.H, r.dims[3] = p.Dqk(), r.dims[4] = p.Dv;
+  r.kernel = AttentionKernel::latent;
+  return r;
+}
+}  // namespace
+
 AttentionSaved latent_attention_forward(const LatentAttentionParams& p) {
   check_latent_attention_params(p);
+  WorkOp work(latent_work(p, false));
   if (meta_mode()) return meta_walk(p, false);
-  // The attention's FLOPs (FlashAttention-3 counting), not the up-projection the kernel runs
-  // inside.
-  OpTimer timer(ProfiledOp::attention_forward,
-                attention_forward_flops(p.B, p.H, p.T, p.Dqk(), p.Dv, true));
   return dispatch_dtype(p.dtype, [&](auto* tag) {
     return LatentKernel<std::remove_pointer_t<decltype(tag)>>(p, false).forward();
   });
@@ -484,9 +497,8 @@ Tensor latent_attention_backward(const LatentAttentionBwdParams& p, const Attent
   check_latent_attention_params(p);
   check_shape(saved.lse, {p.B, p.H, p.T}, "saved.lse (latent attention)");
   check_dtype(saved.lse, DType::f32, "saved.lse (latent attention)");
+  WorkOp work(latent_work(p, true));
   if (meta_mode()) return meta_walk(p, true).lse;
-  OpTimer timer(ProfiledOp::attention_backward,
-                2.5 * attention_forward_flops(p.B, p.H, p.T, p.Dqk(), p.Dv, true));
   return dispatch_dtype(p.dtype, [&](auto* tag) {
     return LatentKernel<std::remove_pointer_t<decltype(tag)>>(p, true).backward(p, saved);
   });
@@ -498,6 +510,9 @@ void latent_attention_dq(const LatentAttentionParams& p, Tensor& dq_sum, void* d
   LAGA_CHECK(dq, "latent attention's dq is missing");
   LAGA_ASSERT(dq_sum.tag() == "attn.dq_sum",
               "latent_attention_dq releases 'attn.dq_sum' but holds '{}'", dq_sum.tag());
+  // dq_sum read (fp32), dq written, scaled and rounded
+  WorkOp work(stream_work(WorkClass::accumulate, "convert", p.dtype,
+                          double(dq_sum.nbytes() + dq_sum.numel() * dtype_size(p.dtype))));
   if (!meta_mode())
     dispatch_dtype(p.dtype, [&](auto* tag) {
       using T = std::remove_pointer_t<decltype(tag)>;

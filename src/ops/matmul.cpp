@@ -20,7 +20,7 @@
 #include "laga/core/error.hpp"
 #include "laga/core/isa.hpp"
 #include "laga/core/memory.hpp"
-#include "laga/core/profile.hpp"
+#include "laga/core/work.hpp"
 #include "laga/core/progress.hpp"
 #include "src/ops/rows.hpp"
 
@@ -254,12 +254,12 @@ void matmul(const MatmulParams& p) {
     LAGA_ASSERT(p.accumulate, "matmul with K = 0 and overwrite is not supported");
     return;
   }
-  OpTimer timer(ProfiledOp::matmul,
-                2.0 * double(p.batch) * double(p.M) * double(p.N) * double(p.K));
-  if (timer.recording())
-    timer.set_shape(
-        p.batch > 1 ? fmt::format("{}×{}×{}×{} {}", p.batch, p.M, p.N, p.K, dtype_name(p.ab_dtype))
-                    : fmt::format("{}×{}×{} {}", p.M, p.N, p.K, dtype_name(p.ab_dtype)));
+  WorkRecord rec;
+  rec.cls = WorkClass::matmul, rec.op = "matmul", rec.dtype = p.ab_dtype;
+  rec.flops = 2.0 * double(p.batch) * double(p.M) * double(p.N) * double(p.K);
+  rec.dims[0] = p.batch, rec.dims[1] = p.M, rec.dims[2] = p.N, rec.dims[3] = p.K;
+  WorkOp work(rec);
+  if (meta_mode()) return;
   if (p.ab_dtype == DType::bf16 && !bf16_matmul_native())
     run_widened(p);
   else
@@ -293,7 +293,6 @@ void matmul_2d(const MatView& a, const MatView& b, const MatView& c, bool accumu
   const int64_t N = b.transposed ? b.rows : b.cols, Kb = b.transposed ? b.cols : b.rows;
   LAGA_ASSERT(!c.transposed && Kb == K && c.rows == M && c.cols == N && a.dtype == b.dtype,
               "matmul_2d: op(A) [{}, {}], op(B) [{}, {}], C [{}, {}]", M, K, Kb, N, c.rows, c.cols);
-  if (meta_mode()) return;
   MatmulParams p;
   p.M = M, p.N = N, p.K = K;
   p.ab_dtype = a.dtype, p.c_dtype = c.dtype;

@@ -5,6 +5,7 @@
 // nothing beside the attention. Summed over rows in a fixed order (column blocks in parallel), so
 // results do not depend on the thread count.
 #include "laga/ops/rmsnorm.hpp"
+#include "laga/core/work.hpp"
 
 #include <cmath>
 
@@ -80,12 +81,19 @@ void backward_impl(const RmsNormBwdParams& p) {
 }  // namespace
 
 void rmsnorm_forward(const RmsNormParams& p) {
+  // x read, y written, w read
+  WorkOp work(stream_work(WorkClass::elementwise, "rmsnorm", p.dtype,
+                          double((2 * p.M * p.C + p.C) * dtype_size(p.dtype))));
   if (meta_mode()) return;
   dispatch_dtype(p.dtype,
                  [&](auto* tag) { forward_impl<std::remove_pointer_t<decltype(tag)>>(p); });
 }
 
 void rmsnorm_backward(const RmsNormBwdParams& p) {
+  // x, dy and w read, dx written, dw read and written
+  WorkOp work(stream_work(
+      WorkClass::elementwise, "rmsnorm", p.dtype,
+      double((3 * p.M * p.C + p.C) * dtype_size(p.dtype) + 2 * p.C * dtype_size(p.dw_dtype))));
   dispatch_dtype(p.dtype,
                  [&](auto* tag) { backward_impl<std::remove_pointer_t<decltype(tag)>>(p); });
 }

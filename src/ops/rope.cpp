@@ -1,5 +1,6 @@
 // RoPE forward (rotate by +θ) and backward (by −θ), in place, tokens in parallel.
 #include "laga/ops/rope.hpp"
+#include "laga/core/work.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -40,6 +41,8 @@ void apply(const RopeParams& p, double sign) {
 void run(const RopeParams& p, double sign) {
   LAGA_ASSERT(p.Dr % 2 == 0 && p.Dr <= 512 && int64_t(p.inv_freq.size()) == p.Dr / 2,
               "rope over Dr = {} with {} frequencies", p.Dr, p.inv_freq.size());
+  WorkOp work(stream_work(WorkClass::elementwise, "rope", p.dtype,
+                          2.0 * double(p.T * p.inner * p.Dr * dtype_size(p.dtype))));
   if (meta_mode()) return;
   dispatch_dtype(p.dtype, [&](auto* tag) { apply<std::remove_pointer_t<decltype(tag)>>(p, sign); });
 }

@@ -99,6 +99,46 @@ TEST(Planner, MatchesMeasuredMemoryAndLedgerToTheByte) {
     }
 }
 
+// The plan's work ledger is the real run's: every registered form, P 1–4, both kernels and both
+// dtypes, each rank's meta timeline holds the ops a real run profiles, in the same order, with the
+// same FLOPs and bytes per class to the FLOP and the byte, and the same issues and waits.
+TEST(Planner, MatchesProfiledWorkToTheFlop) {
+  for (int64_t P = 1; P <= 4; ++P)
+    for (Kernel kernel : {Kernel::fused, Kernel::eager})
+      for (DType dt : {DType::f32, DType::bf16}) {
+        MlaConfig base = MlaConfig::preset("tiny");
+        base.seq_len = 24, base.sp = P, base.kernel = kernel, base.dtype = dt, base.num_layers = 2;
+        base.overlap = P % 2 == 0;
+        const FormsAt at = judge_forms(base);
+        for (const Form* f : at.runnable) {
+          const Config c(as_form(base, f->name()));
+          const std::vector<RankResult> ranks = run_group(c, RunOptions{});
+          for (const RankResult& r : ranks) {
+            SCOPED_TRACE(fmt::format("{} P {} {} {} rank {}", f->name(), P, kernel_name(kernel),
+                                     dtype_name(dt), r.rank));
+            const WorkLedger planned = plan_run(c, r.rank).work;
+            const auto want = r.work.totals(), got = planned.totals();
+            for (WorkClass k : kWorkClasses) {
+              EXPECT_EQ(got.at(k).flops, want.at(k).flops) << work_class_name(k);
+              EXPECT_EQ(got.at(k).bytes, want.at(k).bytes) << work_class_name(k);
+              EXPECT_EQ(got.at(k).calls, want.at(k).calls) << work_class_name(k);
+            }
+            EXPECT_GT(want.at(WorkClass::matmul).flops, 0);
+            EXPECT_GT(want.at(WorkClass::attention_backward).flops, 0);
+            EXPECT_GT(want.at(WorkClass::elementwise).bytes, 0);
+            ASSERT_EQ(planned.timeline.size(), r.work.timeline.size());
+            for (size_t i = 0; i < planned.timeline.size(); ++i) {
+              EXPECT_EQ(planned.timeline[i].kind, r.work.timeline[i].kind) << i;
+              EXPECT_EQ(planned.timeline[i].index, r.work.timeline[i].index) << i;
+            }
+            EXPECT_EQ(planned.backward_begins, r.work.backward_begins);
+            for (size_t i = 0; i < planned.records.size(); ++i)
+              EXPECT_STREQ(planned.records[i].op, r.work.records[i].op) << i;
+          }
+        }
+      }
+}
+
 // Closed forms (docs/accounting.md §2 and §5), per rank: s bytes per element, E = N·B local rows,
 // G = T·B gathered rows.
 struct ClosedForm {

@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "laga/driver/plan.hpp"
-#include "laga/mla/flops.hpp"
 #include "laga/mla/form.hpp"
 #include "verify/compare.hpp"
 #include "verify/forms.hpp"
@@ -74,10 +73,10 @@ TEST(Ring, RingLatentTradesTrafficForUpProjections) {
   c.seq_len = 4096, c.sp = 8, c.batch = 1, c.num_layers = 1, c.dtype = DType::bf16;
   c.form = "ring-kv";
   const PlannedComm kv = plan_comm(Config(c));
-  const BlockFlops kv_flops = block_flops(c);
+  const PlannedFlops kv_flops = planned_flops(Config(c));
   c.form = "ring-latent";
   const PlannedComm lat = plan_comm(Config(c));
-  const BlockFlops lat_flops = block_flops(c);
+  const PlannedFlops lat_flops = planned_flops(Config(c));
   EXPECT_EQ(kv.tensor_bytes() * c.latent_dim(),
             lat.tensor_bytes() * c.num_attention_heads * (c.qk_head_dim() + c.v_head_dim));
   const double up =

@@ -110,7 +110,7 @@ struct CollStat {
 // One timed iteration: the slowest rank's figure of each phase (each maximised separately).
 struct Sample {
   double fwd = 0, bwd = 0, exposed = 0, collective = 0, hidden = 0;
-  // The slowest rank's seconds per op class (core/profile.hpp), and the rest of its fwd + bwd
+  // The slowest rank's seconds per op class (core/work.hpp), and the rest of its fwd + bwd
   // beyond those and its exposed communication ("other": elementwise work, copies, allocation,
   // skew).
   std::map<std::string, double> op_s;

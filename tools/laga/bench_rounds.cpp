@@ -9,7 +9,7 @@
 #include <cstdio>
 
 #include "bench.hpp"
-#include "laga/core/profile.hpp"
+#include "laga/core/work.hpp"
 
 namespace laga::cli {
 
@@ -46,8 +46,8 @@ nlohmann::json rank_figures(const RankResult& r) {
           {"all", all_s},
           {"threads", omp_get_max_threads()},
           {"coll", rank_collectives(r.collectives)},
-          {"profile", r.profile.to_json()},
-          {"other", r.forward_s + r.backward_s - wait_s - r.profile.seconds()},
+          {"profile", r.work.to_json()},
+          {"other", r.forward_s + r.backward_s - wait_s - r.work.seconds()},
           {"waits", waits}};
 }
 
@@ -63,9 +63,9 @@ Sample slowest_of(const std::vector<nlohmann::json>& all) {
     s.exposed = std::max(s.exposed, j["wait"].get<double>());
     s.collective = std::max(s.collective, j["all"].get<double>());
     s.hidden = std::max(s.hidden, std::max(0.0, j["all"].get<double>() - j["wait"].get<double>()));
-    for (ProfiledOp op : kProfiledOps) {
-      double& m = s.op_s[profiled_op_name(op)];
-      m = std::max(m, j["profile"][profiled_op_name(op)]["seconds"].get<double>());
+    for (WorkClass op : kWorkClasses) {
+      double& m = s.op_s[work_class_name(op)];
+      m = std::max(m, j["profile"][work_class_name(op)]["seconds"].get<double>());
     }
     s.other_s = std::max(s.other_s, j["other"].get<double>());
     if (s.profile.is_null()) s.profile = j["profile"];

@@ -25,10 +25,9 @@
 #include "laga/core/error.hpp"
 #include "laga/core/machine.hpp"
 #include "laga/core/memory.hpp"
-#include "laga/core/profile.hpp"
+#include "laga/core/work.hpp"
 #include "laga/driver/calibrate.hpp"
 #include "laga/driver/plan.hpp"
-#include "laga/mla/flops.hpp"
 
 namespace laga::cli {
 
@@ -192,14 +191,21 @@ nlohmann::json collectives_of(const std::vector<Sample>& samples) {
 nlohmann::json profile_of(const std::vector<Sample>& samples, double exposed, double total,
                           std::string* line) {
   nlohmann::json prof = nlohmann::json::object();
-  for (ProfiledOp op : kProfiledOps) {
-    const char* name = profiled_op_name(op);
+  for (WorkClass op : kWorkClasses) {
+    const char* name = work_class_name(op);
     const double sec = phase(samples, [&](const Sample& x) {
                          return x.op_s.count(name) ? x.op_s.at(name) : 0.0;
                        }).median;
     const nlohmann::json& r0 = samples.back().profile[name];
-    const double flops = r0["flops"].get<double>(), rate = sec > 0 ? flops / sec / 1e9 : 0.0;
-    prof[name] = {{"seconds", sec}, {"flops", flops}, {"calls", r0["calls"]}, {"gflops", rate}};
+    const double flops = r0["flops"].get<double>(), bytes = r0["bytes"].get<double>();
+    // GFLOP/s, or GB/s for the classes whose work is bytes
+    const double rate = sec > 0 ? (by_bytes(op) ? bytes : flops) / sec / 1e9 : 0.0;
+    prof[name] = {{"seconds", sec},
+                  {"flops", flops},
+                  {"bytes", bytes},
+                  {"calls", r0["calls"]},
+                  {"gflops", by_bytes(op) ? 0.0 : rate},
+                  {"GBps", by_bytes(op) ? rate : 0.0}};
     *line += fmt::format(" {:>9.4f} {:>8.1f}", sec, rate);
   }
   const double other = phase(samples, [](const Sample& x) { return x.other_s; }).median;
@@ -240,7 +246,7 @@ void bench_row(const BenchSetup& s, const BenchFlags& b, const MlaConfig& c, con
   const Stats hd = phase(samples, [](const Sample& x) { return x.hidden; });
   const Stats tot = phase(samples, total_of);
   const Stats skew = phase(samples, [](const Sample& x) { return x.skew; });
-  const BlockFlops fl = block_flops(c);
+  const PlannedFlops fl = planned_flops(Config(c));
   const double tflops = (fl.forward + fl.backward) / tot.median / 1e12;
   const double tokens_per_s = double(c.seq_len * c.batch) / tot.median;
   const double speedup = explicit_total > 0 ? explicit_total / tot.median : 0.0;
@@ -311,14 +317,14 @@ BenchRows bench_rows(const BenchSetup& s, const BenchFlags& b,
 
 void print_profile(const std::vector<std::string>& lines) {
   fmt::print(
-      "# time by op class: per iteration the slowest rank's seconds in each class, median; "
-      "GFLOP/s: one rank's "
-      "FLOPs over those seconds; other: fwd + bwd − the classes − exposed comm (elementwise work, "
-      "copies, "
-      "allocation); % of total\n");
-  const char* pfmt = "# {:>6} {:<18} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} {:>6}\n";
+      "# time by op class (core/work.hpp): per iteration the slowest rank's seconds in each "
+      "class, median; GFLOP/s or GB/s: one rank's FLOPs or bytes over those seconds; other: fwd + "
+      "bwd − the classes − exposed comm (allocation, the collectives' calls); % of total\n");
+  const char* pfmt =
+      "# {:>6} {:<18} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>8} {:>9} {:>9} "
+      "{:>6}\n";
   fmt::print(fmt::runtime(pfmt), "seq", "form", "matmul", "GFLOP/s", "attn fwd", "GFLOP/s",
-             "attn bwd", "GFLOP/s", "comm", "other", "%");
+             "attn bwd", "GFLOP/s", "elemwise", "GB/s", "accum", "GB/s", "comm", "other", "%");
   for (const auto& l : lines) fmt::print("{}\n", l);
 }
 

@@ -167,22 +167,21 @@ nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const Hard
              explicit_total > 0
                  ? fmt::format(", {:.3f}× explicit", explicit_total / preds[best].total_s())
                  : "");
-  // Per phase: rows (pass, phase or collective), a column per form, seconds. A row one form alone
-  // has goes after that form's previous row, so every form's rows keep their execution order.
+  // Per pass, op class and collective: rows, a column per form, the slowest rank's seconds. A row
+  // one form alone has goes after that form's previous row, so every form's rows keep their order.
   std::vector<std::string> rows;
   std::map<std::string, std::map<std::string, double>> cell;
   for (const auto& p : preds) {
     std::vector<std::pair<std::string, double>> mine;
-    for (const auto& ph : p.phases) {
-      mine.emplace_back(fmt::format("{} {}", ph.phase.backward ? "bwd" : "fwd", ph.phase.name),
-                        ph.seconds);
-      // The collectives after the last forward phase (the pass boundary) and at the end.
-      if (&ph == &p.phases.back() || (!ph.phase.backward && (&ph + 1)->phase.backward))
-        for (const auto& c : p.collectives)
-          if (c.backward == ph.phase.backward)
-            mine.emplace_back(fmt::format("{} {} {}", c.backward ? "bwd" : "fwd",
-                                          collective_name(c.record.op), c.record.tensor),
-                              c.exposed_s);
+    for (int b : {0, 1}) {
+      const char* pass = b ? "bwd" : "fwd";
+      for (const auto& [k, t] : p.by_class[b])
+        mine.emplace_back(fmt::format("{} {}", pass, work_class_name(k)), t.seconds);
+      for (const auto& c : p.collectives)
+        if (c.backward == bool(b))
+          mine.emplace_back(
+              fmt::format("{} {} {}", pass, collective_name(c.record.op), c.record.tensor),
+              c.exposed_s);
     }
     size_t at = 0;
     for (const auto& [row, sec] : mine) {
@@ -193,8 +192,10 @@ nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const Hard
       cell[row][p.form] += sec;
     }
   }
-  fmt::print("# per phase, seconds per rank (all layers; collectives: exposed time)\n# {:<36}",
-             "phase");
+  fmt::print(
+      "# per op class and collective, the slowest rank's seconds (all layers; collectives: "
+      "exposed time)\n# {:<36}",
+      "class or collective");
   for (const auto& p : preds) fmt::print(" {:>18}", p.form);
   fmt::print("\n");
   for (const auto& r : rows) {
@@ -299,7 +300,8 @@ nlohmann::json compare(const CommonFlags& f, const ModelFlags& m, const Hardware
     fmt::print(
         "# by op class (bench --profile: the slowest rank's seconds per class; other = the rest "
         "beside exposed "
-        "comm, against the model's elementwise phases): measured / model, error %\n");
+        "comm, against the model's elementwise and accumulate streams): measured / model, error "
+        "%\n");
     fmt::print("# {:>6} {:>3} {:<18}", "seq", "P", "form");
     for (const char* k : classes) fmt::print(" {:>25}", k);
     fmt::print("\n");

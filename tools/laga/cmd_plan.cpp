@@ -22,6 +22,23 @@ Config with(const Config& c, std::string_view form) {
   return c.with([&](MlaConfig& m) { m.form = std::string(form); });
 }
 
+// The planned work by pass, class and op (core/work.hpp): FLOPs or bytes and calls, and how many
+// events the timeline holds (ops, issues and waits).
+nlohmann::json work_json(const WorkLedger& w) {
+  nlohmann::json j = nlohmann::json::object();
+  for (size_t i = 0; i < w.records.size(); ++i) {
+    const WorkRecord& r = w.records[i];
+    nlohmann::json& e =
+        j[i < w.backward_records ? "forward" : "backward"][work_class_name(r.cls)][r.op];
+    const char* unit = by_bytes(r.cls) ? "bytes" : "flops";
+    if (e.is_null()) e = {{"calls", 0}, {unit, 0.0}};
+    e["calls"] = e["calls"].get<int64_t>() + 1;
+    e[unit] = e[unit].get<double>() + r.work();
+  }
+  j["timeline_events"] = w.timeline.size();
+  return j;
+}
+
 nlohmann::json plan_json(const Config& c) {
   const Plan plan = plan_run(c);
   const PlannedMemory& m = plan.memory;
@@ -39,7 +56,8 @@ nlohmann::json plan_json(const Config& c) {
            {{"tensor_bytes", k.tensor_bytes()},
             {"wire_bytes", k.wire_bytes()},
             {"collectives", collectives_json(k.attention)}}},
-          {"grad_sync", {{"tensor_bytes", sync_tensor}, {"wire_bytes", sync_wire}}}};
+          {"grad_sync", {{"tensor_bytes", sync_tensor}, {"wire_bytes", sync_wire}}},
+          {"work", work_json(plan.work)}};
 }
 
 // Least squares y = a + b·x; returns {a, b, max |residual| / max |y|}.

@@ -91,7 +91,7 @@ struct Report {
   // One machine: P 2, one core per rank; the small preset (DeepSeek's head dims, H 16).
   std::string seqs, forms, iters;
   // The model's rates are calibrated at every T a bench row runs, and at T 1024 = 2048 / P, the
-  // length of the ring forms' kernel calls at the shortest T (Form::attention_call_seq).
+  // length of the ring forms' kernel calls at the shortest T (a chunk pair of T/(2P) tokens each).
   std::string cal_seqs;
   std::string link_seqs, link_forms;
   std::string J(const std::string& name) const { return out + "/" + name; }

@@ -1,16 +1,14 @@
 // The performance model (docs/model.md): the predicted step time of a form on a user's hardware,
-// from the work the code executes — per phase its FLOPs (or bytes) over the rate of its operation
-// class (mla/flops.hpp phase_flops), per collective latency + bytes / bus bandwidth with the bytes
-// the planner records for the real code (driver/plan.hpp), so the model cannot drift from the
-// forms.
+// as a replay of the timeline the planner records by running the form's own code on meta tensors
+// (driver/plan.hpp, core/work.hpp) — every op with its FLOPs or bytes, timed at the rate of its
+// class, and every collective with the bytes the real code moves, timed as latency + bytes / bus
+// bandwidth, issued and waited where the form's code issues and waits it — so the model cannot
+// drift from the forms, and overlap follows from where each form waits.
 //
 // The hardware is a JSON file (HardwareSpec, docs/model.md §2): compute rates per dtype and
 // operation class, the bus bandwidth and latency of the link inside a node and across nodes, ranks
 // per node. Calibrating it on this machine with laga's own kernels and communicator:
 // driver/calibrate.hpp.
-//
-// Overlap: with --overlap on, the collectives a form issues before its query path are exposed only
-// for what the query path's compute does not hide (CollectiveTime::exposed_s; docs/model.md §1).
 #pragma once
 
 #include <map>
@@ -22,7 +20,7 @@
 
 #include "laga/comm/communicator.hpp"
 #include "laga/mla/config.hpp"
-#include "laga/mla/flops.hpp"
+#include "laga/core/work.hpp"
 
 namespace laga {
 
@@ -68,6 +66,14 @@ struct SeqRate {
   nlohmann::json to_json() const;  // a number when constant, else {"T": rate, ...}
 };
 
+// The shape of an attention call, which sets its rate: per-head 192/128-like heads (dense),
+// per-head 576/512 latent heads (latent: absorbed-expanded), one 576/512 latent head shared by
+// every query head (mqa: absorbed-shared), or dense heads whose K and V the kernel up-projects from
+// the latent itself, tile by tile (laga_fused: the latent kernel, its rate counting the attention's
+// FLOPs and the up-projection's it executes).
+enum class AttentionShape { dense, latent, mqa, laga_fused };
+std::string_view attention_shape_name(AttentionShape s);  // "dense", "latent", "mqa", "laga_fused"
+
 struct ComputeSpec {
   SeqRate matmul_tflops;     // at the run's T (the projections' rows are T/P)
   SeqRate elementwise_GBps;  // at the run's T
@@ -78,9 +84,9 @@ struct ComputeSpec {
   double accumulate_rate(int64_t T) const {
     return (accumulate_GBps ? *accumulate_GBps : elementwise_GBps).at(T);
   }
-  // Attention rates, TFLOP/s in the FlashAttention-3 counting of mla/flops.hpp, keyed by the file's
+  // Attention rates, TFLOP/s in the FlashAttention-3 counting of core/work.hpp, keyed by the file's
   // names: "[eager_][latent_|mqa_|laga_fused_]attention_{fwd,bwd}_tflops", each at the length of
-  // one kernel call (Form::attention_call_seq). attention_fwd_tflops and attention_bwd_tflops
+  // one kernel call (its recorded length). attention_fwd_tflops and attention_bwd_tflops
   // (fused, per-head 192/128-like heads) are required; the others are optional.
   // "laga_fused_attention_{fwd,bwd}_tflops" is laga-fused's latent kernel, counting the attention's
   // FLOPs and the up-projection it runs inside (forward U, backward 3U: recomputed, then its
@@ -107,29 +113,32 @@ struct HardwareSpec {
   const ComputeSpec& compute_for(DType d) const;
 };
 
-struct PhaseTime {
-  PhaseFlops phase;  // per rank: the whole-group figures of phase_flops divided by P
-  double rate = 0;   // FLOP/s, or bytes/s for elementwise and accumulate
-  double seconds = 0;
-};
-
 struct CollectiveTime {
-  CollectiveRecord record;  // as the planner recorded it for rank 0
+  CollectiveRecord record;  // as the planner recorded it for this rank
   bool backward = false;
   bool crosses_nodes = false;
   double size_bytes = 0;  // nccl-tests' S
   double busbw_GBps = 0;  // the effective bus bandwidth used
   double latency_s = 0;
   double seconds = 0;  // latency + S · bus_factor / busbw
-  // = seconds without overlap; with it, what the query path does not hide (model.cpp)
+  // what the rank waited for it in the replay: its whole time where the form waits at once, less
+  // what ran behind it where the form waits later, more where a peer issued it late
   double exposed_s = 0;
   // the link's host cost of the bytes this rank sends (charged to compute for the hidden part)
   double host_s = 0;
 };
 
+// The replayed time of one op class in one pass (seconds, the work it did: FLOPs or bytes).
+struct ClassTime {
+  double seconds = 0, work = 0;
+  int64_t calls = 0;
+};
+
 struct FormPrediction {
   std::string form;
-  std::vector<PhaseTime> phases;
+  int64_t rank = 0;  // the rank whose step is the longest: the figures below are its
+  // by pass (0 forward, 1 backward) and work class (core/work.hpp)
+  std::map<WorkClass, ClassTime> by_class[2];
   std::vector<CollectiveTime> collectives;  // attention traffic only (no grad sync), issue order
   double fwd_compute_s = 0, bwd_compute_s = 0, fwd_comm_s = 0, bwd_comm_s = 0;  // comm: exposed
   // of the compute: the host cost of the hidden collectives' bytes (LinkSpec)
@@ -148,7 +157,20 @@ struct FormPrediction {
 // bandwidth), m = its ranks per node, and splits the all-to-all's traffic between the two links.
 CollectiveTime collective_time(const HardwareSpec& hw, const CollectiveRecord& r, int64_t P);
 
-// One training step (forward + backward, no grad sync) of c's form on one rank.
+// The rate key of an attention call in config m (the hardware file's
+// "[eager_][latent_|mqa_|laga_fused_]attention_{fwd,bwd}_tflops"), from the call itself: the
+// latent kernel's is laga_fused; fewer key/value heads than query heads, mqa; heads as wide as the
+// latent (Lkv + Dr), latent; any other, dense.
+AttentionShape attention_shape(const WorkRecord& r, const MlaConfig& m);
+// Seconds of one recorded op on these rates: its FLOPs or bytes over the rate of its class, read at
+// the run's T (matmul, elementwise, accumulate) or at the call's own length (attention).
+double work_seconds(const WorkRecord& r, const MlaConfig& m, const ComputeSpec& rates);
+
+// One training step (forward + backward, no grad sync) of c's form: every rank's planned timeline
+// (driver/plan.hpp) replayed together (docs/model.md §1). A compute event advances the rank's
+// clock by work_seconds; an issue starts the collective once every rank of its group has issued it
+// and each one's link is free of the collectives before it; a wait moves the clock to the
+// collective's end, and what it waited is exposed. The prediction is the slowest rank's.
 FormPrediction predict(const Config& c, const HardwareSpec& hw);
 
 // Least-squares fit of time = latency + bus_bytes / busbw over measured points (bus_bytes = S ·

@@ -13,7 +13,7 @@
 #include "laga/comm/communicator.hpp"
 #include "laga/mla/config.hpp"
 #include "laga/core/memory.hpp"
-#include "laga/core/profile.hpp"
+#include "laga/core/work.hpp"
 #include "laga/mla/weights.hpp"
 
 namespace laga {
@@ -47,7 +47,9 @@ struct RankResult {
   MemoryReport memory;
   double forward_s = 0, backward_s = 0, grad_sync_s = 0;
   std::vector<CollectiveRecord> collectives;  // this rank's ledger, attention and grad sync
-  OpProfile profile;  // forward + backward: time and FLOPs by op class (core/profile.hpp)
+  // forward + backward: every op with its work (and time, when real), and the timeline of ops and
+  // this rank's attention collectives (core/work.hpp); its issue/wait indices are into collectives
+  WorkLedger work;
   // With gather_tensors: whole tensors [T, B, D] and the synced gradients, on every rank.
   Tensor x, dy, y, dx;
   Weights weights, grads;

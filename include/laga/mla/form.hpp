@@ -1,10 +1,9 @@
 // A form: one way of computing the attention core of the MLA block under sequence parallelism —
 // everything between the local stage (q and the latent of this rank's tokens) and the output
 // projection (o of this rank's tokens). Each form is one source file in src/mla/forms/ implementing
-// this interface: its forward and backward, its own saved state, the collectives it issues
-// (declared as forward/backward pairs, comm/pairs.hpp), its FLOPs, and the configurations it
-// refuses. Its memory plan is its own code run on meta tensors (driver/plan.hpp), so nothing is
-// written twice.
+// this interface: its forward and backward, its own saved state, and the configurations it refuses.
+// Its memory, traffic, work and timeline are its own code run on meta tensors (driver/plan.hpp),
+// so nothing is written twice.
 //
 // The registry (src/mla/forms/registry.cpp) lists every form; every command, test sweep and report
 // iterates it, so a new form appears everywhere by being registered. The dataflow of each form is
@@ -73,25 +72,6 @@ struct CoreSaved {
   virtual void for_each(const std::function<void(const char* name, const Tensor&)>& f) const = 0;
 };
 
-// A forward/backward pair of collectives a form issues per layer, by the ledger's tensor names
-// ("q" forward, its adjoint "dq" in backward). A form that recomputes in backward what forward sent
-// (explicit-recompute's k and v) issues the forward collective once more in backward, before the
-// adjoint. Form::collectives() lists them in the forward's issue order (with overlap on and off
-// alike: the choice moves waits, not issues); the backward issues the adjoints in an order of its
-// own.
-struct DeclaredCollective {
-  CollectiveOp forward_op;
-  std::string forward;
-  CollectiveOp backward_op;
-  std::string backward;
-  bool forward_again_in_backward = false;
-  // A ring pair (send_recv): issued once per hop, Form::ring_hops times per layer (P − 1 for the
-  // ring forms, Pr − 1 for laga with --ulysses; its forward_again_in_backward and its adjoint too).
-  // The forward issues the plain pairs first, then the ring pairs hop by hop, each hop in the
-  // declared order.
-  bool per_ring_hop = false;
-};
-
 // The block's query path, run by the core's forward where it wants q: returns q_local [N, B, H,
 // Dqk] (after RoPE). And its backward, run by the core's backward: takes dq_local [N, B, H, Dqk].
 using QueryPath = std::function<Tensor()>;
@@ -137,34 +117,6 @@ class Form {
   // Which global tokens each rank holds (token_segments).
   virtual TokenLayout layout() const { return TokenLayout::contiguous; }
 
-  // The collectives of one layer's core, in the forward's issue order; for Output::heads the block
-  // adds the o/do pair around it.
-  virtual std::vector<DeclaredCollective> collectives() const = 0;
-  // How many times per layer a per_ring_hop pair is issued: P − 1 (the ring forms).
-  virtual int64_t ring_hops(const MlaConfig& c) const { return c.sp - 1; }
-  // The length of one attention kernel call, queries and keys (the performance model reads the
-  // kernel's rate there, driver/model.hpp): the whole sequence T for the head-scatter forms; a ring
-  // form's calls are a hop's blocks, which hold T / (ring ranks) tokens.
-  virtual int64_t attention_call_seq(const MlaConfig& c) const { return c.seq_len; }
-  // Executed FLOPs of the core's attention forward over the whole sequence, all ranks
-  // (FlashAttention-3's convention, attention_forward_flops); the backward is 2.5× this.
-  virtual double attention_forward_flops(const MlaConfig& c) const = 0;
-  // FLOPs the backward re-executes from forward, whole sequence, all ranks (a recomputed
-  // up-projection); block_flops counts them into backward. 0 for forms that recompute nothing.
-  virtual double recompute_flops(const MlaConfig& c) const { return 0; }
-  // Executed FLOPs beyond the block's own count (whole sequence, all ranks), forward and backward:
-  // a form that up-projects every rank's latent on every rank (ring-latent). block_flops adds them.
-  virtual double extra_forward_flops(const MlaConfig& c) const { return 0; }
-  virtual double extra_backward_flops(const MlaConfig& c) const { return 0; }
-  // Elementwise traffic beyond the block's phases (bytes read + written, whole sequence, all ranks,
-  // one layer, in one pass): the ring forms' log-sum-exp merges and fp32 gradient accumulators
-  // (fp32), and the K/V assembly of the blocks every rank up-projects beyond its own (storage
-  // dtype). The performance model times the first at its accumulate rate (fp32 streams), the second
-  // at its elementwise rate.
-  struct ExtraBytes {
-    double fp32 = 0, storage = 0;
-  };
-  virtual ExtraBytes extra_elementwise_bytes(const MlaConfig& c, bool backward) const { return {}; }
   // True when at P = 1 the form runs explicit's operations exactly (its collectives are
   // identities): its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }

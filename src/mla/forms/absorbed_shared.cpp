@@ -86,18 +86,6 @@ class AbsorbedShared final : public Form {
     query_backward(gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local").wait());
     return dlatent.wait();
   }
-
-  std::vector<DeclaredCollective> collectives() const override {
-    using Op = CollectiveOp;
-    return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"},
-            {Op::all_to_all, "q", Op::all_to_all, "dq"}};
-  }
-
-  // The executed core: scores over Dl, values of Lkv.
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.latent_dim(),
-                                         c.kv_lora_rank, true);
-  }
 };
 
 }  // namespace

@@ -30,13 +30,6 @@ MatView head(const RankCtx& ctx, const Tensor& t, int64_t h, int64_t width, int6
 
 // The up-projection of E1/G2 for heads [h0, h0 + Hs): from latent [M, B, Dl] and wkv_b,
 // k [M, B, Hs, Dqk] = [ckv·W_UKᵀ | kpe broadcast] and v [M, B, Hs, Dv] = ckv·W_UVᵀ (=).
-// FLOPs of one up-projection of the whole sequence on all ranks, every head: 2·T·B·Lkv·H·(Dn + Dv)
-// (what a form that rebuilds K and V from the latent executes once more).
-inline double up_projection_flops(const MlaConfig& c) {
-  return 2.0 * double(c.seq_len * c.batch) * double(c.kv_lora_rank) *
-         double(c.num_attention_heads) * double(c.qk_nope_head_dim + c.v_head_dim);
-}
-
 void up_project_forward(const RankCtx& ctx, const Tensor& latent, const Tensor& wkv_b, int64_t h0,
                         int64_t Hs, Tensor& k, Tensor& v);
 // Its backward: dlatent [M, B, Dl] (=; the storage dtype or fp32, rounded once from the fp32 sums

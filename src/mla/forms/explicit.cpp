@@ -69,18 +69,6 @@ class Explicit final : public Form {
     return explicit_backward_tail(ctx, w, s.latent, std::move(dq), std::move(dk), std::move(dv), g,
                                   query_backward);
   }
-
-  std::vector<DeclaredCollective> collectives() const override {
-    using Op = CollectiveOp;
-    return {{Op::all_to_all, "k", Op::all_to_all, "dk"},
-            {Op::all_to_all, "v", Op::all_to_all, "dv"},
-            {Op::all_to_all, "q", Op::all_to_all, "dq"}};
-  }
-
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(),
-                                         c.v_head_dim, true);
-  }
 };
 
 }  // namespace

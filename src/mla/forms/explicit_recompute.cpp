@@ -75,21 +75,6 @@ class ExplicitRecompute final : public Form {
 
   bool exact_at_one_rank() const override { return true; }
 
-  std::vector<DeclaredCollective> collectives() const override {
-    using Op = CollectiveOp;
-    return {{Op::all_to_all, "k", Op::all_to_all, "dk", /*forward_again_in_backward=*/true},
-            {Op::all_to_all, "v", Op::all_to_all, "dv", /*forward_again_in_backward=*/true},
-            {Op::all_to_all, "q", Op::all_to_all, "dq"}};
-  }
-
-  // The attention is explicit's. The replayed up-projection (2·T·B·Lkv·H·(Dn+Dv) over all ranks) is
-  // counted by recompute_flops, into backward.
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(),
-                                         c.v_head_dim, true);
-  }
-  double recompute_flops(const MlaConfig& c) const override { return up_projection_flops(c); }
-
  private:
   // E1 then E2 for k and v, in explicit's order: up-project every head of the local tokens, then
   // issue the all-to-alls of k and v, each local tensor released once packed. Tags "<prefix>.k".

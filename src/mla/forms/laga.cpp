@@ -91,17 +91,6 @@ class Laga final : public Form {
   void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
     add_laga_problems(c, p);
   }
-
-  std::vector<DeclaredCollective> collectives() const override {
-    using Op = CollectiveOp;
-    return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"},
-            {Op::all_to_all, "q", Op::all_to_all, "dq"}};
-  }
-
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(),
-                                         c.v_head_dim, true);
-  }
 };
 
 }  // namespace

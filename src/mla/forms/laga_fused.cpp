@@ -101,21 +101,6 @@ class LagaFused final : public Form {
   }
 
   std::string_view own_kernel() const override { return "latent"; }
-
-  std::vector<DeclaredCollective> collectives() const override {
-    using Op = CollectiveOp;
-    return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"},
-            {Op::all_to_all, "q", Op::all_to_all, "dq"}};
-  }
-
-  // The attention is laga's; the up-projection its kernel runs once more in backward
-  // (2·T·B·Lkv·H·(Dn+Dv) over all ranks; the forward's is the block's wkv_b product) is counted by
-  // recompute_flops, into backward.
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(),
-                                         c.v_head_dim, true);
-  }
-  double recompute_flops(const MlaConfig& c) const override { return up_projection_flops(c); }
 };
 
 }  // namespace

@@ -108,20 +108,6 @@ class LagaRecompute final : public Form {
 
   bool exact_at_one_rank() const override { return true; }
 
-  std::vector<DeclaredCollective> collectives() const override {
-    using Op = CollectiveOp;
-    return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"},
-            {Op::all_to_all, "q", Op::all_to_all, "dq"}};
-  }
-
-  // The attention is laga's. The rebuilt up-projection (2·T·B·Lkv·H·(Dn+Dv) over all ranks) is
-  // counted by recompute_flops, into backward.
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(),
-                                         c.v_head_dim, true);
-  }
-  double recompute_flops(const MlaConfig& c) const override { return up_projection_flops(c); }
-
  private:
   // Attention backward of batch row b, heads [h0, h0 + Hc) of the shard: q, o, do, dq, dk, dv as
   // head slices of the [T, B, Hr, ·] tensors, k and v the rebuilt [T, B, Hc, ·], the saved lse /

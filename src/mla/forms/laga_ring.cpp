@@ -97,41 +97,6 @@ class LagaRing final : public Form {
     return dlatent.wait();
   }
 
-  std::vector<DeclaredCollective> collectives() const override {
-    using Op = CollectiveOp;
-    DeclaredCollective ring{Op::send_recv, "latent_g", Op::send_recv, "dlatent_g",
-                            /*forward_again_in_backward=*/true};
-    ring.per_ring_hop = true;
-    return {{Op::all_gather, "latent", Op::reduce_scatter, "dlatent"},
-            {Op::all_to_all, "q", Op::all_to_all, "dq"},
-            ring};
-  }
-  int64_t ring_hops(const MlaConfig& c) const override { return c.ring_groups() - 1; }
-  int64_t attention_call_seq(const MlaConfig& c) const override {
-    return c.seq_len / c.ring_groups();
-  }
-
-  // The chunk pairs of the Pr groups cover the causal triangle exactly, every head once.
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(),
-                                         c.v_head_dim, true);
-  }
-  // Every rank up-projects Pr blocks of Tg tokens for its H/Pu heads: Pr up-projections of the
-  // sequence over all ranks, Pr − 1 more than the block's one; backward recomputes all Pr and runs
-  // Pr up-projection backwards (two products each), Pr − 1 more than the block's.
-  double recompute_flops(const MlaConfig& c) const override {
-    return double(c.ring_groups()) * up_projection_flops(c);
-  }
-  double extra_forward_flops(const MlaConfig& c) const override {
-    return double(c.ring_groups() - 1) * up_projection_flops(c);
-  }
-  double extra_backward_flops(const MlaConfig& c) const override {
-    return 2.0 * double(c.ring_groups() - 1) * up_projection_flops(c);
-  }
-  ExtraBytes extra_elementwise_bytes(const MlaConfig& c, bool backward) const override {
-    return ring_elementwise_bytes(c, c.ring_groups(), c.num_attention_heads / c.head_group(), true,
-                                  backward);
-  }
   void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
     add_laga_problems(c, p);
   }

@@ -183,35 +183,6 @@ RingLatentGrads ring_latent_backward(const RankCtx& ctx, const RingView& rv, con
   return {std::move(dq_acc), std::move(dlat_own)};
 }
 
-Form::ExtraBytes ring_elementwise_bytes(const MlaConfig& c, int64_t R, int64_t Hs,
-                                        bool latent_travels, bool backward) {
-  const double C = double(c.seq_len / (2 * R)), M = 2 * C, B = double(c.batch), H = double(Hs);
-  const double Dqk = double(c.qk_head_dim()), Dv = double(c.v_head_dim),
-               Dl = double(c.latent_dim());
-  const double s = double(dtype_size(c.dtype)), pairs = double(2 * R + 1), ranks = double(c.sp);
-  Form::ExtraBytes e;
-  if (!backward) {
-    // each pair's fp32 partial merged into o_acc (read both, write one); o_acc rounded once
-    e.fp32 = pairs * 12 * C * B * H * Dv + M * B * H * Dv * (4 + s);
-    // the other R − 1 blocks' K/V assembly ([k_nope | v] read, k and v written; kpe broadcast)
-    if (latent_travels) e.storage = double(R - 1) * M * B * H * (2 * (Dqk + Dv));
-  } else {
-    // each pair's fp32 dq, dk, dv added into their accumulators; dq_acc zeroed and rounded once
-    e.fp32 = pairs * 12 * C * B * H * (2 * Dqk + Dv) + M * B * H * Dqk * (4 + 4 + s);
-    if (!latent_travels) {  // dk, dv: own and travelling accumulators zeroed, summed, rounded
-      e.fp32 += M * B * H * (Dqk + Dv) * (8 + 12 + 4 + s);
-    } else {  // per hop: dk, dv zeroed and rounded, dlatent added; own and travelling dlatent
-      e.fp32 +=
-          double(R) * (M * B * H * (Dqk + Dv) * (4 + 4 + s) + 12 * M * B * Dl) + 20 * M * B * Dl;
-      // every hop's K/V rebuilt (R assemblies) and R − 1 more dk, dv assemblies than the block's
-      // one
-      e.storage = (double(R) + double(R - 1)) * M * B * H * (2 * (Dqk + Dv));
-    }
-  }
-  e.fp32 *= ranks, e.storage *= ranks;
-  return e;
-}
-
 bool zigzag_fits(int64_t T, int64_t R) { return R <= T / 2 && T % (2 * R) == 0; }
 
 std::string zigzag_seq_problem(int64_t T, int64_t R, std::string_view ring, std::string_view why) {
@@ -249,12 +220,6 @@ class RingForm : public Form {
   std::string_view own_kernel() const override { return "fused"; }
   Output output() const override { return Output::tokens; }
   TokenLayout layout() const override { return TokenLayout::zigzag; }
-  // chunks r, 2P−1−r
-  int64_t attention_call_seq(const MlaConfig& c) const override { return c.seq_len / c.sp; }
-  double attention_forward_flops(const MlaConfig& c) const override {
-    return laga::attention_forward_flops(c.batch, c.num_attention_heads, c.seq_len, c.qk_head_dim(),
-                                         c.v_head_dim, true);
-  }
   void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
     add_ring_problems(c, p, name());
   }
@@ -267,9 +232,6 @@ class RingKv final : public RingForm {
     return "ring attention: per-head k and v travel around the ring (P − 1 send_recv hops), zigzag "
            "tokens, "
            "log-sum-exp merge in fp32; no all-to-all";
-  }
-  ExtraBytes extra_elementwise_bytes(const MlaConfig& c, bool backward) const override {
-    return ring_elementwise_bytes(c, c.sp, c.num_attention_heads, false, backward);
   }
 
   Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
@@ -365,16 +327,6 @@ class RingKv final : public RingForm {
     return dlatent;
   }
 
-  std::vector<DeclaredCollective> collectives() const override {
-    using Op = CollectiveOp;
-    DeclaredCollective k{Op::send_recv, "k", Op::send_recv, "dk",
-                         /*forward_again_in_backward=*/true};
-    DeclaredCollective v{Op::send_recv, "v", Op::send_recv, "dv",
-                         /*forward_again_in_backward=*/true};
-    k.per_ring_hop = v.per_ring_hop = true;
-    return {k, v};
-  }
-
   // The chunk pairs cover the causal triangle exactly (2P(2P+1)/2 blocks of C × C, the diagonal
   // ones causal), so the executed FLOPs are the whole sequence's causal attention.
 };
@@ -397,8 +349,8 @@ void add_ring_problems(const MlaConfig& c, std::vector<std::string>& p, std::str
 //       the hop
 //   L3  o = round(o_acc) [N, B, H, Dv] on this rank's tokens
 // Saves only the local latent, q, o and the lse (no k, v). Backward: the latent travels again
-// (declared forward again in backward), each hop's K/V is recomputed from it (recompute_flops: P
-// up-projections of the sequence), the hop's attention backward gives the block's dk, dv in fp32
+// (declared forward again in backward), each hop's K/V is recomputed from it (P up-projections of
+// the sequence), the hop's attention backward gives the block's dk, dv in fp32
 // and, rounded to the storage dtype, the up-projection's backward gives the block's dlatent (fp32,
 // rounded once from its fp32 sums over heads) and adds the block's dwkv_b rows (partial: synced
 // with the other gradients). The block's dlatent travels back around the ring in fp32 like
@@ -438,29 +390,6 @@ class RingLatent final : public RingForm {
     query_backward(d.dq.to(ctx.dt, "grad.q_local"));
     d.dq = Tensor();
     return d.dlatent.to(ctx.dt, "grad.latent");
-  }
-
-  std::vector<DeclaredCollective> collectives() const override {
-    DeclaredCollective l{CollectiveOp::send_recv, "latent", CollectiveOp::send_recv, "dlatent",
-                         /*forward_again_in_backward=*/true};
-    l.per_ring_hop = true;
-    return {l};
-  }
-
-  // Backward recomputes every hop's K/V: P up-projections of the sequence.
-  double recompute_flops(const MlaConfig& c) const override {
-    return double(c.sp) * up_projection_flops(c);
-  }
-  // Every rank up-projects every block: P − 1 more than the block's one forward, and as many more
-  // up-projection backwards (two products each).
-  double extra_forward_flops(const MlaConfig& c) const override {
-    return double(c.sp - 1) * up_projection_flops(c);
-  }
-  double extra_backward_flops(const MlaConfig& c) const override {
-    return 2.0 * double(c.sp - 1) * up_projection_flops(c);
-  }
-  ExtraBytes extra_elementwise_bytes(const MlaConfig& c, bool backward) const override {
-    return ring_elementwise_bytes(c, c.sp, c.num_attention_heads, true, backward);
   }
 };
 

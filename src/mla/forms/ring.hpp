@@ -33,13 +33,6 @@ struct RingView {
 bool zigzag_fits(int64_t T, int64_t R);
 std::string zigzag_seq_problem(int64_t T, int64_t R, std::string_view ring, std::string_view why);
 
-// The elementwise traffic a ring adds beyond the block's phases (Form::extra_elementwise_bytes),
-// all ranks, one layer: R positions, Hs heads per rank, the per-head k and v travelling (ring-kv)
-// or the latent travelling and up-projected per hop (ring-latent, laga's ring). Counted from the
-// loops of hop_forward / hop_backward and the two cores (docs/model.md §1).
-Form::ExtraBytes ring_elementwise_bytes(const MlaConfig& c, int64_t R, int64_t Hs,
-                                        bool latent_travels, bool backward);
-
 // A query chunk × key chunk pair of one hop: local chunk indices (0: chunk r, 1: chunk 2P−1−r) and
 // whether it is the diagonal (causal) block.
 struct ChunkPair {
