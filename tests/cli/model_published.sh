@@ -55,6 +55,25 @@ PY
 grep -q "^  why: " <<<"$out" || fail "no why line printed"
 [ "$failures" -eq "$before" ] && ok "laga model --published: $(grep -c '^## ' <<<"$out") rows"
 
+# The report's section (scripts/report_published.py) renders every row and every reason.
+mkdir -p "$tmp/report" && cp "$tmp/p.json" "$tmp/report/model.published.json"
+(cd "$src/scripts" && /usr/bin/python3 - "$tmp/report" "$tmp/p.json" <<'PY') || fail "scripts/report_published.py"
+import json, sys
+import report, report_published
+r = report.Report(sys.argv[1])
+report_published.section_published(r)
+md = "\n".join(r.md)
+j = json.load(open(sys.argv[2]))
+for x in j["rows"]:
+    assert f"| {x['id']} |" in md, x["id"]
+    if x["why"]:
+        assert x["why"] in md, x["id"]
+empty = report.Report(sys.argv[1] + "/none")
+report_published.section_published(empty)
+assert "no data" in "\n".join(empty.md)
+print(f"ok: report_published.section_published: {len(j['rows'])} rows rendered")
+PY
+
 # Every number of the hardware files added for the published rows has a note with its source and how
 # the number follows from it (an assumption says so): notes.<path> for the number's path or one of
 # its ancestors.
