@@ -29,7 +29,8 @@ if cmake --install "$build" --prefix "$prefix" >"$d/install.log" 2>&1; then ok "
 else fail "cmake --install: $(tail -3 "$d/install.log")"; exit 1; fi
 bin=$prefix/bin/laga
 [ -x "$bin" ] && ok "installed $bin" || fail "no executable $bin"
-for f in scripts/report.py scripts/link.sh tests/torch/mla_block_torch.py docs/hw/ascend-910b.json docs/hw/h100-class.json; do
+for f in scripts/report.py scripts/report_published.py scripts/link.sh tests/torch/mla_block_torch.py \
+  docs/hw/ascend-910b.json docs/hw/h100-class.json docs/published.json; do
   [ -f "$prefix/share/laga/$f" ] || fail "not installed: share/laga/$f"
 done
 
@@ -56,6 +57,7 @@ run bench-comm "$bin" bench-comm --sp 2 -b 4K -e 16K
 run train "$bin" train --model tiny --seq 32 --sp 2 --steps 40 --lr 1e-2 --dtype fp32 --forms laga
 run model "$bin" model --model deepseek-v3 --seq 4096 --sp 8 --hw "$hw/h100-class.json"
 run model.grid "$bin" model --grid --hw "$hw/ascend-910b.json"
+run model.published "$bin" model --published "$prefix/share/laga/docs/published.json"
 
 # laga report from /, with the installed scripts: until its first two steps (verify, and the PyTorch
 # check, which runs the installed tests/torch/mla_block_torch.py) have ended; then it is stopped.

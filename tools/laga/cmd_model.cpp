@@ -418,6 +418,7 @@ nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpe
 }
 
 int cmd_model(const CommonFlags& f, const ModelFlags& m) {
+  if (!m.published.empty()) return cmd_model_published(m.published, f.json_path);
   if (!m.calibrate_out.empty()) return calibrate(f, m);
   HardwareSpec file_hw = HardwareSpec::load(m.hw);
   // this file's compute with a link measured apart (e.g. across link.sh's namespaces)

@@ -62,7 +62,10 @@ struct ModelFlags {
   // --calibrate-reps: timed repeats per measurement (0: the default, 3)
   int calibrate_reps = 0;
   bool grid = false;
+  std::string published;  // --published FILE: the model beside published measurements
 };
 int cmd_model(const CommonFlags& f, const ModelFlags& m);
+// laga model --published FILE [--json OUT] (cmd_model_published.cpp).
+int cmd_model_published(const std::string& file, const std::string& json_path);
 
 }  // namespace laga::cli

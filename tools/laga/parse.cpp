@@ -235,6 +235,9 @@ void build_app(CLI::App& app, Invocation& inv) {
   model->add_flag("--grid", inv.model.grid,
                   "the winner of every cell of a grid: deepseek-v2-lite and -v3, T 4K-64K, P 8-64, "
                   "the link scales");
+  model->add_option("--published", inv.model.published,
+                    "the model beside published measurements: each row of FILE "
+                    "(docs/published.json) predicted and compared");
   model->add_option("--comm-json", inv.model.comm_json,
                     "the link from a laga bench-comm --json file: with --calibrate, the file's "
                     "link; with --hw, replacing its intra-node link");
@@ -431,7 +434,12 @@ void check_invocation(const Invocation& inv) {
     LAGA_CHECK(!inv.out_dir.empty(), "laga report needs --out DIR, e.g. --out report");
   } else if (inv.command == "model") {
     const ModelFlags& m = inv.model;
-    if (!m.calibrate_out.empty()) {
+    if (!m.published.empty()) {
+      LAGA_CHECK(m.hw.empty() && m.calibrate_out.empty() && m.bench_json.empty() && !m.grid &&
+                     f.seq == 0 && m.forms.empty() && m.link_scale.empty() && m.comm_json.empty(),
+                 "--published FILE takes every row's configuration and hardware file from FILE; "
+                 "give only --json besides it");
+    } else if (!m.calibrate_out.empty()) {
       LAGA_CHECK(m.hw.empty() && m.bench_json.empty() && f.seq == 0,
                  "--calibrate measures this machine and writes a hardware file; it takes no --hw, "
                  "--bench-json or --seq");
