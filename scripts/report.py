@@ -240,11 +240,19 @@ def section_verify(r):
     c0 = v.get("config", {})
     r.p(f"`laga verify`, model {c0.get('model')}, T {c0.get('seq_len')}, {c0.get('dtype')}, {c0.get('kernel')}. "
         f"Rule: {v.get('rule', 'see docs/design.md')}.")
+    # A row per form and reference, a column per P: the worst tensor's error over what the rule allows it.
+    sps = sorted({c["sp"] for c in v["cases"]})
+    cell = {(c["form"], c["vs"], c["sp"]): c for c in v["cases"]}
     rows = []
-    for c in v["cases"]:
-        rows.append((c["sp"], c["form"], c["vs"], "yes" if c["bitwise"] else "no", f"{c['worst_ratio']:.3f}",
-                     c["worst_tensor"], "ok" if c["pass"] else "**FAIL**"))
-    r.p(table(["P", "form", "vs", "bitwise", "worst err / allowed", "at", "verdict"], rows))
+    for form, vs in dict.fromkeys((c["form"], c["vs"]) for c in v["cases"]):
+        row = [form, vs]
+        for P in sps:
+            c = cell.get((form, vs, P))
+            text = "-" if not c else "bitwise" if c["bitwise"] else f"{c['worst_ratio']:.3f}"
+            row.append(text if not c or c["pass"] else f"**FAIL** {text} at {c['worst_tensor']}")
+        rows.append(row)
+    r.p("Each cell: the worst tensor's error over what the rule allows it (≤ 1 passes), or bitwise.")
+    r.p(table(["form", "vs"] + [f"P {P}" for P in sps], rows))
     torch = next((s for s in steps_of(r.d) if s["name"] == "torch"), None)
     if torch:
         log = os.path.join(r.d, torch["log"])
@@ -291,17 +299,18 @@ def section_memory(r):
         pts = sorted((m for m in s["memory"] if m["kernel"] == asked and m["sp"] == 8), key=lambda m: m["seq"])
         if not pts:
             continue
+        colors = r.forms.colors(pts[0]["activation_peak_bytes"])
         for form in r.forms.order(pts[0]["activation_peak_bytes"]):
             ran = r.forms.kernel(form, asked)
             if asked != "fused" and ran != asked:
                 continue
             ax.plot([m["seq"] for m in pts], [m["activation_peak_bytes"][form] / 2**30 for m in pts], "o-",
-                    label=form if ran == asked else f"{form} ({ran})")
+                    color=colors[form], label=form if ran == asked else f"{form} ({ran})")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("T")
         ax.set_ylabel("activation peak per rank, GiB")
-        ax.set_title(f"DeepSeek-V3, P 8, {asked}" + (" (forms with their own kernel: on the left)" if asked != "fused" else ""))
+        ax.set_title(f"DeepSeek-V3, P 8, --kernel {asked}" + (" (own-kernel forms: left)" if asked != "fused" else ""))
         ax.legend(fontsize=7)
     r.plot(fig, "memory_vs_T.png", "activation peak per form against T")
 
@@ -349,22 +358,43 @@ def speedup_table(r, j):
     return len(rows)
 
 
-def plot_speedups(r, ax, j, tag):
-    asked = j.get("kernel", "fused")
-    for form in r.forms.order({row["variant"] for row in bench_rows(j)} - {"explicit"}):
-        pts = sorted((row["seq"], row["speedup_vs_explicit"]) for row in bench_rows(j)
-                     if row["variant"] == form and (asked == "fused" or r.forms.runs(form, asked, row)))
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{form}, {tag}")
-
-
-def finish_speedup_plot(ax, title):
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("T")
-    ax.set_ylabel("speed vs explicit (×)")
+def speedup_figure(r, benches, title):
+    """explicit / form of every bench's rows the tables show: against T, or where every bench ran one T, as
+    bars per form (one per bench)."""
+    pts = {}  # (tag, form) -> [(T, explicit / form)]
+    for tag, j in benches:
+        asked = j.get("kernel", "fused")
+        for row in bench_rows(j):
+            if row["variant"] != "explicit" and (asked == "fused" or r.forms.runs(row["variant"], asked, row)):
+                pts.setdefault((tag, row["variant"]), []).append((row["seq"], row["speedup_vs_explicit"]))
+    forms = r.forms.order({f for _, f in pts})
+    tags = list(dict.fromkeys(t for t, _ in pts))
+    bars = len({T for v in pts.values() for T, _ in v}) == 1
+    fig, ax = plt.subplots(figsize=(6.5, max(2.5, 1.2 + 0.22 * len(forms) * len(tags)) if bars else 4))
+    if bars:
+        T = next(iter(pts.values()))[0][0]
+        width = 0.8 / max(len(tags), 1)
+        for i, tag in enumerate(tags):
+            ys = [(k, pts[(tag, f)][0][1]) for k, f in enumerate(forms) if (tag, f) in pts]
+            bars = ax.barh([k + i * width for k, _ in ys], [v for _, v in ys], height=width, label=tag)
+            ax.bar_label(bars, fmt="%.2f", fontsize=6, padding=2)
+        ax.set_yticks([k + 0.4 - width / 2 for k in range(len(forms))], forms, fontsize=7)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="gray", lw=0.8)
+        ax.set_xlabel(f"speed vs explicit (×), T {T}")
+    else:
+        colors = r.forms.colors(forms)
+        styles = dict(zip(tags, ("o-", "s--", "^:", "D-.", "v-", "x--")))
+        for (tag, form), v in sorted(pts.items(), key=lambda kv: (forms.index(kv[0][1]), kv[0][0])):
+            v.sort()
+            ax.plot([p[0] for p in v], [p[1] for p in v], styles.get(tag, "o-"), color=colors[form], label=f"{form}, {tag}")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("T")
+        ax.set_ylabel("speed vs explicit (×)")
     ax.legend(fontsize=6)
     ax.set_title(title)
+    return fig
 
 
 def section_throughput(r):
@@ -373,7 +403,6 @@ def section_throughput(r):
         "rank; every row validated (docs/benchmarks.md §7). kernel: the one the row ran (a form with its own kernel "
         "ignores --kernel, so the eager bench leaves it out). Of the exposed communication, \"skew\" is the time the "
         "ranks waited for each other: each has the same work, so in one machine it is time the host took from one core.")
-    fig, ax = plt.subplots(figsize=(6, 4))
     found = [(name, title, load(r.d, name)) for name, title in
              (("bench.threads.fused.json", "threads, --kernel fused"), ("bench.threads.eager.json", "threads, --kernel eager"),
               ("bench.mpi.fused.json", "MPI over shared memory, --kernel fused"))]
@@ -386,14 +415,13 @@ def section_throughput(r):
         r.h(title, 3)
         r.p(f"link: {j.get('link')}; threads per rank {j.get('threads_per_rank')}; {j.get('dtype')}.")
         speedup_table(r, j)
-        plot_speedups(r, ax, j, title.split(",")[0] + ", " + j.get("kernel", "?"))
     if r.forms.not_run:
         r.p("\nNot run at this configuration: " + "; ".join(f"{k}: {v}" for k, v in r.forms.not_run.items()) + ".")
     r.p(f"\nThe paper, fused, one node (P 8): laga / explicit {PAPER['single_node'][4096]} / {PAPER['single_node'][8192]} "
         f"/ {PAPER['single_node'][16384]}× at T 4K / 8K / 16K. In one machine here the collectives are memory copies, "
         "so communication is a small share of the step.")
-    finish_speedup_plot(ax, "one machine, P 2")
-    r.plot(fig, "speedup_one_machine.png", "speedup against T in one machine")
+    fig = speedup_figure(r, [(t.split(",")[0] + ", " + j.get("kernel", "?"), j) for _, t, j in found], "one machine, P 2")
+    r.plot(fig, "speedup_one_machine.png", "speed against explicit in one machine")
 
 
 def section_link(r):
@@ -427,11 +455,9 @@ def section_link(r):
             else:
                 r.p(f"\nCheck: the later calibrations in this run read bf16 matmul at T {T} at {text} GFLOP/s, within 10 % "
                     f"of the {here * 1e3:.0f} GFLOP/s the matched rate was derived from.")
-    fig, ax = plt.subplots(figsize=(6, 4))
     for n, j in found:
         r.h(f"{n} rate — {j.get('link')}", 3)
         speedup_table(r, j)
-        plot_speedups(r, ax, j, n)
         if n.endswith(".overlap"):
             overlap_table(r, j, load(r.d, f"bench.link.{n[:-len('.overlap')]}.json"))
         comm = None if n.endswith(".overlap") else load(r.d, f"bench_comm.link.{n}.json")
@@ -441,8 +467,8 @@ def section_link(r):
                 f"{big['busbw_GBps'] * 1e3:.2f} MB/s.")
     r.p(f"\nThe paper, two nodes (P 16, RoCE ≈ 11 GB/s): laga / explicit {PAPER['two_nodes'][4096]} / "
         f"{PAPER['two_nodes'][8192]} / {PAPER['two_nodes'][16384]}× at T 4K / 8K / 16K.")
-    finish_speedup_plot(ax, "across the emulated link, P 2")
-    r.plot(fig, "speedup_link.png", "speedup against T across the link")
+    r.plot(speedup_figure(r, found, "across the emulated link, P 2"), "speedup_link.png",
+           "speed against explicit across the link")
 
 
 def overlap_table(r, j, off):
@@ -495,8 +521,9 @@ def section_train(r):
         "steps; every form from the same weights and data.")
     r.p(table(["form", "first loss", "last loss", "max rel. diff vs the first form", "decreased"], rows))
     fig, ax = plt.subplots(figsize=(6, 4))
+    colors = r.forms.colors(x["variant"] for x in t["runs"])
     for x in t["runs"]:
-        ax.plot(range(1, len(x["losses"]) + 1), x["losses"], label=x["variant"], lw=1)
+        ax.plot(range(1, len(x["losses"]) + 1), x["losses"], label=x["variant"], lw=1, color=colors[x["variant"]])
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_yscale("log")

@@ -102,6 +102,7 @@ class Forms:
     def colors(self, labels):
         """A colour per label: a form its own (tab10's, in registry order), a variant of one (laga's --ulysses
         rows) the next of tab20b's, a palette apart."""
+        labels = list(labels)
         strong = plt.get_cmap("tab10").colors
         light = plt.get_cmap("tab20b").colors[0::4] + plt.get_cmap("tab20b").colors[2::4]
         bases = self.names or list(dict.fromkeys(base_form(x) for x in self.order(labels)))
