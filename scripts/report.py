@@ -562,10 +562,11 @@ def main():
         "beside them. Compare ratios only within one run.")
     sections = [section_summary, section_targets, section_verify, section_memory, section_comm, section_throughput,
                 section_link, section_comm_bench, section_model, section_winners, section_train]
-    # --- The published measurements (scripts/report_published.py), when present: after the model's sections.
+    # --- The published measurements (scripts/report_published.py, section_published(r) reading
+    # DIR/model.published.json), when that module is installed beside this one: after section 9.
     published = published_section()
     if published:
-        sections.insert(sections.index(section_winners) + 1, published)
+        sections.append(published)
     for section in sections + [section_steps]:
         section(r)
     with open(os.path.join(r.d, "report.md"), "w") as f:

@@ -145,10 +145,11 @@ def section_model(r):
         r.p(f"Every rate was read in two rounds; {len(again)} whose readings differed by more than 10 % were read a "
             "third time (each keeps the median of its readings)" + (":" if again else "."))
         if again:
+            # Each reading over the median kept: a spread, whatever FLOP convention the rate is in.
             wide = sorted(again, key=lambda x: -max(x["rates"]) / max(min(x["rates"]), 1e-30))[:5]
-            r.p(("The widest five:" if len(again) > 5 else "") + "\n\n" + table(
-                ["rate", "readings"], [(x["what"], ", ".join(f"{v:.4g}" for v in x["rates"]) + " " + x["unit"])
-                                       for x in wide]))
+            r.p(("The widest five" if len(again) > 5 else "They") + ", each reading over the median kept:\n\n" + table(
+                ["rate", "readings / median"],
+                [(x["what"], ", ".join(f"{v / statistics.median(x['rates']):.2f}" for v in x["rates"])) for x in wide]))
     found = model_rows(r)
     if not found:
         r.missing("model against measurement", "model.vs_bench.fused")

@@ -207,6 +207,16 @@ for f in $own; do
   grep -qE "^\| 64 \| $f \| $k \| " "$d4/report.md" && ok "$f's bench row under $k" || fail "no bench row of $f under $k"
 done
 
+# The published-measurements section is report_published.py's section_published(r), called when that
+# module lies beside report.py (here a stand-in), after section 9; without it report.py has no such section.
+grep -q "^## Published" "$d4/report.md" && [ ! -f "$src/scripts/report_published.py" ] && fail "a published section without its module"
+mkdir -p "$d/scripts"
+cp "$src"/scripts/report*.py "$d/scripts/"
+printf 'def section_published(r):\n    r.h("Published measurements")\n    r.p("stand-in")\n' >"$d/scripts/report_published.py"
+/usr/bin/python3 "$d/scripts/report.py" "$d4" >"$d4/report.py.log" 2>&1 || fail "report.py with report_published.py: $(tail -3 "$d4/report.py.log")"
+[ "$(grep '^## ' "$d4/report.md" | tail -3 | head -2 | tr '\n' ,)" = "## 9. Training,## Published measurements," ] \
+  && ok "the published section, after section 9, where its module is" || fail "no published section after section 9"
+
 for png in memory_vs_T comm_vs_H speedup_one_machine model_vs_measured train_loss; do
   [ -s "$d/$png.png" ] && ok "$png.png" || fail "$png.png not written"
 done
