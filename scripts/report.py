@@ -197,11 +197,10 @@ def section_summary(r):
     f = r.forms
     names = f.names or sorted({x["variant"] for x in bench_rows(load(r.d, "bench.threads.fused.json"))})
     per_step = []
-    for step, what in (("bench.threads.fused", "threads, fused"), ("bench.threads.eager", "threads, eager"),
-                       ("bench.mpi.fused", "MPI, fused"), ("bench.link", "across the emulated link"),
-                       ("train", "training")):
+    for step, what in (("bench.threads.fused", "in the fused bench"), ("bench.threads.eager", "in the eager one"),
+                       ("bench.mpi.fused", "under MPI"), ("bench.link", "across the link"), ("train", "in training")):
         if step in f.steps:
-            per_step.append(f"{what} {len(f.steps[step])}")
+            per_step.append(f"{len(f.steps[step])} {what}")
     r.p(f"\n**Measured**: {len(names)} registered forms ({', '.join(names)}) — equivalence against an fp64 reference; "
         "planned memory and traffic at DeepSeek-V3; step time in one machine (P 2, `small`) and across an emulated "
         "link; the performance model against every measured row and over a grid of configurations; training curves."

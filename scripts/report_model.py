@@ -159,8 +159,8 @@ def section_model(r):
             "(target: every row within 10 %, mean ≤ 5 %).")
         rp = repeat(r.d)
         if rp:
-            r.p(f"\nThe host's share: {repeat_text(rp)} — an error of that size is no more than the machine moves one "
-                "measurement.")
+            r.p(f"\nThe host's share: {repeat_text(rp)}. An error within that spread cannot be told from the host's "
+                "noise.")
         else:
             r.missing("the repeated measurement", "bench.repeat.late")
         rows, pts = [], []
