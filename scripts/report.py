@@ -1,207 +1,23 @@
 #!/usr/bin/python3
 """report.py DIR: DIR/report.md and its plots from the JSON that `laga report` left in DIR.
 
-Reads only what the steps wrote (steps.json, verify.json, plan.*.json, plan_sweep.json, bench.*.json,
+Reads only what the steps wrote (steps.json, forms.json, verify.json, plan.*.json, plan_sweep.json, bench.*.json,
 bench_comm.*.json, model.*.json, train.json); a missing file makes its section say so, never a made-up
-number. The paper's figures quoted beside the measurements are arXiv 2607.17644's (docs/design.md §5).
-Runs under /usr/bin/python3 with Debian's python3-matplotlib.
+number. The report opens with a summary and the targets, then one section per measurement (docs/report.md).
+The paper's figures quoted beside the measurements are arXiv 2607.17644's (docs/design.md §5). Sections 7 and
+8 (the model) are in report_model.py, the shared helpers in report_common.py. Runs under /usr/bin/python3 with
+Debian's python3-matplotlib.
 """
-import json
+import importlib.util
 import math
 import os
-import statistics
 import sys
 
-import matplotlib
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-PAPER = {
-    "comm_ratio_h128": 1.98, "comm_ratio_h16": 1.88,
-    "absorbed_memory": "+20–34 %", "laga_memory": "within 0.5 % (< 27 MB)",
-    "single_node": {4096: 1.05, 8192: 1.06, 16384: 1.04},
-    "two_nodes": {4096: 1.07, 8192: 1.15, 16384: 1.24},
-}
-
-
-def load(d, name):
-    """The JSON a step wrote, or None when it wrote none or an unreadable one (a failed step may leave an
-    empty file); the step's own failure is listed in the Steps section."""
-    p = os.path.join(d, name)
-    if not os.path.exists(p):
-        return None
-    with open(p) as f:
-        try:
-            return json.load(f)
-        except ValueError:
-            return None
-
-
-def mb(b):
-    return f"{b / 1e6:,.1f}"
-
-
-def table(header, rows):
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
-
-
-class Report:
-    def __init__(self, d):
-        self.d = d
-        self.md = []
-        self.plots = []
-
-    def h(self, text, level=2):
-        self.md.append("\n" + "#" * level + " " + text + "\n")
-
-    def p(self, text):
-        self.md.append(text + "\n")
-
-    def missing(self, what, step):
-        steps = load(self.d, "steps.json") or {"steps": []}
-        why = next((f"{s['status']}: {s['reason']}" for s in steps["steps"] if s["name"] == step), "not run")
-        self.p(f"*{what}: no data ({why}).*")
-
-    def plot(self, fig, name, caption):
-        fig.tight_layout()
-        fig.savefig(os.path.join(self.d, name), dpi=110)
-        plt.close(fig)
-        self.plots.append(name)
-        self.p(f"![{caption}]({name})")
-
-
-def machine_line(d):
-    for name in ("bench.threads.fused.json", "bench_comm.threads.json"):
-        j = load(d, name)
-        if j and "machine" in j:
-            m = j["machine"]
-            isa = m.get("isa") or {}
-            isa_text = (f"rows {isa.get('rows', '?')}, matmul {isa.get('matmul', '?')} (bf16 {isa.get('bf16_matmul', '?')}), "
-                        f"LAGA_MAX_ISA {isa.get('max_isa') or 'unset'}") if isa else "not recorded"
-            return (f"{m.get('cpu_model', '?')}, {m.get('cores', '?')} cores ({m.get('features', '')}), ISA: {isa_text}, "
-                    f"host {m.get('host', '?')}, commit {m.get('commit', '?')}")
-    return "unknown (no bench ran)"
-
-
-def section_steps(r):
-    steps = load(r.d, "steps.json")
-    r.h("Steps")
-    if not steps:
-        r.p("*steps.json is missing: this directory was not written by `laga report`.*")
-        return
-    rows = [(s["name"], s["status"], f"{s['seconds']:.1f}", s["reason"] or "", f"[log]({s['log']})") for s in steps["steps"]]
-    r.p(table(["step", "status", "seconds", "note", "log"], rows))
-    total = sum(s["seconds"] for s in steps["steps"])
-    r.p(f"\nTotal {total:.0f} s{' (--quick)' if steps.get('quick') else ''}.")
-
-
-def section_verify(r):
-    r.h("1. Equivalence")
-    v = load(r.d, "verify.json")
-    if not v:
-        return r.missing("verify", "verify")
-    c0 = v.get("config", {})
-    r.p(f"`laga verify`, model {c0.get('model')}, T {c0.get('seq_len')}, {c0.get('dtype')}, {c0.get('kernel')}. "
-        f"Rule: {v.get('rule', 'see docs/design.md')}.")
-    rows = []
-    for c in v["cases"]:
-        rows.append((c["sp"], c["form"], c["vs"], "yes" if c["bitwise"] else "no", f"{c['worst_ratio']:.3f}",
-                     c["worst_tensor"], "ok" if c["pass"] else "**FAIL**"))
-    r.p(table(["P", "form", "vs", "bitwise", "worst err / allowed", "at", "verdict"], rows))
-    steps = load(r.d, "steps.json") or {"steps": []}
-    torch = next((s for s in steps["steps"] if s["name"] == "torch"), None)
-    if torch:
-        log = os.path.join(r.d, torch["log"])
-        tail = open(log).read().strip().splitlines()[-1] if os.path.exists(log) else ""
-        r.p(f"Against PyTorch autograd (an independent implementation of the block, on laga's dumped weights and "
-            f"inputs: tests/torch/mla_block_torch.py): **{torch['status']}** — {tail}\n")
-    r.p(f"\nOverall: **{'pass' if v['pass'] else 'FAIL'}**. The paper: bit-identical at P = 1, output max abs diff "
-        "≤ 5.6e-6 at P 2–8 (its fp32-style comparison; laga's bf16 rule is FlashAttention's, docs/design.md).")
-
-
-def section_memory(r):
-    r.h("2. Activation memory")
-    rows = []
-    for kernel in ("fused", "eager"):
-        p = load(r.d, f"plan.{kernel}.json")
-        if not p:
-            r.missing(f"plan {kernel}", f"plan.{kernel}")
-            continue
-        ex = p["forms"]["explicit"]["activation_peak_bytes"]
-        for name, f in p["forms"].items():
-            if name == "absorbed":
-                continue
-            if "not_run" in f:
-                rows.append((kernel, name, "not run", f["not_run"], ""))
-                continue
-            rows.append((kernel, name, mb(f["activation_peak_bytes"]), mb(f["saved_bytes"]),
-                         f"{f['activation_peak_bytes'] / ex:.4f}"))
-    if rows:
-        r.p("DeepSeek-V3 dimensions, T 16384, P 8, bf16, one layer, per rank (MB = 10⁶ bytes; planned, which "
-            "equals measured to the byte: tests/memory/test_planner.cpp).")
-        r.p(table(["kernel", "form", "activation peak MB", "saved MB", "peak / explicit"], rows))
-        r.p(f"\nThe paper: absorbed {PAPER['absorbed_memory']} over explicit, laga {PAPER['laga_memory']}. Here the "
-            "denominator is the attention block alone (no MoE/MLP), which is why absorbed's relative excess is larger: "
-            "docs/accounting.md §4.")
-    s = load(r.d, "plan_sweep.json")
-    if not s:
-        return r.missing("plan --sweep", "plan.sweep")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, kernel in zip(axes, ("fused", "eager")):
-        pts = [m for m in s["memory"] if m["kernel"] == kernel and m["sp"] == 8]
-        pts.sort(key=lambda m: m["seq"])
-        if not pts:
-            continue
-        for form in pts[0]["activation_peak_bytes"]:
-            ax.plot([m["seq"] for m in pts], [m["activation_peak_bytes"][form] / 2**30 for m in pts], "o-", label=form)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("T")
-        ax.set_ylabel("activation peak per rank, GiB")
-        ax.set_title(f"DeepSeek-V3, P 8, {kernel}")
-        ax.legend(fontsize=7)
-    r.plot(fig, "memory_vs_T.png", "activation peak per form against T")
-
-
-def section_comm(r):
-    r.h("3. Communication")
-    s = load(r.d, "plan_sweep.json")
-    if not s:
-        return r.missing("plan --sweep", "plan.sweep")
-    rows = [(c["heads"], mb(c["explicit_tensor_bytes"]), mb(c["laga_tensor_bytes"]), f"{c['tensor_ratio']:.3f}",
-             f"{c['wire_ratio']:.3f}") for c in s["communication"]]
-    r.p("Per rank and step (forward + backward, one layer), DeepSeek-V3 head dims, T 4096, P 8, bf16 (`laga plan "
-        "--sweep`): explicit's and "
-        "laga's bytes, and their ratio in both conventions (tensor: the local shard handed to each collective, the "
-        "paper's; wire: what the rank sends).")
-    r.p(table(["H", "explicit tensor MB", "laga tensor MB", "explicit / laga (tensor)", "explicit / laga (wire)"], rows))
-    r.p(f"\nThe paper: {PAPER['comm_ratio_h128']}× less at H 128, {PAPER['comm_ratio_h16']}× at H 16 (tensor convention).")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    hs = [c["heads"] for c in s["communication"]]
-    ax.plot(hs, [c["explicit_tensor_bytes"] / 1e6 for c in s["communication"]], "o-", label="explicit")
-    ax.plot(hs, [c["laga_tensor_bytes"] / 1e6 for c in s["communication"]], "o-", label="laga (= absorbed)")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("H")
-    ax.set_ylabel("tensor MB per rank and layer")
-    ax.legend()
-    r.plot(fig, "comm_vs_H.png", "communication per form against H")
-
-
-def bench_rows(j):
-    return [row for row in j["rows"]] if j else []
-
-
-# The model against measurement, in the order the report shows it: (the step's JSON, where it was measured).
-MODEL_COMPARISONS = (("model.vs_bench.fused.json", "one machine, fused"), ("model.vs_bench.eager.json", "one machine, eager"),
-                     ("model.vs_bench.link.matched.json", "link, matched"),
-                     ("model.vs_bench.link.matched.overlap.json", "link, matched, overlap"),
-                     ("model.vs_bench.link.fast.json", "link, 4× faster"),
-                     ("model.vs_bench.link.fast.overlap.json", "link, 4× faster, overlap"),
-                     ("model.vs_bench.link.slow.json", "link, 4× slower"),
-                     ("model.vs_bench.link.slow.overlap.json", "link, 4× slower, overlap"))
+from report_common import (PAPER, Report, attention_tflops, bench_rows, flops_header, load, mb, machine, plt,  # noqa: E402
+                           steps_of, table)
+from report_model import model_headline, model_line, section_model, section_winners, winners_headline  # noqa: E402
 
 # Every bench of the fused kernel: (its JSON, where). Overlap rows are against explicit with overlap, same run.
 FUSED_BENCHES = (("bench.threads.fused.json", "one machine, threads"), ("bench.mpi.fused.json", "one machine, MPI"),
@@ -209,16 +25,7 @@ FUSED_BENCHES = (("bench.threads.fused.json", "one machine, threads"), ("bench.m
                  ("bench.link.matched.json", "link, matched"),
                  ("bench.link.matched.overlap.json", "link, matched, overlap"),
                  ("bench.link.fast.json", "link, 4× faster"), ("bench.link.fast.overlap.json", "link, 4× faster, overlap"))
-
-
-def model_rows(d):
-    """Every row of the model against measurement in this run: (where, the comparison's row)."""
-    out = []
-    for name, where in MODEL_COMPARISONS:
-        j = load(d, name)
-        if j and "comparison" in j:
-            out += [(where, x) for x in j["comparison"]["rows"]]
-    return out
+LINK_RUNS = ("slow", "slow.overlap", "matched", "matched.overlap", "fast", "fast.overlap")
 
 
 def matched_rate_drift(d):
@@ -258,29 +65,6 @@ def explicit_laga(j):
     return out
 
 
-def model_errors(found):
-    """|error of the total| in % of every row model_rows found."""
-    return [abs(x["rel_error_total"]) * 100 for _, x in found]
-
-
-def class_errors(found):
-    """Per comparison (where), the median over its rows of the model's error by op class, in %: (where, rows,
-    {class: error}); comparisons whose rows have no by_class are left out."""
-    out = {}
-    for where, x in found:
-        for c, v in x.get("by_class", {}).items():
-            if v["measured_s"] > 0:
-                out.setdefault(where, {}).setdefault(c, []).append((v["predicted_s"] / v["measured_s"] - 1) * 100)
-    return [(where, max(len(v) for v in cls.values()), {c: statistics.median(v) for c, v in cls.items()})
-            for where, cls in out.items()]
-
-
-def skew_errors(found):
-    """|error against the total less the ranks' skew| in % of the rows that have it (bench's comm_skew_s: the
-    time ranks waited for each other, which the model does not predict); not the judged figure."""
-    return [abs(x["rel_error_without_skew"]) * 100 for _, x in found if "rel_error_without_skew" in x]
-
-
 def paper_two_nodes(T):
     """The paper's two-node T nearest to T (on a log scale) and its laga / explicit there."""
     fig = PAPER["two_nodes"]
@@ -288,9 +72,8 @@ def paper_two_nodes(T):
     return t, fig[t]
 
 
-def section_targets(r):
-    r.h("Targets")
-    r.p("Each judged here from the JSON beside this report (the sections below show the rows).")
+def targets(r):
+    """The targets, each judged from the JSON: ([(target, in this run, verdict)], judged rows, rows below 10 %)."""
     summary = []
     # 1. laga at least as fast as explicit in every fused configuration where communication is ≥ 10 % of
     #    explicit's step. A row either form got wrong counts as missed.
@@ -327,88 +110,327 @@ def section_targets(r):
                         "; ".join(cells) + note, "met" if ok else "**missed**"))
     else:
         summary.append(("laga / explicit across the link at the matched rate", "no matched-rate bench (section 5)", "not shown"))
-    # 3. The model within 10 % of every measured row, mean within 5 %.
-    errs = model_rows(r.d)
-    if errs:
-        a = model_errors(errs)
-        worst = max(errs, key=lambda e: abs(e[1]["rel_error_total"]))
-        within = sum(v <= 10 for v in a)
-        met = within == len(a) and sum(a) / len(a) <= 5
-        line = (f"{within} of {len(a)} rows within 10 %; max {max(a):.1f} % ({worst[0]}, T {worst[1]['seq']}, "
-                f"{worst[1]['form']}), mean {sum(a) / len(a):.1f} %")
-        ns = skew_errors(errs)
-        if ns and not met:
-            line += (f". Against each total less the time its ranks waited for each other (skew: the same work on "
-                     f"every rank, so time the host took from one; not judged): {sum(v <= 10 for v in ns)} of {len(ns)} "
-                     f"within 10 %, max {max(ns):.1f} %, mean {sum(ns) / len(ns):.1f} % (section 7)")
-        summary.append(("the model within 10 % of every measured row, mean ≤ 5 %", line, "met" if met else "**missed**"))
+    # 3. The model within 10 % of every measured row, mean within 5 %; beside it, how far the host alone moved
+    #    one configuration timed twice.
+    ml = model_line(r)
+    if ml:
+        summary.append(("the model within 10 % of every measured row, mean ≤ 5 %", ml[0], "met" if ml[1] else "**missed**"))
     else:
         summary.append(("the model within 10 % of every measured row", "no comparison ran (section 7)", "not shown"))
+    return summary, judged, below
+
+
+def headline(r):
+    """The summary's table: each measurement's headline figure beside the paper's."""
+    rows = []
+    v = load(r.d, "verify.json")
+    if v:
+        forms = sorted({c["form"] for c in v["cases"]})
+        sps = sorted({c["sp"] for c in v["cases"]})
+        rows.append(("equivalence (verify, fp64 reference)",
+                     f"{'pass' if v['pass'] else '**FAIL**'}: {len(v['cases'])} cases, {len(forms)} forms, P {sps[0]}–{sps[-1]}",
+                     "bit-identical at P 1, ≤ 5.6e-6 at P 2–8"))
+    p = load(r.d, "plan.fused.json")
+    if p and "laga" in p["forms"] and "activation_peak_bytes" in p["forms"]["laga"]:
+        ex, lg = p["forms"]["explicit"]["activation_peak_bytes"], p["forms"]["laga"]["activation_peak_bytes"]
+        rows.append(("activation peak, laga over explicit (DeepSeek-V3, T 16K, P 8, fused)",
+                     f"{(lg / ex - 1) * 100:+.2f} %", PAPER["laga_memory"]))
+    s = load(r.d, "plan_sweep.json")
+    h128 = [c for c in (s or {}).get("communication", []) if c["heads"] == 128]
+    if h128:
+        rows.append(("communication, explicit / laga (H 128, tensor bytes)", f"{h128[0]['tensor_ratio']:.2f}×",
+                     f"{PAPER['comm_ratio_h128']}×"))
+    j = load(r.d, "bench.threads.fused.json")
+    el = explicit_laga(j)
+    if el:
+        rows.append(("step time, one machine (threads, P 2), fused: explicit / laga",
+                     ", ".join(f"T {T}: {speed:.3f}×" for T, speed, _, _, _ in el), f"{PAPER['single_node'][4096]}× (P 8, T 4K)"))
+    fastest = []
+    for T in sorted({x["seq"] for x in bench_rows(j)}):
+        rs = [x for x in bench_rows(j) if x["seq"] == T and x.get("wrong", 0) == 0]
+        ex = next((x for x in rs if x["variant"] == "explicit"), None)
+        if rs and ex:
+            best = min(rs, key=lambda x: x["total_s"])
+            fastest.append(f"T {T}: {best.get('label', best['variant'])} {ex['total_s'] / best['total_s']:.3f}×")
+    if fastest:
+        rows.append(("the fastest form there, explicit / it", ", ".join(fastest), "—"))
+        ex = [x for x in bench_rows(j) if x["variant"] == "explicit"]
+        tf = attention_tflops(max(ex, key=lambda x: x["seq"]), j.get("config")) if ex else None
+        if tf:
+            rows.append((f"attention TFLOP/s per rank, explicit, T {max(x['seq'] for x in ex)}: FA3 / executed count",
+                         f"{tf[0]:.4f} / {tf[1]:.4f}", "—"))
+    link = explicit_laga(load(r.d, "bench.link.matched.json"))
+    if link:
+        rows.append(("step time across the link, matched rate: explicit / laga",
+                     ", ".join(f"T {T}: {speed:.3f}×" for T, speed, _, _, _ in link),
+                     " / ".join(f"{v}×" for v in PAPER["two_nodes"].values()) + " (two nodes, T 4K / 8K / 16K)"))
+    mh = model_headline(r)
+    if mh:
+        rows.append(("the model against every measured row (section 7)", mh, "target: each within 10 %, mean ≤ 5 %"))
+    w = winners_headline(r)
+    if w:
+        rows.append(("the predicted fastest form over the grid (section 8)", w, "—"))
+    t = load(r.d, "train.json")
+    if t:
+        runs = t["runs"]
+        worst = max(x["max_rel_vs_first"] for x in runs)
+        down = sum(bool(x["decreased"]) for x in runs)
+        rows.append(("training", f"{down} of {len(runs)} forms' loss decreased; the curves within {worst:.1e} of the first's",
+                     "—"))
+    return rows
+
+
+def section_summary(r):
+    r.h("Summary")
+    m = machine(r.d)
+    steps = steps_of(r.d)
+    quick = (load(r.d, "steps.json") or {}).get("quick")
+    status = {}
+    for s in steps:
+        status[s["status"]] = status.get(s["status"], 0) + 1
+    run = (f"`laga report{' --quick' if quick else ''}`: {len(steps)} steps in {sum(s['seconds'] for s in steps):.0f} s ("
+           + ", ".join(f"{n} {k}" for k, n in sorted(status.items())) + ")") if steps else "steps.json missing"
+    if m:
+        r.p(f"**Machine**: {m[0]}. **ISA**: {m[1]}. **Commit** {m[2]}. {run}.")
+    else:
+        r.p(f"**Machine**: unknown (no bench ran). {run}.")
+    f = r.forms
+    names = f.names or sorted({x["variant"] for x in bench_rows(load(r.d, "bench.threads.fused.json"))})
+    per_step = []
+    for step, what in (("bench.threads.fused", "in the fused bench"), ("bench.threads.eager", "in the eager one"),
+                       ("bench.mpi.fused", "under MPI"), ("bench.link", "across the link"), ("train", "in training")):
+        if step in f.steps:
+            per_step.append(f"{len(f.steps[step])} {what}")
+    r.p(f"\n**Measured**: {len(names)} registered forms ({', '.join(names)}) — equivalence against an fp64 reference; "
+        "planned memory and traffic at DeepSeek-V3; step time in one machine (P 2, `small`) and across an emulated "
+        "link; the performance model against every measured row and over a grid of configurations; training curves."
+        + (f" Forms per step: {', '.join(per_step)} (docs/report.md says why)." if per_step else "")
+        + (" Not run at the bench's configuration: " + "; ".join(f"{k} ({v})" for k, v in f.not_run.items()) + "."
+           if f.not_run else ""))
+    summary, _, _ = targets(r)
+    r.p("\n**Targets**:")
     r.p(table(["target", "in this run", "verdict"], summary))
+    rows = headline(r)
+    if rows:
+        r.p("\n**Headline figures** (ratios measured in this run; compare ratios, never absolute seconds across runs):")
+        r.p(table(["measure", "this run", "the paper"], rows))
+
+
+def section_targets(r):
+    r.h("Targets in detail")
+    _, judged, below = targets(r)
     if judged:
-        r.p("\nlaga against explicit in every fused bench where explicit's exposed communication is ≥ 10 % of its step:")
+        r.p("laga against explicit in every fused bench where explicit's exposed communication is ≥ 10 % of its step:")
         r.p(table(["where", "T", "explicit's comm share", "of it skew", "explicit / laga", "#wrong"],
                   [(w, T, f"{s * 100:.0f} %", "-" if k is None else f"{k * 100:.0f} %", f"{v:.3f}", n)
                    for w, T, s, v, n, k in judged]))
     if below:
         lo, hi = min(x[3] for x in below), max(x[3] for x in below)
         r.p(f"\nBelow 10 % (not judged): {len(below)} row{'' if len(below) == 1 else 's'}, explicit / laga {lo:.3f} to {hi:.3f}.")
+    if not judged and not below:
+        r.p("No fused bench with both explicit and laga ran.")
 
 
-def speedup_table(r, j, paper=None):
+def section_verify(r):
+    r.h("1. Equivalence")
+    v = load(r.d, "verify.json")
+    if not v:
+        return r.missing("verify", "verify")
+    c0 = v.get("config", {})
+    r.p(f"`laga verify`, model {c0.get('model')}, T {c0.get('seq_len')}, {c0.get('dtype')}, {c0.get('kernel')}. "
+        f"Rule: {v.get('rule', 'see docs/design.md')}.")
+    # A row per form and reference, a column per P: the worst tensor's error over what the rule allows it.
+    sps = sorted({c["sp"] for c in v["cases"]})
+    cell = {(c["form"], c["vs"], c["sp"]): c for c in v["cases"]}
+    rows = []
+    for form, vs in dict.fromkeys((c["form"], c["vs"]) for c in v["cases"]):
+        row = [form, vs]
+        for P in sps:
+            c = cell.get((form, vs, P))
+            text = "-" if not c else "bitwise" if c["bitwise"] else f"{c['worst_ratio']:.3f}"
+            row.append(text if not c or c["pass"] else f"**FAIL** {text} at {c['worst_tensor']}")
+        rows.append(row)
+    r.p("Each cell: the worst tensor's error over what the rule allows it (≤ 1 passes), or bitwise.")
+    r.p(table(["form", "vs"] + [f"P {P}" for P in sps], rows))
+    torch = next((s for s in steps_of(r.d) if s["name"] == "torch"), None)
+    if torch:
+        log = os.path.join(r.d, torch["log"])
+        tail = open(log).read().strip().splitlines()[-1] if os.path.exists(log) and os.path.getsize(log) else ""
+        r.p(f"Against PyTorch autograd (an independent implementation of the block, on laga's dumped weights and "
+            f"inputs: tests/torch/mla_block_torch.py): **{torch['status']}** — {tail}\n")
+    r.p(f"\nOverall: **{'pass' if v['pass'] else 'FAIL'}**. The paper: bit-identical at P = 1, output max abs diff "
+        "≤ 5.6e-6 at P 2–8 (its fp32-style comparison; laga's bf16 rule is FlashAttention's, docs/design.md).")
+
+
+def section_memory(r):
+    r.h("2. Activation memory")
+    rows = []
+    for asked in ("fused", "eager"):
+        p = load(r.d, f"plan.{asked}.json")
+        if not p:
+            r.missing(f"plan {asked}", f"plan.{asked}")
+            continue
+        ex = p["forms"]["explicit"]["activation_peak_bytes"]
+        for name, f in p["forms"].items():
+            if name == "absorbed":
+                continue
+            if "not_run" in f:
+                rows.append((asked, name, "not run", f["not_run"], ""))
+                continue
+            # A form with its own kernel plans the same in both: listed once, under the kernel it runs.
+            if asked != "fused" and not r.forms.runs(name, asked, f):
+                continue
+            rows.append((r.forms.kernel(name, asked, f), name, mb(f["activation_peak_bytes"]), mb(f["saved_bytes"]),
+                         f"{f['activation_peak_bytes'] / ex:.4f}"))
+    if rows:
+        r.p("DeepSeek-V3 dimensions, T 16384, P 8, bf16, one layer, per rank (MB = 10⁶ bytes; planned, which "
+            "equals measured to the byte: tests/memory/test_planner.cpp). kernel: the one the form runs (a form with "
+            "its own kernel ignores --kernel); peak / explicit against explicit with --kernel of that plan.")
+        r.p(table(["kernel", "form", "activation peak MB", "saved MB", "peak / explicit"], rows))
+        r.p(f"\nThe paper: absorbed {PAPER['absorbed_memory']} over explicit, laga {PAPER['laga_memory']}. Here the "
+            "denominator is the attention block alone (no MoE/MLP), which is why absorbed's relative excess is larger: "
+            "docs/accounting.md §4.")
+    s = load(r.d, "plan_sweep.json")
+    if not s:
+        return r.missing("plan --sweep", "plan.sweep")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, asked in zip(axes, ("fused", "eager")):
+        pts = sorted((m for m in s["memory"] if m["kernel"] == asked and m["sp"] == 8), key=lambda m: m["seq"])
+        if not pts:
+            continue
+        colors = r.forms.colors(pts[0]["activation_peak_bytes"])
+        for form in r.forms.order(pts[0]["activation_peak_bytes"]):
+            ran = r.forms.kernel(form, asked)
+            if asked != "fused" and ran != asked:
+                continue
+            ax.plot([m["seq"] for m in pts], [m["activation_peak_bytes"][form] / 2**30 for m in pts], "o-",
+                    color=colors[form], label=form if ran == asked else f"{form} ({ran})")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("T")
+        ax.set_ylabel("activation peak per rank, GiB")
+        ax.set_title(f"DeepSeek-V3, P 8, --kernel {asked}" + (" (own-kernel forms: left)" if asked != "fused" else ""))
+        ax.legend(fontsize=7)
+    r.plot(fig, "memory_vs_T.png", "activation peak per form against T")
+
+
+def section_comm(r):
+    r.h("3. Communication")
+    s = load(r.d, "plan_sweep.json")
+    if not s:
+        return r.missing("plan --sweep", "plan.sweep")
+    rows = [(c["heads"], mb(c["explicit_tensor_bytes"]), mb(c["laga_tensor_bytes"]), f"{c['tensor_ratio']:.3f}",
+             f"{c['wire_ratio']:.3f}") for c in s["communication"]]
+    r.p("Per rank and step (forward + backward, one layer), DeepSeek-V3 head dims, T 4096, P 8, bf16 (`laga plan "
+        "--sweep`): explicit's and laga's bytes, and their ratio in both conventions (tensor: the local shard handed "
+        "to each collective, the paper's; wire: what the rank sends).")
+    r.p(table(["H", "explicit tensor MB", "laga tensor MB", "explicit / laga (tensor)", "explicit / laga (wire)"], rows))
+    r.p(f"\nThe paper: {PAPER['comm_ratio_h128']}× less at H 128, {PAPER['comm_ratio_h16']}× at H 16 (tensor convention).")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    hs = [c["heads"] for c in s["communication"]]
+    ax.plot(hs, [c["explicit_tensor_bytes"] / 1e6 for c in s["communication"]], "o-", label="explicit")
+    ax.plot(hs, [c["laga_tensor_bytes"] / 1e6 for c in s["communication"]], "o-", label="laga (= absorbed)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("H")
+    ax.set_ylabel("tensor MB per rank and layer")
+    ax.legend()
+    r.plot(fig, "comm_vs_H.png", "communication per form against H")
+
+
+def speedup_table(r, j):
+    """A bench's rows, each under the kernel it ran; in a bench asked for eager, the rows of forms that run
+    their own kernel are left out (the fused bench has them). The number of rows shown."""
+    asked = j.get("kernel", "fused")
+    cfg = j.get("config")
     rows = []
     for row in bench_rows(j):
-        ratio = row["speedup_vs_explicit"]
+        if asked != "fused" and not r.forms.runs(row["variant"], asked, row):
+            continue
         skew = f"{row['comm_skew_s']:.3f}" if "comm_skew_s" in row else "-"
-        rows.append((row["seq"], row["variant"], f"{row['fwd_s']:.3f}", f"{row['bwd_s']:.3f}", f"{row['comm_s']:.3f}",
-                     skew, f"{row['total_s']:.3f}", f"{row['tokens_per_s']:.0f}", f"{ratio:.3f}", row.get("wrong", 0)))
-    r.p(table(["T", "form", "fwd s", "bwd s", "exposed comm s", "of it skew s", "total s", "tokens/s", "explicit / form",
-               "#wrong"], rows))
+        tf = attention_tflops(row, cfg)
+        rows.append((row["seq"], row.get("label", row["variant"]), r.forms.kernel(row["variant"], asked, row),
+                     f"{row['fwd_s']:.3f}", f"{row['bwd_s']:.3f}", f"{row['comm_s']:.3f}", skew, f"{row['total_s']:.3f}",
+                     f"{row['tokens_per_s']:.0f}", f"{tf[0]:.4f}" if tf else "-", f"{tf[1]:.4f}" if tf else "-",
+                     f"{row['speedup_vs_explicit']:.3f}", row.get("wrong", 0)))
+    r.p(table(["T", "form", "kernel", "fwd s", "bwd s", "exposed comm s", "of it skew s", "total s", "tokens/s",
+               "attn TFLOP/s FA3", "attn TFLOP/s exec.", "explicit / form", "#wrong"], rows))
+    return len(rows)
+
+
+def speedup_figure(r, benches, title):
+    """explicit / form of every bench's rows the tables show: against T, or where every bench ran one T, as
+    bars per form (one per bench)."""
+    pts = {}  # (tag, form) -> [(T, explicit / form)]
+    for tag, j in benches:
+        asked = j.get("kernel", "fused")
+        for row in bench_rows(j):
+            if row["variant"] != "explicit" and (asked == "fused" or r.forms.runs(row["variant"], asked, row)):
+                pts.setdefault((tag, row["variant"]), []).append((row["seq"], row["speedup_vs_explicit"]))
+    forms = r.forms.order({f for _, f in pts})
+    tags = list(dict.fromkeys(t for t, _ in pts))
+    bars = len({T for v in pts.values() for T, _ in v}) == 1
+    fig, ax = plt.subplots(figsize=(6.5, max(2.5, 1.2 + 0.22 * len(forms) * len(tags)) if bars else 4))
+    if bars:
+        T = next(iter(pts.values()))[0][0]
+        width = 0.8 / max(len(tags), 1)
+        for i, tag in enumerate(tags):
+            ys = [(k, pts[(tag, f)][0][1]) for k, f in enumerate(forms) if (tag, f) in pts]
+            bars = ax.barh([k + i * width for k, _ in ys], [v for _, v in ys], height=width, label=tag)
+            ax.bar_label(bars, fmt="%.2f", fontsize=6, padding=2)
+        ax.set_yticks([k + 0.4 - width / 2 for k in range(len(forms))], forms, fontsize=7)
+        ax.invert_yaxis()
+        ax.axvline(1.0, color="gray", lw=0.8)
+        ax.set_xlabel(f"speed vs explicit (×), T {T}")
+    else:
+        colors = r.forms.colors(forms)
+        styles = dict(zip(tags, ("o-", "s--", "^:", "D-.", "v-", "x--")))
+        for (tag, form), v in sorted(pts.items(), key=lambda kv: (forms.index(kv[0][1]), kv[0][0])):
+            v.sort()
+            ax.plot([p[0] for p in v], [p[1] for p in v], styles.get(tag, "o-"), color=colors[form], label=f"{form}, {tag}")
+        ax.axhline(1.0, color="gray", lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("T")
+        ax.set_ylabel("speed vs explicit (×)")
+    ax.legend(fontsize=6)
+    ax.set_title(title)
+    return fig
 
 
 def section_throughput(r):
     r.h("4. Throughput in one machine")
     r.p("P 2, one core per rank, the `small` preset (DeepSeek's head dims at D 1024, H 16); medians of the slowest "
-        "rank; every row validated (docs/benchmarks.md §7). Of the exposed communication, \"skew\" is the time the ranks "
-        "waited for each other: each has the same work, so in one machine it is time the host took from one core.")
-    fig, ax = plt.subplots(figsize=(6, 4))
-    any_rows = False
-    for name, title in (("bench.threads.fused.json", "threads, fused"), ("bench.threads.eager.json", "threads, eager"),
-                        ("bench.mpi.fused.json", "MPI, fused")):
-        j = load(r.d, name)
-        if not j:
-            continue
-        any_rows = True
+        "rank; every row validated (docs/benchmarks.md §7). kernel: the one the row ran (a form with its own kernel "
+        "ignores --kernel, so the eager bench leaves it out). Of the exposed communication, \"skew\" is the time the "
+        "ranks waited for each other: each has the same work, so in one machine it is time the host took from one core.")
+    found = [(name, title, load(r.d, name)) for name, title in
+             (("bench.threads.fused.json", "threads, --kernel fused"), ("bench.threads.eager.json", "threads, --kernel eager"),
+              ("bench.mpi.fused.json", "MPI over shared memory, --kernel fused"))]
+    found = [(n, t, j) for n, t, j in found if j]
+    if not found:
+        return r.missing("bench", "bench.threads.fused")
+    if found[0][2].get("config"):
+        r.p(flops_header(found[0][2]["config"]))
+    for name, title, j in found:
         r.h(title, 3)
         r.p(f"link: {j.get('link')}; threads per rank {j.get('threads_per_rank')}; {j.get('dtype')}.")
         speedup_table(r, j)
-        for form in sorted({row["variant"] for row in j["rows"]} - {"explicit"}):
-            pts = sorted((row["seq"], row["speedup_vs_explicit"]) for row in j["rows"] if row["variant"] == form)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{form} ({title})")
-    if not any_rows:
-        return r.missing("bench", "bench.threads.fused")
+    if r.forms.not_run:
+        r.p("\nNot run at this configuration: " + "; ".join(f"{k}: {v}" for k, v in r.forms.not_run.items()) + ".")
     r.p(f"\nThe paper, fused, one node (P 8): laga / explicit {PAPER['single_node'][4096]} / {PAPER['single_node'][8192]} "
         f"/ {PAPER['single_node'][16384]}× at T 4K / 8K / 16K. In one machine here the collectives are memory copies, "
         "so communication is a small share of the step.")
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("T")
-    ax.set_ylabel("speed vs explicit (×)")
-    ax.legend(fontsize=7)
-    ax.set_title("one machine, P 2")
-    r.plot(fig, "speedup_one_machine.png", "speedup against T in one machine")
+    fig = speedup_figure(r, [(t.split(",")[0] + ", " + j.get("kernel", "?"), j) for _, t, j in found], "one machine, P 2")
+    r.plot(fig, "speedup_one_machine.png", "speed against explicit in one machine")
 
 
 def section_link(r):
     r.h("5. Throughput across the emulated link")
-    found = [(n, load(r.d, f"bench.link.{n}.json"))
-             for n in ("slow", "slow.overlap", "matched", "matched.overlap", "fast", "fast.overlap")]
-    found = [(n, j) for n, j in found if j]
+    found = [(n, j) for n, j in ((n, load(r.d, f"bench.link.{n}.json")) for n in LINK_RUNS) if j]
     if not found:
         return r.missing("bench across the link", "bench.link.matched")
     r.p("Two network namespaces, one MPI rank each, joined by veth pairs with a tc token bucket per rank "
         "(scripts/link.sh); the matched rate keeps link bandwidth over compute rate as in the paper's two nodes "
-        "(docs/throughput.md).")
+        "(docs/throughput.md). " + (flops_header(found[0][1]["config"]) if found[0][1].get("config") else ""))
     lr = load(r.d, "link_rates.json")
     if lr:
         r.p(f"\nMatched rate = {lr['paper_link_Bps'] / 1e9:g} GB/s (the paper's RoCE) × {lr['here_matmul_tflops'] * 1e3:.0f} "
@@ -416,8 +438,7 @@ def section_link(r):
             f"(a 910B's, docs/hw/ascend-910b.json: an assumed 60 % of its peak) = {lr['matched_Bps'] / 1e6:.2f} MB/s "
             f"per rank; the other rates are 4× that and a quarter of it.")
         # The matched rate rests on one calibration; each link rate's model step calibrated the same rate
-        # again later in the run. A disagreement beyond 10 % means a disturbed reading (a slow spell of the
-        # shared machine) moved the matched rate: say by how much, and what the rate would have been.
+        # again later in the run. A disagreement beyond 10 % means a disturbed reading moved the matched rate.
         drift = matched_rate_drift(r.d)
         if drift:
             here, later, med = drift
@@ -433,31 +454,11 @@ def section_link(r):
             else:
                 r.p(f"\nCheck: the later calibrations in this run read bf16 matmul at T {T} at {text} GFLOP/s, within 10 % "
                     f"of the {here * 1e3:.0f} GFLOP/s the matched rate was derived from.")
-    fig, ax = plt.subplots(figsize=(6, 4))
     for n, j in found:
         r.h(f"{n} rate — {j.get('link')}", 3)
         speedup_table(r, j)
-        for form in sorted({row["variant"] for row in j["rows"]} - {"explicit"}):
-            pts = sorted((row["seq"], row["speedup_vs_explicit"]) for row in j["rows"] if row["variant"] == form)
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=f"{form}, {n}")
         if n.endswith(".overlap"):
-            off = load(r.d, f"bench.link.{n[:-len('.overlap')]}.json")
-            rows = []
-            for row in j["rows"]:
-                base = [b for b in bench_rows(off) if b["seq"] == row["seq"] and b["variant"] == "explicit"]
-                same = [b for b in bench_rows(off) if b["seq"] == row["seq"] and b["variant"] == row["variant"]]
-                vs_off = f"{base[0]['total_s'] / row['total_s']:.3f}" if base else "-"
-                hidden = "-"
-                if same and same[0].get("comm_s", 0) > 0:
-                    was, now = same[0]["comm_s"], row.get("comm_s", 0)
-                    hidden = f"{was:.3f} → {now:.3f} s ({100 * (1 - now / was):.0f} %)"
-                rows.append((row["seq"], row["variant"], f"{row['speedup_vs_explicit']:.3f}", vs_off, hidden))
-            r.p("\nWith overlap on: speed against explicit with overlap on (same run), against explicit without "
-                "overlap (the run above: another invocation), and the form's exposed communication (time its ranks "
-                "waited in collectives) without overlap → with it, and the share that went. Per-collective hidden "
-                "shares are not shown: collectives that share one link complete one after another, and one that "
-                "completes while its rank waits on another would read as hidden though its time was waited.")
-            r.p(table(["T", "form", "vs explicit-overlap", "vs explicit (off)", "exposed comm off → on"], rows))
+            overlap_table(r, j, load(r.d, f"bench.link.{n[:-len('.overlap')]}.json"))
         comm = None if n.endswith(".overlap") else load(r.d, f"bench_comm.link.{n}.json")
         if comm:
             big = max(comm["rows"], key=lambda x: x["bytes"])
@@ -465,145 +466,46 @@ def section_link(r):
                 f"{big['busbw_GBps'] * 1e3:.2f} MB/s.")
     r.p(f"\nThe paper, two nodes (P 16, RoCE ≈ 11 GB/s): laga / explicit {PAPER['two_nodes'][4096]} / "
         f"{PAPER['two_nodes'][8192]} / {PAPER['two_nodes'][16384]}× at T 4K / 8K / 16K.")
-    ax.axhline(1.0, color="gray", lw=0.8)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("T")
-    ax.set_ylabel("speed vs explicit (×)")
-    ax.legend(fontsize=7)
-    ax.set_title("across the emulated link, P 2")
-    r.plot(fig, "speedup_link.png", "speedup against T across the link")
+    r.plot(speedup_figure(r, found, "across the emulated link, P 2"), "speedup_link.png",
+           "speed against explicit across the link")
+
+
+def overlap_table(r, j, off):
+    rows = []
+    for row in bench_rows(j):
+        base = [b for b in bench_rows(off) if b["seq"] == row["seq"] and b["variant"] == "explicit"]
+        same = [b for b in bench_rows(off) if b["seq"] == row["seq"] and b["variant"] == row["variant"]]
+        vs_off = f"{base[0]['total_s'] / row['total_s']:.3f}" if base else "-"
+        hidden = "-"
+        if same and same[0].get("comm_s", 0) > 0:
+            was, now = same[0]["comm_s"], row.get("comm_s", 0)
+            hidden = f"{was:.3f} → {now:.3f} s ({100 * (1 - now / was):.0f} %)"
+        rows.append((row["seq"], row["variant"], f"{row['speedup_vs_explicit']:.3f}", vs_off, hidden))
+    r.p("\nWith overlap on: speed against explicit with overlap on (same run), against explicit without overlap (the "
+        "run above: another invocation), and the form's exposed communication without overlap → with it. Per-collective "
+        "hidden shares are not shown: collectives that share one link complete one after another, and one that "
+        "completes while its rank waits on another would read as hidden though its time was waited.")
+    r.p(table(["T", "form", "vs explicit-overlap", "vs explicit (off)", "exposed comm off → on"], rows))
 
 
 def section_comm_bench(r):
     r.h("6. The collectives (bench-comm)")
-    j = load(r.d, "bench_comm.threads.json")
-    if not j:
+    runs = [(b, load(r.d, f"bench_comm.{b}.json")) for b in ("threads", "mpi")]
+    runs = [(b, j) for b, j in runs if j]
+    if not runs:
         return r.missing("bench-comm", "bench-comm.threads")
-    rows = [(x["op"], x["dtype"], x["bytes"], f"{x['time_s'] * 1e6:.1f}", f"{x['algbw_GBps']:.3f}",
-             f"{x['busbw_GBps']:.3f}", x["wrong"]) for x in j["rows"]]
-    r.p(f"In one machine, {j.get('backend')}, P {j.get('sp')} (nccl-tests' conventions: docs/throughput.md).")
-    r.p(table(["op", "dtype", "bytes", "time µs", "algbw GB/s", "busbw GB/s", "#wrong"], rows))
-
-
-def section_model(r):
-    r.h("7. Performance model")
-    r.p("FLOPs of each phase over the calibrated rate of its operation class, and per collective latency + bytes / "
-        "bus bandwidth fitted on bench-comm (docs/model.md), against the measured bench rows.")
-    hw = load(r.d, "hw.here.json")
-    if hw:
-        r.p("Calibrated here: `" + json.dumps(hw.get("compute", {}))[:600] + "`")
-        again = hw.get("notes", {}).get("remeasured")
-        if again is not None:
-            r.p(f"\nEvery rate was read in two rounds; {len(again)} whose readings differed by more than 10 % were read a "
-                "third time (each keeps the median of its readings)" + (":" if again else "."))
-            if again:
-                r.p(table(["rate", "readings"], [(x["what"], ", ".join(f"{v:.4g}" for v in x["rates"]) + " " + x["unit"])
-                                                for x in again]))
-    found = model_rows(r.d)
-    if not found:
-        r.missing("model against measurement", "model.vs_bench.fused")
-    else:
-        rows, pts = [], []
-        for title, x in found:
-            m = x["measured"]
-            skew = (f"{m['comm_skew_s']:.3f}", f"{x['rel_error_without_skew'] * 100:+.1f} %") \
-                if "rel_error_without_skew" in x else ("-", "-")
-            rows.append((title, x["seq"], x["form"], f"{m['total_s']:.3f}", f"{x['predicted']['total_s']:.3f}",
-                         f"{x['rel_error_total'] * 100:+.1f} %") + skew)
-            pts.append((m["total_s"], x["predicted"]["total_s"], title))
-        r.p(table(["where", "T", "form", "measured s", "predicted s", "error", "skew s", "error w/o skew"], rows))
-        errs = model_errors(found)
-        r.p(f"\nError of the total over {len(errs)} rows: max {max(errs):.1f} %, mean {sum(errs) / len(errs):.1f} % "
-            "(target: every row within 10 %, mean ≤ 5 %).")
-        by_class = class_errors(found)
-        if by_class:
-            classes = ("matmul", "attention_fwd", "attention_bwd", "other")
-            r.p("\nBy op class (the bench's slowest rank's seconds per class against the model's phases of that class; "
-                "other: the rest beside exposed communication, against the elementwise phases), the model's median error "
-                "over each comparison's rows. A class well above 0 is one the calibration, taken minutes before the bench, "
-                "read slower than the bench ran it; well below 0, faster:")
-            r.p(table(["where", "rows"] + list(classes),
-                      [(where, n) + tuple("-" if c not in e else f"{e[c]:+.0f} %" for c in classes)
-                       for where, n, e in by_class]))
-        ns = skew_errors(found)
-        if ns:
-            r.p(f"\nskew: of a row's exposed communication, the time its ranks waited for each other (per collective the "
-                "longest wait of any rank less the shortest, summed). Every form gives each rank the same work, so this "
-                "is time the host took from one rank, which the model does not predict. Against each total less its skew "
-                f"(not the judged figure): max {max(ns):.1f} %, mean {sum(ns) / len(ns):.1f} % over {len(ns)} rows.")
-        fig, ax = plt.subplots(figsize=(5, 5))
-        for title in dict.fromkeys(p[2] for p in pts):
-            sel = [p for p in pts if p[2] == title]
-            ax.scatter([p[0] for p in sel], [p[1] for p in sel], label=title)
-        lim = max(max(p[0] for p in pts), max(p[1] for p in pts)) * 1.1
-        ax.plot([0, lim], [0, lim], color="gray", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("measured step, s")
-        ax.set_ylabel("predicted step, s")
-        ax.legend(fontsize=7)
-        ax.set_title("model against measurement")
-        r.plot(fig, "model_vs_measured.png", "model against measurement")
+    r.p(f"In one machine, P {runs[0][1].get('sp')}, " + " and ".join(f"{b} ({j.get('backend')})" for b, j in runs)
+        + " (nccl-tests' conventions: docs/throughput.md); bus bandwidth in GB/s, time in µs.")
+    keys = list(dict.fromkeys((x["op"], x["dtype"], x["bytes"]) for _, j in runs for x in j["rows"]))
+    cells = {(b, x["op"], x["dtype"], x["bytes"]): x for b, j in runs for x in j["rows"]}
     rows = []
-    for hw_name in ("ascend-910b", "h100-class"):
-        for P in (8, 16):
-            cells = []
-            for T in (4096, 8192, 16384):
-                j = load(r.d, f"model.paper.{hw_name}.p{P}.t{T}.json")
-                cells.append(f"{j['forms']['laga']['speedup_vs_explicit']:.3f}" if j else "-")
-            paper = PAPER["single_node"] if P == 8 else PAPER["two_nodes"]
-            rows.append([hw_name, P] + cells + [" / ".join(str(paper[T]) for T in (4096, 8192, 16384))])
-    if any(c != "-" for row in rows for c in row[2:5]):
-        r.h("The paper's configurations, predicted", 3)
-        r.p("DeepSeek-V3, fused, bf16; laga / explicit predicted on the hardware files of docs/hw (assumed utilisations "
-            "of published peaks, each with its source).")
-        r.p(table(["hardware", "P", "T 4K", "T 8K", "T 16K", "paper 4K / 8K / 16K"], rows))
-
-
-def section_winners(r):
-    r.h("8. Which form wins where")
-    r.p("Measured where this machine measured (one machine, P 2, `small`: the fastest validated form per T, with the "
-        "model's prediction error on that row); predicted by the model elsewhere (`laga model --grid`: every form that "
-        "can run the cell; link× scales the hardware file's link bandwidths; no overlap in the model).")
-    rows = []
-    for kernel in ("fused", "eager"):
-        j = load(r.d, f"bench.threads.{kernel}.json")
-        m = load(r.d, f"model.vs_bench.{kernel}.json")
-        err = {}
-        if m and "comparison" in m:
-            for x in m["comparison"]["rows"]:
-                err[(x["seq"], x["form"])] = x["rel_error_total"]
-        by_t = {}
-        for row in bench_rows(j):
-            if row.get("wrong", 0) == 0:
-                by_t.setdefault(row["seq"], []).append(row)
-        for T, rs in sorted(by_t.items()):
-            rs.sort(key=lambda x: x["total_s"])
-            win = rs[0]
-            e = err.get((T, win["variant"]))
-            rows.append((kernel, T, win["variant"], f"{win['total_s']:.3f}",
-                         rs[1]["variant"] if len(rs) > 1 else "-",
-                         f"{rs[1]['total_s'] / win['total_s']:.3f}×" if len(rs) > 1 else "-",
-                         f"{e * 100:+.1f} %" if e is not None else "-"))
-    if rows:
-        r.h("Measured (one machine, P 2, small, H 16)", 3)
-        r.p(table(["kernel", "T", "winner", "step s", "runner-up", "margin", "model error"], rows))
-    else:
-        r.missing("measured winners", "bench.threads.fused")
-    for hw in ("ascend-910b", "h100-class"):
-        g = load(r.d, f"model.grid.{hw}.json")
-        if not g:
-            r.missing(f"model grid on {hw}", f"model.grid.{hw}")
-            continue
-        rows = []
-        for x in g["grid"]:
-            t = sorted(x["times_s"].items(), key=lambda kv: kv[1])
-            ex = x["times_s"].get("explicit")
-            rows.append((f"{x['link_scale']:g}", x["model"], x["heads"], x["seq"], x["sp"], x["winner"],
-                         f"{ex / t[0][1]:.3f}" if ex else "-", t[1][0] if len(t) > 1 else "-",
-                         f"{t[1][1] / t[0][1]:.3f}×" if len(t) > 1 else "-"))
-        r.h(f"Predicted on {hw}", 3)
-        r.p(table(["link×", "model", "H", "T", "P", "winner", "explicit / winner", "runner-up", "margin"], rows))
+    for k in keys:
+        row = list(k)
+        for b, _ in runs:
+            x = cells.get((b,) + k)
+            row += [f"{x['time_s'] * 1e6:.1f}", f"{x['busbw_GBps']:.3f}", x["wrong"]] if x else ["-", "-", "-"]
+        rows.append(row)
+    r.p(table(["op", "dtype", "bytes"] + [f"{b} {c}" for b, _ in runs for c in ("µs", "busbw", "#wrong")], rows))
 
 
 def section_train(r):
@@ -618,13 +520,35 @@ def section_train(r):
         "steps; every form from the same weights and data.")
     r.p(table(["form", "first loss", "last loss", "max rel. diff vs the first form", "decreased"], rows))
     fig, ax = plt.subplots(figsize=(6, 4))
+    colors = r.forms.colors(x["variant"] for x in t["runs"])
     for x in t["runs"]:
-        ax.plot(range(1, len(x["losses"]) + 1), x["losses"], label=x["variant"], lw=1)
+        ax.plot(range(1, len(x["losses"]) + 1), x["losses"], label=x["variant"], lw=1, color=colors[x["variant"]])
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_yscale("log")
     ax.legend(fontsize=7)
     r.plot(fig, "train_loss.png", "training loss curves")
+
+
+def section_steps(r):
+    steps = load(r.d, "steps.json")
+    r.h("Steps")
+    if not steps:
+        r.p("*steps.json is missing: this directory was not written by `laga report`.*")
+        return
+    rows = [(s["name"], s["status"], f"{s['seconds']:.1f}", s["reason"] or "", f"[log]({s['log']})") for s in steps["steps"]]
+    r.p(table(["step", "status", "seconds", "note", "log"], rows))
+    total = sum(s["seconds"] for s in steps["steps"])
+    r.p(f"\nTotal {total:.0f} s{' (--quick)' if steps.get('quick') else ''}.")
+
+
+def published_section():
+    """The published-measurements section (report_published.py's section_published, reading
+    DIR/model.published.json), where that module is installed beside this one; None otherwise."""
+    if importlib.util.find_spec("report_published") is None:
+        return None
+    import report_published
+    return report_published.section_published
 
 
 def main():
@@ -633,10 +557,16 @@ def main():
         return 2
     r = Report(sys.argv[1])
     r.md.append("# laga report\n")
-    r.p(f"Machine: {machine_line(r.d)}. Every figure below comes from the JSON files beside this report; the "
-        "paper's (arXiv 2607.17644) are quoted beside them. Compare ratios only within one run.")
-    for section in (section_targets, section_verify, section_memory, section_comm, section_throughput, section_link, section_comm_bench,
-                    section_model, section_winners, section_train, section_steps):
+    r.p("Every figure below comes from the JSON files beside this report; the paper's (arXiv 2607.17644) are quoted "
+        "beside them. Compare ratios only within one run.")
+    sections = [section_summary, section_targets, section_verify, section_memory, section_comm, section_throughput,
+                section_link, section_comm_bench, section_model, section_winners, section_train]
+    # --- The published measurements (scripts/report_published.py, section_published(r) reading
+    # DIR/model.published.json), when that module is installed beside this one: after section 9.
+    published = published_section()
+    if published:
+        sections.append(published)
+    for section in sections + [section_steps]:
         section(r)
     with open(os.path.join(r.d, "report.md"), "w") as f:
         f.write("\n".join(r.md))

@@ -23,9 +23,9 @@ def _side(s):
 
 def section_published(r, table=None, load=None):
     if table is None or load is None:
-        import report  # report.py beside this file; imported here, never at module load (report.py imports us)
-        table = table or report.table
-        load = load or report.load
+        import report_common  # beside this file, as report.py imports it
+        table = table or report_common.table
+        load = load or report_common.load
     r.h("Beside published measurements")
     j = load(r.d, FILE)
     if not j or not j.get("rows"):

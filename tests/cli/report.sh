@@ -4,7 +4,8 @@
 # memory table, every verify case, every bench row with its #wrong, the model's error per row, the
 # loss curves), the plots are written, and a step recorded as skipped is reported with its reason
 # instead of a number. Also: `laga report` refuses a missing --out and an unknown flag with exit 2
-# (tests/cli/cli_bad_input.sh). Usage: report.sh <laga binary> <source dir>
+# (tests/cli/cli_bad_input.sh). Every registered form is listed under the kernel it runs, and a grid won by
+# a form the script has never heard of is drawn. Usage: report.sh <laga binary> <source dir>
 set -u
 laga=$1
 src=$2
@@ -49,11 +50,21 @@ expect() {  # pattern (grep -E), what
   if grep -qE -- "$1" "$md"; then ok "$2"; else fail "$2: no /$1/ in report.md"; fi
 }
 expect "^Overall: \*\*pass\*\*" "verify's verdict"
-n_cases=$(/usr/bin/python3 -c "import json; print(len(json.load(open('$d/verify.json'))['cases']))")
-n_rows=$(grep -cE "^\| [12] \| [a-z-]+ \| (fp64|explicit@1) \|" "$md")
-[ "$n_rows" -eq "$n_cases" ] && ok "a verify row per case ($n_cases)" || fail "verify rows $n_rows, cases $n_cases"
-for form in $(/usr/bin/python3 -c "import json; print(' '.join(k for k in json.load(open('$d/plan.fused.json'))['forms'] if k != 'absorbed'))"); do
-  expect "^\| fused \| $form \| " "memory row of $form"
+# Every verify case in its form's row (form, reference) and its P's column.
+/usr/bin/python3 - "$d/verify.json" "$md" <<'PY' && ok "a verify cell per case" || fail "a verify case without its cell"
+import json, sys
+cases, md = json.load(open(sys.argv[1]))["cases"], open(sys.argv[2]).read().splitlines()
+head = next(l for l in md if l.startswith("| form | vs | P "))
+cols = [c.strip() for c in head.strip("|").split("|")]
+rows = {tuple(c.strip() for c in l.strip("|").split("|")[:2]): [c.strip() for c in l.strip("|").split("|")]
+        for l in md if l.startswith("| ")}
+bad = [c for c in cases if rows.get((c["form"], c["vs"]), [""] * len(cols))[cols.index(f"P {c['sp']}")] in ("", "-")]
+print(bad)
+sys.exit(1 if bad or not cases else 0)
+PY
+# Each form under the kernel it runs (plan's attention_kernel: laga-fused's latent, the ring forms' fused).
+for fk in $(/usr/bin/python3 -c "import json; print(' '.join(f'{k}:{v[\"attention_kernel\"]}' for k, v in json.load(open('$d/plan.fused.json'))['forms'].items() if k != 'absorbed'))"); do
+  expect "^\| ${fk#*:} \| ${fk%%:*} \| " "memory row of ${fk%%:*} under ${fk#*:}"
 done
 expect "^\| (32|64) \| laga \| .* \| 0 \|$" "bench rows with #wrong"
 expect "^Error of the total over 4 rows: max " "the model's error over every bench row"
@@ -148,6 +159,63 @@ PY
   grep -qE "^Below 10 % \(not judged\): 1 row, explicit / laga 0\.980 to 0\.980\.$" "$d3/report.md" \
     && ok "a row below 10 % not judged ($mode)" || fail "targets ($mode): the row below 10 % not reported as not judged"
 done
+
+# Every registered form, iterated from laga's own registry (plan lists each with the kernel it runs): in an
+# eager bench, the forms with their own kernel (laga-fused's latent, the ring forms' fused) must never be
+# listed under eager, in any table; and a grid whose cells a form outside every list of the script wins
+# (here "laga-newform") must come out as the heat map and the summary's line, its table left in the JSON.
+d4=$d/registry
+mkdir -p "$d4"
+cp "$d"/verify.json "$d"/plan_sweep.json "$d"/train.json "$d"/hw.here.json "$d4"/
+run plan.eager "$laga" plan --model tiny --seq 64 --sp 2 --kernel eager --json "$d4/plan.eager.json"
+all=$(/usr/bin/python3 -c "import json; print(','.join(k for k, v in json.load(open('$d4/plan.eager.json'))['forms'].items() if k != 'absorbed' and 'not_run' not in v))")
+own=$(/usr/bin/python3 -c "import json; print(' '.join(k for k, v in json.load(open('$d4/plan.eager.json'))['forms'].items() if v.get('attention_kernel', 'eager') != 'eager'))")
+[ -n "$own" ] && ok "forms with their own kernel: $own" || fail "plan --kernel eager names no form with its own kernel"
+run bench.eager "$laga" bench --model tiny --seq 64 --sp 2 --kernel eager --forms "$all" --iters 1 --json "$d4/bench.threads.eager.json"
+run bench.fused "$laga" bench --model tiny --seq 64 --sp 2 --kernel fused --forms "$all" --iters 1 --json "$d4/bench.threads.fused.json"
+run model.eager "$laga" model --hw "$src/docs/hw/ascend-910b.json" --bench-json "$d4/bench.threads.eager.json" \
+  --json "$d4/model.vs_bench.eager.json"
+run model.grid "$laga" model --grid --hw "$src/docs/hw/h100-class.json" --json "$d4/model.grid.h100-class.json"
+/usr/bin/python3 - "$d4/model.grid.h100-class.json" <<'PY'
+import json, sys
+g = json.load(open(sys.argv[1]))
+for i, row in enumerate(g["grid"]):
+    if i % 3 == 0:  # a form no list in report.py names wins a third of the cells, by 1.5×
+        row["times_s"]["laga-newform"] = min(row["times_s"].values()) / 1.5
+        row["winner"] = "laga-newform"
+json.dump(g, open(sys.argv[1], "w"))
+PY
+if /usr/bin/python3 "$src/scripts/report.py" "$d4" >"$d4/report.py.log" 2>&1; then ok "report.py (registry)"; else fail "report.py (registry): $(tail -5 "$d4/report.py.log")"; fi
+[ -s "$d4/winners_h100-class.png" ] && ok "the grid's heat map" || fail "no heat map winners_h100-class.png"
+n_cells=$(/usr/bin/python3 -c "import json; print(sum(1 for i, _ in enumerate(json.load(open('$d4/model.grid.h100-class.json'))['grid']) if i % 3 == 0))")
+grep -qE "^cells won, of [0-9]+: .*laga-newform $n_cells[,;]" "$d4/report.md" && ok "the grid's line names the new form ($n_cells cells)" \
+  || fail "no line counting laga-newform's $n_cells cells"
+grep -qE "^\| the predicted fastest form over the grid .*laga-newform" "$d4/report.md" && ok "the summary names the grid's winners" \
+  || fail "the summary lacks the grid's winners"
+grep -qE "^\| (0\.25|1|4) \| deepseek" "$d4/report.md" && fail "the grid's table is in report.md" || ok "the grid's table stays in its JSON"
+[ "$(grep -n '^## ' "$d4/report.md" | head -2 | cut -d' ' -f2- | tr '\n' ,)" = "Summary,Targets in detail," ] \
+  && ok "report.md opens with the summary and the targets" || fail "report.md does not open with the summary"
+/usr/bin/python3 - "$d4/report.md" $own <<'PY' && ok "no form with its own kernel listed under eager" || fail "a form with its own kernel listed under eager"
+import sys
+md, own = open(sys.argv[1]).read().splitlines(), set(sys.argv[2:])
+bad = [l for l in md if l.startswith("|") and "eager" in (c.strip() for c in l.split("|")) and own & {c.strip() for c in l.split("|")}]
+print("\n".join(bad))
+sys.exit(1 if bad else 0)
+PY
+for f in $own; do
+  k=$(/usr/bin/python3 -c "import json; print(json.load(open('$d4/plan.eager.json'))['forms']['$f']['attention_kernel'])")
+  grep -qE "^\| 64 \| $f \| $k \| " "$d4/report.md" && ok "$f's bench row under $k" || fail "no bench row of $f under $k"
+done
+
+# The published-measurements section is report_published.py's section_published(r), called when that
+# module lies beside report.py (here a stand-in), after section 9; without it report.py has no such section.
+grep -q "^## Published" "$d4/report.md" && [ ! -f "$src/scripts/report_published.py" ] && fail "a published section without its module"
+mkdir -p "$d/scripts"
+cp "$src"/scripts/report*.py "$d/scripts/"
+printf 'def section_published(r):\n    r.h("Published measurements")\n    r.p("stand-in")\n' >"$d/scripts/report_published.py"
+/usr/bin/python3 "$d/scripts/report.py" "$d4" >"$d4/report.py.log" 2>&1 || fail "report.py with report_published.py: $(tail -3 "$d4/report.py.log")"
+[ "$(grep '^## ' "$d4/report.md" | tail -3 | head -2 | tr '\n' ,)" = "## 9. Training,## Published measurements," ] \
+  && ok "the published section, after section 9, where its module is" || fail "no published section after section 9"
 
 for png in memory_vs_T comm_vs_H speedup_one_machine model_vs_measured train_loss; do
   [ -s "$d/$png.png" ] && ok "$png.png" || fail "$png.png not written"

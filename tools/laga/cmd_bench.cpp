@@ -263,6 +263,9 @@ void bench_row(const BenchSetup& s, const BenchFlags& b, const MlaConfig& c, con
   std::string prof_line = fmt::format("  {:>6} {:<18}", c.seq_len, key);
   const nlohmann::json prof = profile_of(samples, ex.median, tot.median, &prof_line);
   out.profile_lines.push_back(prof_line);
+  // The kernel the row ran: the form's own (Form::own_kernel), else the config's.
+  const std::string_view own = form_of(c).own_kernel();
+  const std::string ran(own.empty() ? kernel_name(c.kernel) : own);
   out.rows.push_back({{"form", find_form(c.form).family()},
                       {"variant", c.form},
                       {"label", key},
@@ -272,6 +275,7 @@ void bench_row(const BenchSetup& s, const BenchFlags& b, const MlaConfig& c, con
                       {"batch", c.batch},
                       {"layers", c.num_layers},
                       {"kernel", kernel_name(c.kernel)},
+                      {"attention_kernel", ran},
                       {"dtype", dtype_name(c.dtype)},
                       {"iters", b.iters},
                       {"tokens_per_s", tokens_per_s},

@@ -45,7 +45,10 @@ nlohmann::json plan_json(const Config& c) {
   const PlannedComm& k = plan.comm;
   int64_t sync_tensor = 0, sync_wire = 0;
   for (const auto& r : k.grad_sync) sync_tensor += r.tensor_bytes, sync_wire += r.wire_bytes;
-  return {{"activation_peak_bytes", m.activation_peak_bytes},
+  // The kernel the form runs: its own (Form::own_kernel), else the config's.
+  const std::string_view own = form_of(*c).own_kernel();
+  return {{"attention_kernel", std::string(own.empty() ? kernel_name(c->kernel) : own)},
+          {"activation_peak_bytes", m.activation_peak_bytes},
           {"saved_bytes", m.saved_bytes},
           {"forward_peak_bytes", m.forward_peak_bytes},
           {"backward_peak_bytes", m.backward_peak_bytes},

@@ -6,8 +6,11 @@
 // 1 if any step failed. The link steps run only as root with network namespaces; otherwise they are
 // recorded as skipped with link.sh's reason. What each step measures: docs/report.md. The scripts
 // and hardware files come from the binary's resource directory (resources.hpp); the steps run
-// there. cmd_report composes: the list of steps (report_steps: the measurements, the link steps,
-// the model's steps, training), running them (run_steps), and report.py (write_report).
+// there. The forms come from the registry (forms_at_config): every form that runs a step's
+// configuration, and DIR/forms.json says which step ran which and each form's declared kernel.
+// cmd_report composes: the list of steps (report_steps: the measurements, the link steps, the
+// model's steps, training, the repeated timing), running them (run_steps), and report.py
+// (write_report).
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spawn.h>
@@ -19,12 +22,15 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "cli.hpp"
 #include "commands.hpp"
 #include "laga/core/error.hpp"
 #include "laga/driver/model.hpp"
+#include "laga/mla/form.hpp"
 #include "resources.hpp"
 
 extern char** environ;
@@ -89,19 +95,64 @@ struct Report {
   std::string laga;  // this binary
   bool quick = false;
   // One machine: P 2, one core per rank; the small preset (DeepSeek's head dims, H 16).
-  std::string seqs, forms, iters;
+  std::string seqs, iters;
+  // The registered forms each step runs (registry order, forms_at_config): every form that runs
+  // the bench's configuration in the fused bench; in the eager bench only those that run the
+  // config's kernel (a form with its own kernel, Form::own_kernel, runs the same code in both).
+  std::vector<std::string> fused_forms, eager_forms, mpi_forms, link_forms, train_forms;
   // The model's rates are calibrated at every T a bench row runs, and at T 1024 = 2048 / P, the
   // length of the ring forms' kernel calls at the shortest T (a chunk pair of T/(2P) tokens each).
   std::string cal_seqs;
-  std::string link_seqs, link_forms;
+  std::string link_seqs;
+  // The configuration timed twice, early and late in the run (bench.repeat.*): how far the host
+  // moves one reading in the time between, beside the model's errors.
+  std::string repeat_seq = "2048";
   std::string J(const std::string& name) const { return out + "/" + name; }
   std::string hw(const std::string& name) const { return res + "/docs/hw/" + name + ".json"; }
-  Args bench(const std::string& kernel, const std::string& json,
-             const std::string& seq_list) const {
-    return {laga,      "bench", "--model",  "small", "--seq",   seq_list, "--sp",   "2",
-            "--forms", forms,   "--kernel", kernel,  "--iters", iters,    "--json", json};
+  Args bench(const std::string& kernel, const std::string& json, const std::string& seq_list,
+             const std::vector<std::string>& forms) const {
+    return {laga,      "bench",     "--model",  "small", "--seq",   seq_list, "--sp",   "2",
+            "--forms", join(forms), "--kernel", kernel,  "--iters", iters,    "--json", json};
+  }
+  static std::string join(const std::vector<std::string>& v) {
+    std::string s;
+    for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+    return s;
   }
 };
+
+// Where a registered form stands at one configuration of the report's: runnable, or its reason.
+struct FormsAtConfig {
+  std::vector<std::string> runnable;           // registry order
+  std::map<std::string, std::string> refused;  // form -> the first reason, at the first T refused
+};
+
+// The registered forms that run `model` at P `sp`, kernel `kernel`, dtype `dtype`, at every T of
+// seq_list (forms_at, the rule of every command that runs every form).
+FormsAtConfig forms_at_config(const std::string& model, int64_t sp, const std::string& kernel,
+                              const std::string& dtype, const std::string& seq_list) {
+  FormsAtConfig out;
+  std::stringstream ss(seq_list);
+  for (std::string t; std::getline(ss, t, ',');) {
+    CommonFlags g;
+    g.model = model, g.sp = sp, g.kernel = kernel, g.dtype = dtype, g.seq = std::stoll(t);
+    FormsAt at;
+    spec_for_all_forms(g, at);
+    for (const auto& why : at.refused)
+      out.refused.emplace(std::string(why.form->name()), fmt::format("T {}: {}", t, why.reason));
+  }
+  for (const Form* f : registered_forms())
+    if (!out.refused.count(std::string(f->name()))) out.runnable.emplace_back(f->name());
+  return out;
+}
+
+// The forms of `all` that run the config's kernel (no Form::own_kernel).
+std::vector<std::string> without_own_kernel(const std::vector<std::string>& all) {
+  std::vector<std::string> out;
+  for (const auto& name : all)
+    if (find_form(name).own_kernel().empty()) out.push_back(name);
+  return out;
+}
 
 Report report_of(const std::string& out_dir, bool quick) {
   Report r;
@@ -110,17 +161,56 @@ Report report_of(const std::string& out_dir, bool quick) {
   r.res = resource_dir("scripts/report.py");
   r.laga = self_exe();
   r.quick = quick;
-  r.seqs = quick ? "2048,4096" : "2048,4096,8192";
+  // --quick: every form at one T (its fused bench is the one place every form is timed); the
+  // MPI and link benches the paper's pair (explicit, laga) at that T.
+  r.seqs = quick ? "2048" : "2048,4096,8192";
   r.cal_seqs = "1024," + r.seqs;
-  r.forms =
-      quick ? "explicit,absorbed-shared,laga,laga-recompute"
-            : "explicit,absorbed-expanded,absorbed-shared,laga,explicit-recompute,laga-recompute,"
-              "laga-fused,ring-kv,ring-latent";
   r.iters = quick ? "2" : "5";
   r.link_seqs = quick ? "2048" : "2048,4096";
-  r.link_forms =
-      quick ? "explicit,laga" : "explicit,laga,laga-recompute,laga-fused,ring-kv,ring-latent";
+  r.fused_forms = forms_at_config("small", 2, "fused", "bf16", r.seqs).runnable;
+  r.eager_forms = without_own_kernel(forms_at_config("small", 2, "eager", "bf16", r.seqs).runnable);
+  // The paper's pair, where it runs.
+  std::vector<std::string> pair;
+  for (const auto& name : r.fused_forms)
+    if (name == kBaselineForm || name == "laga") pair.push_back(name);
+  r.mpi_forms = quick ? pair : r.fused_forms;
+  r.link_forms = quick ? pair : forms_at_config("small", 2, "fused", "bf16", r.link_seqs).runnable;
+  r.train_forms = forms_at_config("tiny", 4, "fused", "fp32", "64").runnable;
   return r;
+}
+
+// DIR/forms.json: every registered form with its declared properties (the kernel it runs whatever
+// --kernel says, where its output lives, its token layout), why it is not run at the bench's
+// configuration where it is not, and which forms each step runs. report.py reads a form's kernel
+// from here, never from its name.
+void write_forms_json(const Report& r) {
+  const FormsAtConfig fused = forms_at_config("small", 2, "fused", "bf16", r.seqs);
+  nlohmann::json forms = nlohmann::json::array();
+  for (const Form* f : registered_forms()) {
+    const std::string name(f->name());
+    nlohmann::json j = {{"name", name},
+                        {"family", std::string(f->family())},
+                        {"summary", std::string(f->summary())},
+                        {"own_kernel", std::string(f->own_kernel())},
+                        {"output", f->output() == Form::Output::heads ? "heads" : "tokens"},
+                        {"layout", std::string(token_layout_name(f->layout()))},
+                        {"exact_at_one_rank", f->exact_at_one_rank()}};
+    if (auto it = fused.refused.find(name); it != fused.refused.end())
+      j["not_run_at_bench"] = it->second;
+    forms.push_back(j);
+  }
+  std::ofstream(r.J("forms.json"))
+      << nlohmann::json{{"forms", forms},
+                        {"bench_config", {{"model", "small"}, {"sp", 2}, {"seqs", r.seqs}}},
+                        {"steps",
+                         {{"bench.threads.fused", r.fused_forms},
+                          {"bench.threads.eager", r.eager_forms},
+                          {"bench.mpi.fused", r.mpi_forms},
+                          {"bench.link", r.link_forms},
+                          {"bench.repeat", std::vector<std::string>{std::string(kBaselineForm)}},
+                          {"train", r.train_forms}}}}
+             .dump(2)
+      << "\n";
 }
 
 // Across the emulated link (scripts/link.sh, two namespaces, one MPI rank each): the rate matched
@@ -166,6 +256,17 @@ Args over_link(const Report& r, double factor, const Args& args) {
                 "echo 'laga report: no calibrated bf16 matmul rate in hw.here.json "
                 "(model.calibrate failed?): cannot derive the matched link rate'; exit 1"};
   return cat({"bash", r.res + "/scripts/link.sh", "--ranks", "2", "--rate", rate, "--"}, args);
+}
+
+// explicit, fused, T repeat_seq, P 2: the same bench early in the run (`when` "early") and again at
+// its end ("late"); the two readings apart say how much the host alone moves a measurement.
+Step repeat_step(const Report& r, const std::string& when) {
+  return {"bench.repeat." + when,
+          fmt::format("explicit, fused, T {}, P 2, timed again {} in the run", r.repeat_seq, when),
+          [&r, when] {
+            return r.bench("fused", r.J("bench.repeat." + when + ".json"), r.repeat_seq,
+                           {std::string(kBaselineForm)});
+          }};
 }
 
 // The measurements in one machine: verify, the torch check, plan, bench-comm, the calibration and
@@ -223,25 +324,26 @@ void measurement_steps(const Report& r, std::vector<Step>& steps) {
                      "--calibrate-seq",
                      r.cal_seqs};
        }});
-  steps.push_back({"bench.threads.fused", "throughput in one machine, threads, fused",
-                   [&r] { return r.bench("fused", r.J("bench.threads.fused.json"), r.seqs); }});
-  steps.push_back({"bench.threads.eager", "throughput in one machine, threads, eager", [&r, quick] {
-                     return r.bench("eager", r.J("bench.threads.eager.json"),
-                                    quick ? "2048" : r.seqs);
-                   }});
-  if (!quick)
-    steps.push_back(
-        {"bench.mpi.fused", "throughput in one machine, MPI over shared memory, fused", [&r] {
-           const Args mpirun = {"mpirun",
-                                "--allow-run-as-root",
-                                "--oversubscribe",
-                                "--mca",
-                                "btl",
-                                "self,vader",
-                                "-np",
-                                "2"};
-           return cat(mpirun, r.bench("fused", r.J("bench.mpi.fused.json"), r.seqs));
-         }});
+  steps.push_back(repeat_step(r, "early"));
+  steps.push_back(
+      {"bench.threads.fused", "throughput in one machine, threads, fused",
+       [&r] { return r.bench("fused", r.J("bench.threads.fused.json"), r.seqs, r.fused_forms); }});
+  steps.push_back(
+      {"bench.threads.eager", "throughput in one machine, threads, eager",
+       [&r] { return r.bench("eager", r.J("bench.threads.eager.json"), r.seqs, r.eager_forms); }});
+  // The same ranks as processes under mpirun, over shared memory: its collectives (for the model's
+  // link), then the bench.
+  const Args mpirun = {
+      "mpirun", "--allow-run-as-root", "--oversubscribe", "--mca", "btl", "self,vader", "-np", "2"};
+  steps.push_back(
+      {"bench-comm.mpi", "the collectives in one machine, MPI over shared memory", [&r, mpirun] {
+         return cat(mpirun, {r.laga, "bench-comm", "-b", "4K", "-e", r.quick ? "16M" : "64M", "-f",
+                             "4", "--json", r.J("bench_comm.mpi.json")});
+       }});
+  steps.push_back(
+      {"bench.mpi.fused", "throughput in one machine, MPI over shared memory, fused", [&r, mpirun] {
+         return cat(mpirun, r.bench("fused", r.J("bench.mpi.fused.json"), r.seqs, r.mpi_forms));
+       }});
 }
 
 // At each link rate: bench-comm and bench across the link, bench with overlap, and the model
@@ -266,19 +368,20 @@ void link_steps(const Report& r, std::vector<Step>& steps) {
          [&r, n, k] {
            return over_link(r, k,
                             {r.laga, "bench", "--model", "small", "--seq", r.link_seqs, "--sp", "2",
-                             "--forms", r.link_forms, "--kernel", "fused", "--iters", r.iters,
-                             "--json", r.J(fmt::format("bench.link.{}.json", n))});
+                             "--forms", Report::join(r.link_forms), "--kernel", "fused", "--iters",
+                             r.iters, "--json", r.J(fmt::format("bench.link.{}.json", n))});
          },
          true});
     // The same forms with their collectives overlapped (--overlap on), at every rate.
     steps.push_back({fmt::format("bench.link.{}.overlap", n),
                      fmt::format("throughput across the link at the {} rate, fused, overlap on", n),
                      [&r, n, k] {
-                       return over_link(r, k,
-                                        {r.laga, "bench", "--model", "small", "--seq", r.link_seqs,
-                                         "--sp", "2", "--forms", r.link_forms, "--kernel", "fused",
-                                         "--iters", r.iters, "--overlap", "on", "--json",
-                                         r.J(fmt::format("bench.link.{}.overlap.json", n))});
+                       return over_link(
+                           r, k,
+                           {r.laga, "bench", "--model", "small", "--seq", r.link_seqs, "--sp", "2",
+                            "--forms", Report::join(r.link_forms), "--kernel", "fused", "--iters",
+                            r.iters, "--overlap", "on", "--json",
+                            r.J(fmt::format("bench.link.{}.overlap.json", n))});
                      },
                      true});
     // The model with this link's bench-comm (compute calibrated again, here), against the link's
@@ -317,6 +420,14 @@ void model_steps(const Report& r, std::vector<Step>& steps) {
                            "--bench-json", r.J(fmt::format("bench.threads.{}.json", kernel)),
                            "--json",       r.J(fmt::format("model.vs_bench.{}.json", kernel))};
                      }});
+  // Under MPI: this machine's compute, the link fitted to the MPI bench-comm.
+  steps.push_back({"model.vs_bench.mpi.fused", "the model against the MPI bench rows", [&r] {
+                     return Args{r.laga,         "model",
+                                 "--hw",         r.J("hw.here.json"),
+                                 "--comm-json",  r.J("bench_comm.mpi.json"),
+                                 "--bench-json", r.J("bench.mpi.fused.json"),
+                                 "--json",       r.J("model.vs_bench.mpi.fused.json")};
+                   }});
   // The paper's configurations (DeepSeek-V3, fused, bf16): P 8 in one node, P 16 over two, T
   // 4K–16K, on the hardware files of docs/hw (each number an assumption with its source).
   for (const char* hw : {"ascend-910b", "h100-class"})
@@ -346,6 +457,12 @@ void model_steps(const Report& r, std::vector<Step>& steps) {
                                    "--json",
                                    r.J(fmt::format("model.grid.{}.json", hw))};
                      }});
+  // The model beside published GPU and TPU measurements (docs/published.json, docs/model.md §7).
+  steps.push_back({"model.published", "the model beside published measurements", [&r] {
+                     return Args{r.laga,        "model",
+                                 "--published", r.res + "/docs/published.json",
+                                 "--json",      r.J("model.published.json")};
+                   }});
 }
 
 // Every step, in the order it runs.
@@ -361,9 +478,10 @@ std::vector<Step> report_steps(const Report& r) {
                                  "--sp",    "4",
                                  "--dtype", "fp32",
                                  "--steps", r.quick ? "100" : "200",
-                                 "--forms", "explicit,absorbed,laga,laga-recompute",
+                                 "--forms", Report::join(r.train_forms),
                                  "--json",  r.J("train.json")};
                    }});
+  steps.push_back(repeat_step(r, "late"));
   return steps;
 }
 
@@ -422,6 +540,7 @@ void write_report(const Report& r) {
 int cmd_report(const std::string& out_dir, bool quick) {
   LAGA_CHECK(!out_dir.empty(), "laga report needs --out DIR");
   const Report r = report_of(out_dir, quick);
+  write_forms_json(r);
   const int failed = run_steps(r, report_steps(r));
   write_report(r);
   fmt::print("done\nlaga report: {}/report.md{}\n", r.out,
