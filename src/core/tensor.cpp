@@ -129,7 +129,7 @@ void Tensor::copy_from(const Tensor& src) {
               src.tag(), shape_str(src.shape_));
   WorkOp work(
       src.dtype_ == dtype_
-          ? stream_work(WorkClass::elementwise, "copy", dtype_, 2.0 * double(nbytes()))
+          ? stream_work(WorkClass::accumulate, "copy", dtype_, 2.0 * double(nbytes()))
           : stream_work(WorkClass::accumulate, "convert", dtype_, double(src.nbytes() + nbytes())));
   if (is_meta()) return;
   if (src.dtype_ == dtype_) {

@@ -322,7 +322,8 @@ void add_elementwise(const At& a, std::vector<Measurement>& ms) {
 // accumulate: fp32 streams, the same in a run of either dtype, stored in both dtypes' sections of
 // hw. What the ring forms do to their fp32 buffers every hop, at ring-kv's width (all H heads of E
 // rows): a zeroed accumulator, a partial added into it, a partial attention merged by log-sum-exp,
-// the accumulator rounded to bf16.
+// the accumulator rounded to bf16. The class's copies (K/V assembly, the all-to-alls' packing) run
+// at the same memory speed with no arithmetic at all, and are priced at this rate too.
 void add_accumulate(const At& a, HardwareSpec& hw, std::vector<Measurement>& ms) {
   const CalShape& s = a.s;
   const int64_t E = a.E, H = s.H, Dqk = s.Dqk, Dv = s.Dv, P = s.P, T = a.T;

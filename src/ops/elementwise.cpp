@@ -14,7 +14,7 @@ void* at(const Tensor& x, int64_t offset) {
 void copy_rows(DType t, int64_t rows, int64_t cols, const void* src, int64_t src_stride, void* dst,
                int64_t dst_stride) {
   const int64_t es = dtype_size(t);
-  WorkOp work(stream_work(WorkClass::elementwise, "copy", t, 2.0 * double(rows * cols * es)));
+  WorkOp work(stream_work(WorkClass::accumulate, "copy", t, 2.0 * double(rows * cols * es)));
   if (meta_mode()) return;
 #pragma omp parallel for schedule(static) if (rows * cols >= kParallelMin)
   for (int64_t i = 0; i < rows; ++i)

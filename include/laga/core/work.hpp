@@ -30,9 +30,10 @@
 namespace laga {
 
 // The class of hardware rate an op runs at (a hardware file's compute section, docs/model.md §2).
-// elementwise: normalisations, rotations, copies and head sums in the storage dtype; accumulate:
-// streams that only add, merge, fill or round (the ring forms' log-sum-exp merges, fp32
-// accumulators, zero fills and conversions), which run at memory speed with little arithmetic.
+// elementwise: normalisations, rotations and head sums, arithmetic per element; accumulate: streams
+// that only copy, add, merge, fill or round (K/V assembly, the all-to-alls' packing, the ring
+// forms' log-sum-exp merges and fp32 accumulators, zero fills, conversions), which run at memory
+// speed with little arithmetic.
 enum class WorkClass { matmul, attention_forward, attention_backward, elementwise, accumulate };
 inline constexpr WorkClass kWorkClasses[] = {WorkClass::matmul, WorkClass::attention_forward,
                                              WorkClass::attention_backward, WorkClass::elementwise,

@@ -77,8 +77,8 @@ std::string_view attention_shape_name(AttentionShape s);  // "dense", "latent", 
 struct ComputeSpec {
   SeqRate matmul_tflops;     // at the run's T (the projections' rows are T/P)
   SeqRate elementwise_GBps;  // at the run's T
-  // fp32 accumulation streams (add, log-sum-exp merge, zero fill, rounding: the ring forms' merges
-  // and accumulators), GB/s at the run's T. Optional: without it they run at elementwise_GBps,
+  // Streams at memory speed (copy, add, log-sum-exp merge, zero fill, rounding: the work ledger's
+  // accumulate class), GB/s at the run's T. Optional: without it they run at elementwise_GBps,
   // which prices them as norms and rotations (rates_line says which).
   std::optional<SeqRate> accumulate_GBps;
   double accumulate_rate(int64_t T) const {
