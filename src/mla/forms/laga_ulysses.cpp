@@ -1,7 +1,8 @@
-// laga with --ulysses Pu < P (docs/design.md §2.7): head scatter inside groups of Pu consecutive
-// ranks and a ring over the Pr = P/Pu groups (USP / LoongTrain's hybrid), for P > H. Rank (g, u) =
-// g·Pu + u; group g holds zigzag chunks g and 2Pr−1−g of C = T/(2Pr) (token_segments'
-// zigzag_groups).
+// laga-ulysses (docs/design.md §2.7): laga's head scatter inside groups of Pu = --ulysses
+// consecutive ranks and a ring over the Pr = P/Pu groups (USP / LoongTrain's hybrid), for P > H.
+// Rank (g, u) = g·Pu + u; group g holds zigzag chunks g and 2Pr−1−g of C = T/(2Pr) (token_segments'
+// zigzag_groups). Without --ulysses, Pu is the largest divisor of P below P that divides H (1 at
+// P 1).
 //   U1  all_gather_tokens latent in the group -> latent_g [Tg = T/Pr, B, Dl] (issued before the
 //       query path);  scatter_heads q in the group -> q [Tg, B, Hr = H/Pu, Dqk]
 //   U2  ring-latent's core over the ring of groups (ring.hpp): hop s = 0 .. Pr−1, the group latent
@@ -19,8 +20,9 @@
 // communicators is needed under MPI, but the same code runs on both). Per layer and rank: the
 // group's all-gather and reduce-scatter (Pu − 1)·N·B·Dl each, q's, o's and their adjoints'
 // all-to-alls (Pu − 1)/Pu of N·B·H·(Dqk or Dv), and 2(Pr − 1) latent hops of Tg·B·Dl plus (Pr − 1)
-// dlatent hops of Tg·B·Dl·4 bytes. With Pu = P (Pr = 1) the config is plain laga (form_of picks
-// laga.cpp): same layout, collectives, bits.
+// dlatent hops of Tg·B·Dl·4 bytes. Pu = P is a ring of one group (P 1's default): no sub-
+// communicators and no send_recv, laga's collectives on the whole group around ring-latent's
+// core. `--form laga --ulysses Pu` names laga-ulysses for Pu < P (resolve_form_label).
 #include "ring.hpp"
 
 #include "laga/comm/pairs.hpp"
@@ -31,36 +33,65 @@ void add_laga_problems(const MlaConfig& c, std::vector<std::string>& p);
 
 namespace {
 
-struct LagaRingSaved final : CoreSaved {
+// The --ulysses values below --sp that laga-ulysses runs at c's P, H and T: every Pu < P that
+// divides P and H, with 2·P/Pu dividing T (T not positive: not checked), joined by ", " (Pu = P,
+// a ring of one group, runs too, but is plain laga's head scatter: never the one to suggest). The
+// search stops at H (a valid value divides the heads), so it is short for any --sp (fuzz_config
+// reaches 10^15).
+std::string ulysses_values(const MlaConfig& c) {
+  const int64_t P = c.sp, H = c.num_attention_heads, T = c.seq_len;
+  std::string s;
+  for (int64_t d = 1; d < P && d <= H; ++d)
+    if (P % d == 0 && H % d == 0 && (T <= 0 || zigzag_fits(T, P / d)))
+      s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
+struct LagaUlyssesSaved final : CoreSaved {
   RingLatentState st;  // latent_g [Tg, B, Dl], q [Tg, B, Hr, Dqk], o [Tg, B, Hr, Dv], lse
   void for_each(const std::function<void(const char*, const Tensor&)>& f) const override {
     st.for_each(f);
   }
 };
 
+// The ring of groups; with Pu = P a ring of one group, which sends nothing (RankCtx then splits no
+// sub-communicators: the group is the whole comm).
 RingView groups_ring(const RankCtx& ctx) {
-  return {*ctx.ring, ctx.Pr, ctx.g, ctx.T / (2 * ctx.Pr), ctx.u * ctx.Hr, ctx.Hr};
+  return {
+      ctx.ring ? *ctx.ring : ctx.comm, ctx.Pr, ctx.g, ctx.T / (2 * ctx.Pr), ctx.u * ctx.Hr, ctx.Hr};
 }
 
-class LagaRing final : public Form {
+class LagaUlysses final : public Form {
  public:
-  std::string_view name() const override { return "laga"; }
-  std::string_view family() const override { return "laga"; }
+  std::string_view name() const override { return "laga-ulysses"; }
+  std::string_view family() const override { return name(); }
   std::string_view summary() const override {
-    return "laga with --ulysses Pu: all-gather of the latent and all-to-all of q and o inside "
-           "groups of Pu ranks, "
-           "the group's latent around a ring of the P/Pu groups (fp32 dlatent back), zigzag over "
-           "groups";
+    return "laga in groups of --ulysses Pu ranks: all-gather of the latent and all-to-all of q and "
+           "o inside each group, the group's latent around a ring of the P/Pu groups (fp32 "
+           "dlatent back), zigzag over groups";
+  }
+  std::string_view ulysses_of() const override { return "laga"; }
+  // The largest divisor of P below P that divides H: the fewest groups on the ring, so the least
+  // latent traffic around it; at P 1, 1 (a ring of one group, as the ring forms run P 1).
+  int64_t default_ulysses(const MlaConfig& c) const override {
+    const int64_t P = c.sp, H = c.num_attention_heads;
+    if (P == 1) return 1;
+    int64_t best = 0;
+    for (int64_t i = 1; i <= H / i; ++i)  // the divisors of H in pairs: O(√H)
+      if (H % i == 0)
+        for (int64_t d : {i, H / i})
+          if (d < P && P % d == 0) best = std::max(best, d);
+    return best;
   }
   std::string_view own_kernel() const override { return "fused"; }
   TokenLayout layout() const override { return TokenLayout::zigzag_groups; }
 
   Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
-    LAGA_ASSERT(ctx.heads_group && ctx.ring,
-                "laga with --ulysses {} needs the group's sub-communicators", ctx.Pu);
-    auto s = std::make_unique<LagaRingSaved>();
-    Communicator& group = *ctx.heads_group;
+    LAGA_ASSERT(ctx.Pr == 1 || (ctx.heads_group && ctx.ring),
+                "laga-ulysses with --ulysses {} needs the group's sub-communicators", ctx.Pu);
+    auto s = std::make_unique<LagaUlyssesSaved>();
+    Communicator& group = ctx.heads_comm();
     // U1: the latent's all-gather in flight behind the query path; q's behind nothing but its wait
     InFlight latent_g =
         issue(ctx, all_gather_tokens_start(group, std::move(latent), "latent", "act.latent_g"));
@@ -77,8 +108,8 @@ class LagaRing final : public Form {
   Tensor backward(const RankCtx& ctx, const LayerWeights& w, std::unique_ptr<CoreSaved> saved,
                   Tensor dout, LayerWeights& g,
                   const QueryPathBackward& query_backward) const override {
-    auto& s = static_cast<LagaRingSaved&>(*saved);
-    Communicator& group = *ctx.heads_group;
+    auto& s = static_cast<LagaUlyssesSaved&>(*saved);
+    Communicator& group = ctx.heads_comm();
     RingLatentGrads d = ring_latent_backward(ctx, groups_ring(ctx), w, s.st, std::move(dout), g,
                                              "latent_g", "dlatent_g");
     // U1's adjoints in the group: dq back to this rank's tokens, the group's dlatent summed over
@@ -132,55 +163,46 @@ class LagaRing final : public Form {
     return ring_elementwise_bytes(c, c.ring_groups(), c.num_attention_heads / c.head_group(), true,
                                   backward);
   }
+  // Pu = --ulysses (or its default) divides P and H; 2·Pr divides T.
   void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
-    add_laga_problems(c, p);
+    const int64_t P = c.sp, H = c.num_attention_heads, T = c.seq_len;
+    if (P <= 0 || H <= 0 || c.ulysses < 0) return;  // named by problems()
+    const int64_t Pu = c.ulysses > 0 ? c.ulysses : default_ulysses(c);
+    const std::string v = ulysses_values(c);
+    if (P % Pu)
+      p.push_back(
+          fmt::format("--ulysses {} does not divide --sp {}; try {}", Pu, P,
+                      v.empty() ? "a divisor of both --sp and the heads" : "--ulysses " + v));
+    else if (H % Pu)
+      p.push_back(fmt::format("--ulysses {} does not divide num_attention_heads {}; try {}", Pu, H,
+                              v.empty() ? "a divisor of both --sp and the heads"
+                                        : "--ulysses " + v + " (each divides --sp and the heads)"));
+    else if (const std::string s = zigzag_seq_problem(
+                 T, P / Pu, fmt::format("(--sp {} / --ulysses {})", P, Pu),
+                 "laga-ulysses's ring over the groups gives every group two zigzag chunks of "
+                 "T/(2·Pr) tokens");
+             !s.empty())
+      p.push_back(s);
   }
 };
 
 }  // namespace
 
-// laga's conditions (laga.cpp and here): Pu = --ulysses (or P) divides H; below P, 2·Pr divides T.
-// A P that does not divide H is refused with the --ulysses values that would run it.
+// laga's condition, P | H; where it fails, the --ulysses values that run laga-ulysses instead.
 void add_laga_problems(const MlaConfig& c, std::vector<std::string>& p) {
-  const int64_t P = c.sp, H = c.num_attention_heads, T = c.seq_len;
-  // named by problems()
-  if (P <= 0 || H <= 0 || c.ulysses < 0 || (c.ulysses > 0 && P % c.ulysses)) return;
-  const int64_t Pu = c.head_group();
-  auto valid_ulysses = [&] {
-    std::string s;
-    for (int64_t d = 1; d < P && d <= H; ++d)
-      if (P % d == 0 && H % d == 0 && (T <= 0 || zigzag_fits(T, P / d)))
-        s += (s.empty() ? "" : ", ") + std::to_string(d);
-    return s;
-  };
-  if (H % Pu) {
-    const std::string v = valid_ulysses();
-    const std::string alt = v.empty()
-                                ? ""
-                                : fmt::format(
-                                      ", or --ulysses {} (laga's head scatter in groups of that "
-                                      "many ranks, a ring over the groups)",
-                                      v);
-    if (Pu == P)
-      p.push_back(fmt::format("--sp {} does not divide num_attention_heads {}; try {}{}", P, H,
-                              divisors_str(H), alt));
-    else
-      p.push_back(fmt::format("--ulysses {} does not divide num_attention_heads {}; try {}{}", Pu,
-                              H,
-                              v.empty() ? "a divisor of both --sp and the heads" : "--ulysses " + v,
-                              v.empty() ? "" : " (each divides --sp and the heads)"));
-    return;
-  }
-  if (Pu < P) {
-    const std::string s = zigzag_seq_problem(
-        T, P / Pu, fmt::format("(--sp {} / --ulysses {})", P, Pu),
-        "laga's ring over the groups gives every group two zigzag chunks of T/(2·Pr) tokens");
-    if (!s.empty()) p.push_back(s);
-  }
+  const int64_t P = c.sp, H = c.num_attention_heads;
+  if (P <= 0 || H <= 0 || H % P == 0) return;  // named by problems(), or runs
+  const std::string v = ulysses_values(c);
+  p.push_back(fmt::format(
+      "--sp {} does not divide num_attention_heads {}; try {}{}", P, H, divisors_str(H),
+      v.empty() ? ""
+                : fmt::format(", or --ulysses {} (laga-ulysses: laga's head scatter in groups of "
+                              "that many ranks, a ring over the groups)",
+                              v)));
 }
 
-const Form& laga_ring_form() {
-  static const LagaRing form;
+const Form& laga_ulysses_form() {
+  static const LagaUlysses form;
   return form;
 }
 
