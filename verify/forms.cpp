@@ -25,16 +25,18 @@ void summarize(FormCase& k, const std::map<std::string, TensorError>& err) {
   }
 }
 
-FormCase make_case(int64_t P, std::string_view form, std::string_view vs) {
+// A case of config c (its sp, form and the form's Pu).
+FormCase make_case(const MlaConfig& c, std::string_view vs) {
   FormCase k;
-  k.sp = P, k.form = std::string(form), k.vs = std::string(vs);
+  k.sp = c.sp, k.form = c.form, k.label = displayed_form(c), k.vs = std::string(vs);
+  k.ulysses = find_form(c.form).takes_ulysses() ? c.ulysses : 0;
   return k;
 }
 
 // A case judged against fp64: the verdict, the rule it was judged by, and the per-output errors.
-FormCase judged(int64_t P, std::string_view form, const Verdict& v, std::string criterion,
+FormCase judged(const MlaConfig& c, const Verdict& v, std::string criterion,
                 const std::map<std::string, TensorError>& err) {
-  FormCase k = make_case(P, form, "fp64");
+  FormCase k = make_case(c, "fp64");
   k.pass = v.pass, k.worst = v.worst, k.worst_ratio = v.worst_ratio,
   k.allowed_ulps = v.allowed_ulps;
   k.criterion = std::move(criterion);
@@ -42,8 +44,8 @@ FormCase judged(int64_t P, std::string_view form, const Verdict& v, std::string 
   return k;
 }
 
-FormCase not_run(int64_t P, std::string_view form, const std::string& why) {
-  FormCase k = make_case(P, form, "not run");
+FormCase not_run(const MlaConfig& c, const std::string& why) {
+  FormCase k = make_case(c, "not run");
   k.pass = true;
   k.criterion = "the form refuses this configuration: " + why;
   return k;
@@ -127,10 +129,14 @@ class FormsCheck {
         opt_.timeout_s);
     return out;
   }
-  Config at(std::string_view form, int64_t P) const {
-    return base_.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; });
+  // The form's config at P: as_form, with the sweep's --ulysses for a form that takes it.
+  MlaConfig spec_at(std::string_view form, int64_t P) const {
+    MlaConfig m = *base_;
+    m.sp = P, m.ulysses = opt_.ulysses;
+    return as_form(m, form);
   }
-  // A form that runs a kernel of its own whatever --kernel says (the ring forms and laga --ulysses
+  Config at(std::string_view form, int64_t P) const { return spec_at(form, P); }
+  // A form that runs a kernel of its own whatever --kernel says (the ring forms and laga-ulysses
   // the fused kernel, laga-fused its latent kernel, tiled as the fused one) is held to explicit run
   // with the fused kernel at the same P: like with like. Under --kernel eager explicit's own error
   // is the eager kernel's, one softmax per row with no online rescaling, and on some tensors
@@ -156,12 +162,12 @@ class FormsCheck {
     }
     return it->second;
   }
-  // A form's run at P (its outputs on the root), labelled `label`, held to its baseline's error.
-  FormCase form_case(int64_t P, std::string_view label, const Form& f, int64_t baseline_P,
+  // A form's run of c (its outputs on the root), held to its baseline's error.
+  FormCase form_case(const MlaConfig& c, const Form& f, int64_t baseline_P,
                      const std::map<std::string, TensorError>& baseline, const Run& r) const {
     const auto err = errors(r.outputs, exact_);
     return judged(
-        P, label, form_vs_baseline(err, baseline, plain_err_, base_->dtype),
+        c, form_vs_baseline(err, baseline, plain_err_, base_->dtype),
         fmt::format("≤ {:g} × max(explicit's error at P {}{}, the plain implementations') + floor",
                     kFormFactor, baseline_P,
                     against_fused(f) ? " with the fused kernel (the form's own)" : ""),
@@ -170,7 +176,7 @@ class FormsCheck {
   // explicit's own case at P: its error against the plain implementation's (the rule's baseline).
   FormCase explicit_case(int64_t P, const std::map<std::string, TensorError>& e_err) const {
     return judged(
-        P, kBaselineForm, explicit_vs_plain(e_err, plain_err_, base_->dtype),
+        spec_at(kBaselineForm, P), explicit_vs_plain(e_err, plain_err_, base_->dtype),
         fmt::format(
             "≤ {:g} × the plain {} implementations' error (three association orders) + floor",
             kExplicitFactor, dtype_name(base_->dtype)),
@@ -178,7 +184,7 @@ class FormsCheck {
   }
   // A form exact at one rank, at P 1: bit for bit against explicit's run.
   FormCase bitwise_case(int64_t P, const Form& f, const Run& r) const {
-    FormCase b = make_case(P, f.name(), "explicit@1");
+    FormCase b = make_case(spec_at(f.name(), P), "explicit@1");
     std::string where;
     b.bitwise = b.pass = bitwise_equal(r.outputs, one_.outputs, &where);
     b.criterion = "bit-identical to explicit at P = 1" +
@@ -186,22 +192,6 @@ class FormsCheck {
     b.worst = b.pass ? "" : where;
     summarize(b, errors(r.outputs, one_.outputs));
     return b;
-  }
-  // laga's --ulysses row at P, where it runs.
-  void ulysses_case(int64_t P, int64_t baseline_P,
-                    const std::map<std::string, TensorError>& e_err) {
-    MlaConfig m = *base_;
-    m.form = "laga", m.sp = P, m.ulysses = opt_.ulysses;
-    const std::string label = displayed_form(m);
-    if (const auto problems = m.problems(); !problems.empty()) {
-      if (root_) add(not_run(P, label, problems.front()));
-      return;
-    }
-    const Config cm(m);
-    const auto& baseline = baseline_of(form_of(*cm), baseline_P, e_err);
-    Run r = run(cm, false);
-    if (!root_) return;
-    add(form_case(P, label, form_of(*cm), baseline_P, baseline, r));
   }
   void add(FormCase k) {
     report_.pass = report_.pass && k.pass;
@@ -231,12 +221,8 @@ void FormsCheck::check_at(int64_t P, bool& explicit_at_one_judged) {
   // head-scatter form's P ∤ H, a ring form's T not a multiple of 2P) is reported as not run, with
   // its reason. Where explicit itself refuses P, the others are held to explicit's error at P = 1.
   MlaConfig m = *base_;
-  m.sp = P;
-  // laga's --ulysses row, where it runs at this P, counts as a form that runs
-  MlaConfig with_ulysses = m;
-  if (ulysses_row_at(opt_.ulysses, P)) with_ulysses.ulysses = opt_.ulysses;
-  (void)forms_at(with_ulysses);
-  const FormsAt here = judge_forms(m);
+  m.sp = P, m.ulysses = opt_.ulysses;
+  const FormsAt here = forms_at(m);
   const std::string baseline_refusal = here.refusal(find_form(kBaselineForm));
   const int64_t baseline_P = baseline_refusal.empty() ? P : 1;
   Run e = baseline_P == 1 ? one_ : run(at(kBaselineForm, P), false);
@@ -245,7 +231,7 @@ void FormsCheck::check_at(int64_t P, bool& explicit_at_one_judged) {
     e_err = errors(e.outputs, exact_);
     if (!explicit_at_one_judged) add(explicit_case(1, e_err));
     add(not_run(
-        P, kBaselineForm,
+        spec_at(kBaselineForm, P),
         baseline_refusal + " (the other forms at this P are held to explicit's error at P 1)"));
   } else if (root_) {
     e_err = errors(e.outputs, exact_);
@@ -253,17 +239,17 @@ void FormsCheck::check_at(int64_t P, bool& explicit_at_one_judged) {
   }
   explicit_at_one_judged = explicit_at_one_judged || baseline_P == 1;
   for (const Form* f : forms_) {
+    const MlaConfig fm = spec_at(f->name(), P);
     if (const std::string why = here.refusal(*f); !why.empty()) {
-      if (root_) add(not_run(P, f->name(), why));
+      if (root_) add(not_run(fm, why));
       continue;
     }
     const auto& baseline = baseline_of(*f, baseline_P, e_err);
-    Run r = run(at(f->name(), P), false);
+    Run r = run(fm, false);
     if (!root_) continue;
-    add(form_case(P, f->name(), *f, baseline_P, baseline, r));
+    add(form_case(fm, *f, baseline_P, baseline, r));
     if (P == 1 && f->exact_at_one_rank()) add(bitwise_case(P, *f, r));
   }
-  if (ulysses_row_at(opt_.ulysses, P)) ulysses_case(P, baseline_P, e_err);
 }
 
 }  // namespace
@@ -299,23 +285,20 @@ int64_t planned_verify_bytes(const Config& base, const std::vector<int64_t>& sps
   const MlaConfig& c = *base;
   const int64_t weights = weight_count(c);
   auto at = [&](std::string_view form, int64_t P) {
-    return base.with([&](MlaConfig& m) { m.form = std::string(form), m.sp = P; });
+    return base.with([&](MlaConfig& m) {
+      m.sp = P, m.ulysses = ulysses;
+      m = as_form(m, form);
+    });
   };
   const Config one = at(kBaselineForm, 1);  // the run every sweep starts with
   const int64_t ref_activations = 8 / dtype_size(c.dtype) * plan_memory(one).activation_peak_bytes;
   int64_t largest_run = planned_run_bytes(one, ranks_are_threads, true);
   for (int64_t P : sps) {
     MlaConfig m = c;
-    m.sp = P;
+    m.sp = P, m.ulysses = ulysses;
     for (const Form* f : judge_forms(m).runnable)
       largest_run =
           std::max(largest_run, planned_run_bytes(at(f->name(), P), ranks_are_threads, true));
-    // laga's --ulysses row plans its own peak (its ring's buffers)
-    if (ulysses_row_at(ulysses, P)) {
-      m.form = "laga", m.ulysses = ulysses;
-      if (m.problems().empty())
-        largest_run = std::max(largest_run, planned_run_bytes(Config(m), ranks_are_threads, true));
-    }
   }
   return kVerifyProcessBytes + kVerifyFp64Copies * 8 * output_count(c) + ref_activations +
          dtype_size(c.dtype) * weights + largest_run;

@@ -20,6 +20,8 @@ namespace laga::verify {
 struct FormCase {
   int64_t sp = 1;
   std::string form;      // registry label
+  std::string label;     // how commands print it: displayed_form ("laga-ulysses (ulysses 2)")
+  int64_t ulysses = 0;   // the Pu of a form that takes --ulysses (laga-ulysses); 0 otherwise
   std::string vs;        // "fp64" (the rule), "explicit@1" (the bitwise claim), or
                          // "not run" (the form refuses this P; criterion says why).
                          // Where explicit refuses a P, the others are held to its
@@ -48,13 +50,10 @@ struct FormsOptions {
   std::vector<std::string> forms;  // labels to check besides explicit; empty: every registered form
   uint64_t seed = 1234;
   double timeout_s = 0;
-  // laga --ulysses Pu: at every P of the sweep that Pu divides with Pu < P, one more row, laga with
-  // head scatter in groups of Pu × a ring over the P/Pu groups ("laga (ulysses Pu)"), by the rule
-  // of the other forms against explicit at that P. 0: none.
+  // --ulysses Pu of the forms that take it (laga-ulysses, as_form) at every P: not run where it
+  // does not fit P. 0: each P's default.
   int64_t ulysses = 0;
 };
-// Whether the sweep has a laga --ulysses Pu row at P: Pu divides P and Pu < P.
-inline bool ulysses_row_at(int64_t Pu, int64_t P) { return Pu > 0 && Pu < P && P % Pu == 0; }
 
 // One run of c on c->sp threads (run_group, the default seed): its whole y, dx and synced weight
 // gradients, gathered to rank 0. What the bitwise claims of the tests compare.
@@ -80,9 +79,9 @@ int64_t planned_run_bytes(const Config& c, bool ranks_are_threads, bool gathered
 //   plain reference's being computed, with its gradients, and the run in progress's), plus the
 //   reference's activations, (8 / dtype size) × explicit's planned activation peak at P 1; the
 //   weights drawn once (dtype); the largest run, planned_run_bytes(gathered) over the forms that
-//   run at each P and laga's row with --ulysses where it has one (ulysses: FormsOptions::ulysses;
-//   check_forms empties the caching allocator and the C heap before each P's runs, so no earlier
-//   P's blocks sit beside them); kVerifyProcessBytes for the process itself.
+//   run at each P (as_form with ulysses: FormsOptions::ulysses; check_forms empties the caching
+//   allocator and the C heap before each P's runs, so no earlier P's blocks sit beside them);
+//   kVerifyProcessBytes for the process itself.
 // Measured peak RSS (laga verify prints it beside the estimate; tests/cli/memory_estimate.sh holds
 // it under) stays under this estimate: docs/architecture.md §2, "Verification".
 inline constexpr int64_t kVerifyFp64Copies = 7;

@@ -77,7 +77,8 @@ double ModelDims::softmax_scale() const {
 }
 
 std::vector<std::string> MlaConfig::problems() const {
-  return problems_with(find_form_or_null(form), true);
+  const MlaConfig r = resolved(*this);  // as Config takes it
+  return r.problems_with(find_form_or_null(r.form), true);
 }
 
 std::vector<std::string> MlaConfig::problems_apart_from_form() const {
@@ -198,17 +199,15 @@ std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) con
             factor, rope_scaling.mscale, rope_scaling.mscale_all_dim));
     }
   }
-  // --ulysses: Pu divides P and H; below P only for laga (the form's own checks follow).
+  // --ulysses: the forms that take it judge Pu in their own add_problems; every other form runs
+  // over the whole group, where Pu = P is the same run as none.
   if (ulysses < 0)
-    p.push_back(fmt::format("--ulysses {} must be positive (or 0: the whole --sp group)", ulysses));
-  if (ulysses > 0 && sp > 0 && sp % ulysses)
-    p.push_back(
-        fmt::format("--ulysses {} does not divide --sp {}; try {}", ulysses, sp, divisors_str(sp)));
-  else if (f && ulysses > 0 && ulysses < sp && f->name() != "laga")  // a condition of the form
+    p.push_back(fmt::format("--ulysses {} must be positive (or 0: none)", ulysses));
+  else if (f && !f->takes_ulysses() && ulysses > 0 && ulysses != sp)
     p.push_back(fmt::format(
-        "--ulysses {} (< --sp {}) applies to laga only, not to form '{}'; try --ulysses {} or "
-        "--form laga",
-        ulysses, sp, form, sp));
+        "--ulysses {} (head-scatter groups of that many ranks, a ring over them) applies to {} "
+        "only, not to form '{}'; try --form {}, or drop --ulysses",
+        ulysses, ulysses_form_names(), form, ulysses_form_names()));
   if (kernel == Kernel::eager && attn_backward == AttnBackward::one_pass)
     p.push_back(
         "--attn-backward one-pass is an order of the fused kernel's backward; use --kernel fused "
@@ -223,7 +222,7 @@ std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) con
   return p;
 }
 
-Config::Config(MlaConfig spec) : spec_(std::move(spec)) {
+Config::Config(MlaConfig spec) : spec_(resolved(std::move(spec))) {
   auto p = spec_.problems();
   if (p.empty()) return;
   std::string msg = fmt::format("invalid configuration (model '{}'): ", spec_.model);
@@ -313,10 +312,11 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     c.batch = json_int(j, "batch", 1);
     c.sp = json_int(j, "sp", 1);
     c.ulysses = json_int(j, "ulysses", 0);
-    // A family and its regime ("absorbed" + "absorbed_kv": "shared") name one registered variant.
+    // A family and its regime ("absorbed" + "absorbed_kv": "shared") name one registered variant;
+    // laga with a ulysses other than sp names laga-ulysses (resolve_form_label).
     if (j.contains("form"))
       c.form = resolve_form_label(j["form"].get<std::string>(),
-                                  j.value("absorbed_kv", std::string("expanded")));
+                                  j.value("absorbed_kv", std::string("expanded")), c);
     if (j.contains("kernel")) c.kernel = parse_kernel(j["kernel"].get<std::string>());
     if (j.contains("dtype")) c.dtype = parse_dtype(j["dtype"].get<std::string>());
     if (j.contains("dlatent_sum"))

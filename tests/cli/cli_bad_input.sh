@@ -41,16 +41,21 @@ expect 2 "\-\-sp 3 does not divide num_attention_heads 8; try 1, 2, 4, 8" -- "$l
 expect 2 "\-\-sp 4 does not divide --seq 18; try 1, 2, 3, 6, 9, 18" -- "$laga" run --model tiny --seq 18 --sp 4
 expect 2 "unknown form 'fancy'; valid: explicit, absorbed-expanded, absorbed-shared, laga" -- "$laga" run --model tiny --seq 16 --form fancy
 expect 2 "\-\-seq 36 is not a multiple of 2 × \-\-sp 4 = 8 (ring-kv's zigzag layout .*; try \-\-seq 32 or 40" -- "$laga" run --model tiny --seq 36 --sp 4 --form ring-kv
-# --ulysses (laga's head scatter × ring): Pu divides P and H, laga only below P, 2·Pr divides T; a laga
-# P that does not divide H names the --ulysses values that run it
-expect 2 "\-\-ulysses 3 does not divide \-\-sp 8; try 1, 2, 4, 8" -- "$laga" run --model tiny --seq 32 --sp 8 --form laga --ulysses 3
+# --ulysses (laga-ulysses: laga's head scatter in groups × a ring over them; laga spelled with a Pu other
+# than P names it): Pu divides P and H, 2·Pr divides T; a form that takes no --ulysses refuses one; a
+# laga P that does not divide H names the --ulysses values that run laga-ulysses; plan, model and verify
+# refuse a --ulysses that laga-ulysses runs at none of their P, naming why
+expect 2 "\-\-ulysses 3 does not divide \-\-sp 8; try \-\-ulysses 1, 2, 4" -- "$laga" run --model tiny --seq 32 --sp 8 --form laga --ulysses 3
+expect 2 "\-\-ulysses 3 does not divide \-\-sp 8; try \-\-ulysses 1, 2, 4" -- "$laga" run --model tiny --seq 32 --sp 8 --form laga-ulysses --ulysses 3
+expect 2 "\-\-ulysses 8 does not divide \-\-sp 4; try \-\-ulysses 1, 2" -- "$laga" run --model tiny --seq 32 --sp 4 --form laga --ulysses 8
 expect 2 "\-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" -- "$laga" run --model tiny --seq 48 --sp 12 --form laga --ulysses 6
-expect 2 "\-\-ulysses 2 (< \-\-sp 8) applies to laga only, not to form 'explicit'; try \-\-ulysses 8 or \-\-form laga" -- "$laga" run --model tiny --seq 32 --sp 8 --form explicit --ulysses 2
+expect 2 "\-\-ulysses 2 (head-scatter groups of that many ranks, a ring over them) applies to laga-ulysses only, not to form 'explicit'; try \-\-form laga-ulysses, or drop \-\-ulysses" -- "$laga" run --model tiny --seq 32 --sp 8 --form explicit --ulysses 2
 expect 2 "\-\-seq 12 is not a multiple of 2 × (\-\-sp 4 / \-\-ulysses 1) = 8 .*; try \-\-seq 8 or 16" -- "$laga" run --model tiny --seq 12 --sp 4 --form laga --ulysses 1
-expect 2 "\-\-sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8, or \-\-ulysses 2, 4, 8" -- "$laga" run --model tiny --seq 16 --sp 16 --form laga
-expect 2 "\-\-ulysses 3 does not divide \-\-sp 32" -- "$laga" plan --model deepseek-v2-lite --seq 4096 --sp 32 --ulysses 3
-expect 2 "\-\-ulysses 3 gives laga a row only at a \-\-sp it divides and exceeds, and \-\-sp has none; add one, e.g. \-\-sp 6" -- "$laga" verify --model tiny --seq 32 --sp 2,4 --ulysses 3
-expect 2 "\-\-ulysses 3 does not divide num_attention_heads 8" -- "$laga" verify --model tiny --seq 48 --sp 2,6 --ulysses 3
+expect 2 "\-\-sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8, or \-\-ulysses 2, 4, 8 (laga-ulysses" -- "$laga" run --model tiny --seq 16 --sp 16 --form laga
+expect 2 "\-\-ulysses \-1 must be positive (or 0: none)" -- "$laga" run --model tiny --seq 32 --sp 4 --form laga-ulysses --ulysses -1
+expect 2 "\-\-ulysses 3 sets the head-scatter groups of laga-ulysses, which cannot run it: \-\-ulysses 3 does not divide \-\-sp 32" -- "$laga" plan --model deepseek-v2-lite --seq 4096 --sp 32 --ulysses 3
+expect 2 "\-\-ulysses 3 sets the head-scatter groups of laga-ulysses, which cannot run it at any \-\-sp given: at \-\-sp 2: \-\-ulysses 3 does not divide \-\-sp 2; try \-\-ulysses 1; at \-\-sp 4: " -- "$laga" verify --model tiny --seq 32 --sp 2,4 --ulysses 3
+expect 2 "at \-\-sp 6: \-\-ulysses 3 does not divide num_attention_heads 8" -- "$laga" verify --model tiny --seq 48 --sp 2,6 --ulysses 3
 expect 2 "unknown kernel 'flash'; valid: eager, fused" -- "$laga" run --model tiny --seq 16 --kernel flash
 expect 2 "unknown dlatent sum 'half' (--dlatent-sum, JSON dlatent_sum); valid: fp32, storage" -- "$laga" run --model tiny --seq 16 --sp 2 --form laga --dlatent-sum half
 expect 2 "unknown dtype 'fp16'; valid: fp32, bf16" -- "$laga" run --model tiny --seq 16 --dtype fp16
@@ -94,8 +99,8 @@ expect 2 "one-pass is an order of the fused kernel's backward; use --kernel fuse
 # refused as a whole; a form refusing P is "not run" and the others go on (below, after the refusals).
 expect 2 "\-\-sp 8 does not divide \-\-seq 36; try 1, 2, 3, 4, 6, 9, 12, 18, 36" -- "$laga" plan --model tiny --seq 36 --sp 8
 expect 2 "\-\-sp 3 does not divide \-\-seq 64" -- "$laga" verify --model tiny --seq 64 --sp 1,3
-expect 2 "no form can run it: explicit: \-\-sp 16 does not divide num_attention_heads 8.*ring-kv: \-\-seq 48 is not a multiple of 2 × \-\-sp 16" \
-  -- "$laga" plan --model tiny --seq 48 --sp 16
+expect 2 "no form can run it: explicit: \-\-sp 3 does not divide num_attention_heads 8.*ring-kv: \-\-seq 9 is not a multiple of 2 × \-\-sp 3.*laga-ulysses: \-\-seq 9 is not a multiple of 2 × (\-\-sp 3 / \-\-ulysses 1) = 6" \
+  -- "$laga" plan --model tiny --seq 9 --sp 3
 expect 2 "size '12 parsecs' is not a byte count" -- "$laga" run --model tiny --seq 16 --mem-limit "12 parsecs"
 # A run or plan over the memory limit is refused before anything is allocated, naming the planned peak.
 expect 2 "refused: the planned peak is .* over --mem-limit 1MiB" -- "$laga" run --model small --seq 2048 --mem-limit 1MiB
@@ -130,23 +135,26 @@ expect 2 "\-\-inject-wrong 'laga' is not FORM:ULPS" -- "$laga" bench --model tin
 expect 2 "\-\-inject-wrong names form 'laga', which --forms does not time; valid: explicit" -- "$laga" bench --model tiny --seq 16 --forms explicit --inject-wrong laga:4
 expect 2 "ULPS '-1' must be a positive number" -- "$laga" bench --model tiny --seq 16 --inject-wrong laga:-1
 expect 2 "inject-fault '1:x' is not RANK:PLACE" -- "$laga" bench --model tiny --seq 16 --inject-fault 1:x
-# bench and train --ulysses (laga's; the other forms over the whole group): Pu divides P and H, a named
-# form that cannot run the configuration is refused naming it, its reason and the forms that can, and
-# a --ulysses below P without laga in --forms would change nothing.
-expect 2 "\-\-ulysses 3 does not divide \-\-sp 4; try 1, 2, 4" -- "$laga" bench --model tiny --seq 32 --sp 4 --forms laga --ulysses 3
-expect 2 "\-\-ulysses 3 does not divide \-\-sp 4; try 1, 2, 4" -- "$laga" train --model tiny --seq 32 --sp 4 --forms laga --ulysses 3
-expect 2 "\-\-forms names laga, which cannot run this configuration: \-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" \
+# bench and train --ulysses (laga-ulysses's, which laga in --forms names; the other forms over the whole
+# group): Pu divides P and H, a named form that cannot run the configuration is refused naming it, its
+# reason and the forms that can, a --ulysses without a form that takes it in --forms would change
+# nothing, and laga beside laga-ulysses with one names the same form twice.
+expect 2 "\-\-forms names laga-ulysses, which cannot run this configuration: \-\-ulysses 3 does not divide \-\-sp 4; try \-\-ulysses 1, 2" -- "$laga" bench --model tiny --seq 32 --sp 4 --forms laga --ulysses 3
+expect 2 "\-\-ulysses 3 does not divide \-\-sp 4; try \-\-ulysses 1, 2" -- "$laga" train --model tiny --seq 32 --sp 4 --forms laga --ulysses 3
+expect 2 "\-\-forms names laga-ulysses, which cannot run this configuration: \-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" \
   -- "$laga" bench --model tiny --seq 48 --sp 12 --forms laga,ring-kv --ulysses 6
-expect 2 "\-\-forms names laga, which cannot run this configuration: \-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" \
-  -- "$laga" train --model tiny --seq 48 --sp 12 --forms laga --ulysses 6
-expect 2 "\-\-forms names explicit, which cannot run this configuration: \-\-sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8; drop it from \-\-forms (forms that run it: laga (ulysses 4), ring-kv, ring-latent)" \
+expect 2 "\-\-forms names laga-ulysses, which cannot run this configuration: \-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" \
+  -- "$laga" train --model tiny --seq 48 --sp 12 --forms laga-ulysses --ulysses 6
+expect 2 "\-\-forms names explicit, which cannot run this configuration: \-\-sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8; drop it from \-\-forms (forms that run it: ring-kv, ring-latent, laga-ulysses (ulysses 4))" \
   -- "$laga" bench --model tiny --seq 64 --sp 16 --forms explicit,laga --ulysses 4
 expect 2 "\-\-forms names explicit, which cannot run this configuration: \-\-sp 16 does not divide" \
   -- "$laga" train --model tiny --seq 64 --sp 16 --forms laga,explicit --ulysses 4
-expect 2 "\-\-ulysses 2 is laga's .* but \-\-forms does not name laga; add laga to \-\-forms, or drop \-\-ulysses" \
+expect 2 "\-\-ulysses 2 is laga-ulysses's .* but \-\-forms names none of them; add laga-ulysses (or laga) to \-\-forms, or drop \-\-ulysses" \
   -- "$laga" bench --model tiny --seq 32 --sp 4 --forms explicit,ring-kv --ulysses 2
-expect 2 "\-\-ulysses 2 is laga's .* but \-\-forms does not name laga" -- "$laga" train --model tiny --seq 32 --sp 4 --forms explicit --ulysses 2
-expect 2 "\-\-forms names laga, which cannot run this configuration: \-\-seq 36 is not a multiple of 2 × (\-\-sp 4 / \-\-ulysses 1) = 8 .*; try \-\-seq 32 or 40" \
+expect 2 "\-\-ulysses 8 is laga-ulysses's .* but \-\-forms names none of them" -- "$laga" train --model tiny --seq 32 --sp 4 --forms explicit --ulysses 8
+expect 2 "\-\-forms names laga-ulysses twice ('laga' names it here); give each form once" \
+  -- "$laga" bench --model tiny --seq 32 --sp 4 --forms laga-ulysses,laga --ulysses 2
+expect 2 "\-\-forms names laga-ulysses, which cannot run this configuration: \-\-seq 36 is not a multiple of 2 × (\-\-sp 4 / \-\-ulysses 1) = 8 .*; try \-\-seq 32 or 40" \
   -- "$laga" bench --model tiny --seq 32,36 --sp 4 --forms explicit,laga --ulysses 1
 
 # laga model: hardware files that are unreadable, malformed, incomplete or mistyped name the file and field.

@@ -92,9 +92,9 @@ for place in forward backward; do
   fi
 done
 
-# laga --ulysses Pu (head scatter in groups × a ring over them, on sub-communicators): MPI with overlap
-# on bitwise equal to threads with overlap off; a rank failing in backward (inside one ring group)
-# takes every rank down under both backends.
+# laga-ulysses, spelled laga --ulysses Pu (head scatter in groups × a ring over them, on
+# sub-communicators): MPI with overlap on bitwise equal to threads with overlap off; a rank failing in
+# backward (inside one ring group) takes every rank down under both backends.
 for spec in 4:2 8:2 8:4 4:1; do
   P=${spec%:*} Pu=${spec#*:}
   for dtype in fp32 bf16; do
@@ -106,7 +106,7 @@ for spec in 4:2 8:2 8:4 4:1; do
       fail "mpirun -np $P $tag: $(tail -3 "$work/out")"
       continue
     fi
-    grep -q "(mpi) .*form laga (ulysses $Pu)" "$work/out" || fail "mpirun -np $P $tag did not run laga (ulysses $Pu) under MPI"
+    grep -q "(mpi) .*form laga-ulysses (ulysses $Pu)" "$work/out" || fail "mpirun -np $P $tag did not run laga-ulysses (ulysses $Pu) under MPI"
     if cmp -s "$work/t.$tag/tensors.safetensors" "$work/m.$tag/tensors.safetensors"; then
       echo "ok: P=$P --ulysses $Pu $dtype: MPI (overlap on) bitwise equal to threads (overlap off)"
     else

@@ -49,8 +49,9 @@ std::vector<Case> sweep() {
         // product.
         const int64_t Ts[] = {16, 40, 64, 24}, Ps[] = {1, 2, 4, 8}, Hs[] = {8, 8, 16, 8};
         const int64_t P = Ps[(i / 2) % 4], H = Hs[i % 4];
-        // A zigzag form needs T a multiple of 2P: the next one up.
-        const int64_t T = form->layout() == TokenLayout::zigzag
+        // A zigzag form needs T a multiple of 2P (over groups, of 2·Pr, which divides it): the next
+        // one up.
+        const int64_t T = form->layout() != TokenLayout::contiguous
                               ? (Ts[i % 4] + 2 * P - 1) / (2 * P) * (2 * P)
                               : Ts[i % 4];
         cases.push_back({std::string(form->name()), kernel, dt, T, P, H, 1 + i % 2,
@@ -163,6 +164,23 @@ ClosedForm closed_form(const MlaConfig& c) {
     f.tensor = f.wire = c.num_layers * (P - 1) * E * H * (Dqk + Dv) * (2 * s + 4);
     return f;
   }
+  if (c.form == "laga-ulysses") {
+    // Eg = Pu·E rows of the group: its gathered latent, q and o on this rank's Hr heads (E·H
+    // elements each per head dim) and the fp32 lse of the fused kernel (whatever --kernel says);
+    // per layer and rank, in the group, the latent's all-gather and its reduce-scatter (partials in
+    // the dlatent-sum dtype) and the all-to-alls of q, o and their adjoints, and around the ring of
+    // Pr groups, Pr − 1 hops of the group's latent forward, again in backward, and of its fp32
+    // dlatent.
+    const int64_t Pu = c.ulysses, Pr = P / Pu, Eg = Pu * E;
+    const int64_t a2a = E * H * (Dqk + Dv) * s, gathered = E * Dl * s,
+                  reduced = E * Dl * dtype_size(c.dlatent_sum_dtype()),
+                  ring = (Pr - 1) * Eg * Dl * (2 * s + 4);
+    ClosedForm f;
+    f.saved = c.num_layers * (saved + (Eg * Dl + E * H * (Dqk + Dv)) * s + c.batch * H * N * 4);
+    f.tensor = c.num_layers * (2 * a2a + gathered + reduced + ring);
+    f.wire = c.num_layers * (2 * (a2a / Pu * (Pu - 1)) + (gathered + reduced) * (Pu - 1) + ring);
+    return f;
+  }
   if (c.form == "ring-latent") {
     // The local latent, q, o (shared with the block's) and the fp32 lse; P − 1 hops of the latent
     // forward, again in backward, and of the fp32 dlatent.
@@ -249,7 +267,8 @@ TEST(Planner, MatchesTheClosedFormsOfTheAccounting) {
         MlaConfig c = MlaConfig::preset(pt.model);
         c.seq_len = pt.T, c.sp = pt.P, c.batch = pt.B, c.num_layers = pt.L, c.dtype = pt.dt,
         c.kernel = pt.kernel;
-        c.form = std::string(form->name()), c.overlap = overlap, c.dlatent_sum = pt.dlatent_sum;
+        c.overlap = overlap, c.dlatent_sum = pt.dlatent_sum;
+        c = as_form(c, form->name());
         SCOPED_TRACE(fmt::format("{} {} T{} P{} B{} L{} {} {} overlap {} dlatent sum {}", pt.model,
                                  c.form, pt.T, pt.P, pt.B, pt.L, dtype_name(pt.dt),
                                  kernel_name(pt.kernel), overlap ? "on" : "off",

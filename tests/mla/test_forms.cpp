@@ -99,34 +99,37 @@ TEST(Forms, LagaHoldsAtDeepSeekHeadDimsInBf16UpToP8) {
   expect_pass(k, check(k, {1, 2, 4, 8}, {"laga"}));
 }
 
-TEST(Forms, VerifyRunsLagaWithUlyssesAtAPWhereNoOtherFormRuns) {
+TEST(Forms, VerifyRunsLagaUlyssesAtAPWhereNoOtherFormRuns) {
   // tiny (H 8) at T 80, P 16: no head-scatter form runs (16 ∤ 8) and no ring form (32 ∤ 80), but
-  // laga
-  // --ulysses 4 does (4 | 8, 2 × 4 groups | 80). verify must check that row, held to explicit's
-  // error at P 1, instead of refusing the P.
+  // laga-ulysses with --ulysses 4 does (4 | 8, 2 × 4 groups | 80), and so with its default, 8 (2 ×
+  // 2 groups | 80). verify must check that row, held to explicit's error at P 1, instead of
+  // refusing the P.
   const Case k{"tiny", DType::f32, Kernel::fused, 80, 1, 1};
-  verify::FormsReport report;
-  launch(LaunchKind::threads, [&](Launcher& l) {
-    verify::FormsOptions opt;
-    opt.ulysses = 4;
-    report = verify::check_forms(k.config(), {1, 16}, l, opt);
-  });
-  int ulysses_rows = 0, not_run_at_16 = 0;
-  for (const auto& c : report.cases) {
-    if (c.sp != 16) continue;
-    if (c.form == "laga (ulysses 4)") {
-      ++ulysses_rows;
-      EXPECT_TRUE(c.pass) << c.criterion;
-    } else {
-      ++not_run_at_16;
-      EXPECT_EQ(c.vs, "not run") << c.form;
+  for (int64_t Pu : {4, 0}) {
+    verify::FormsReport report;
+    launch(LaunchKind::threads, [&](Launcher& l) {
+      verify::FormsOptions opt;
+      opt.ulysses = Pu;
+      report = verify::check_forms(k.config(), {1, 16}, l, opt);
+    });
+    int ulysses_rows = 0, not_run_at_16 = 0;
+    for (const auto& c : report.cases) {
+      if (c.sp != 16) continue;
+      if (c.form == "laga-ulysses") {
+        ++ulysses_rows;
+        EXPECT_EQ(c.ulysses, Pu ? Pu : 8);
+        EXPECT_TRUE(c.pass) << c.criterion;
+      } else {
+        ++not_run_at_16;
+        EXPECT_EQ(c.vs, "not run") << c.form;
+      }
     }
+    EXPECT_EQ(ulysses_rows, 1);
+    // every other registered form listed as not run
+    EXPECT_EQ(not_run_at_16, int(registered_forms().size()) - 1);
+    EXPECT_TRUE(report.pass);
   }
-  EXPECT_EQ(ulysses_rows, 1);
-  // every registered form listed as not run
-  EXPECT_EQ(not_run_at_16, int(registered_forms().size()));
-  EXPECT_TRUE(report.pass);
-  // A P where nothing runs, laga --ulysses included, is still refused as a whole.
+  // A P where nothing runs, laga-ulysses with its --ulysses included, is still refused as a whole.
   launch(LaunchKind::threads, [&](Launcher& l) {
     verify::FormsOptions opt;
     opt.ulysses = 3;  // 3 ∤ 8

@@ -25,7 +25,7 @@ namespace laga::cli {
 struct BenchSetup {
   std::vector<int64_t> seqs;
   std::vector<std::string> labels;  // registered labels, [fi]
-  // how the rows name them: "laga (ulysses Pu)" for laga with --ulysses Pu < P
+  // how the rows name them: displayed_form, "laga-ulysses (ulysses Pu)" with its Pu
   std::vector<std::string> keys;
   std::vector<Config> configs;  // [si * nf + fi]
   // [si]: the flags' configuration (--ulysses as given), every form's source
@@ -77,7 +77,7 @@ struct Validation {
   std::map<std::string, double> bound;  // per tensor, the absolute bound (vs "bound")
 };
 
-// verify's rule at the reduced T_v, and its cases by the rows' names: at P (the rule's and the
+// verify's rule at the reduced T_v, and its cases by the rows' labels: at P (the rule's and the
 // bitwise ones) and explicit's at the reference's P. The pointers point into report.cases: filled
 // in place.
 struct ReducedRule {

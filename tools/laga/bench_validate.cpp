@@ -6,7 +6,7 @@
 //   must be finite, and agree with explicit's: bit for bit for a form exact at one rank at P = 1,
 //   else |form − explicit| ≤ (allowance_form + allowance_explicit) × g(T) ulps × max|explicit| (the
 //   triangle inequality through the fp64 reference, with both allowances carried from T_v). Where
-//   explicit cannot run P (P ∤ H: only the ring forms and laga --ulysses can), the reference is
+//   explicit cannot run P (P ∤ H: only the ring forms and laga-ulysses can), the reference is
 //   explicit at P 1, as verify holds the forms to explicit's error at P 1 there; a reference whose
 //   planned memory does not fit is a usage error, never a skipped check.
 // Also here: the memory bench plans for all of it and its timed rounds (planned_bench_bytes).
@@ -73,9 +73,10 @@ void inject_wrong(const InjectWrong& wrong, DType dtype, verify::Tensors& t) {
   y[y.numel() / 2] += wrong.ulps * verify::eps(dtype) * scale;
 }
 
-// The reduced-T rule's verdicts that concern row `key` (its failure is every row's of the form). A
-// case missing (the form or the reference not run at T_v) is a failure naming why, never a pass.
-void reduced_rule_failures(const BenchSetup& s, const std::string& key, bool is_explicit,
+// The reduced-T rule's verdicts that concern the rows of form `label` (its failure is every row's
+// of the form). A case missing (the form or the reference not run at T_v) is a failure naming why,
+// never a pass.
+void reduced_rule_failures(const BenchSetup& s, const std::string& label, bool is_explicit,
                            const ReducedRule& rule, Validation& v) {
   auto missing = [&](const std::string& who, int64_t at_P) {
     std::string why = "no case in its report";
@@ -86,14 +87,14 @@ void reduced_rule_failures(const BenchSetup& s, const std::string& key, bool is_
         "against",
         s.Tv, who, at_P, why);
   };
-  const auto rk = rule.rule_case.find(key);
+  const auto rk = rule.rule_case.find(label);
   if (rk == rule.rule_case.end())
-    v.failures.push_back(missing(key, s.P));
+    v.failures.push_back(missing(label, s.P));
   else if (!rk->second->pass)
     v.failures.push_back(fmt::format("verify's rule at T {}: FAIL ({} at {:.3g} of allowed; {})",
                                      s.Tv, rk->second->worst, rk->second->worst_ratio,
                                      rk->second->criterion));
-  if (const auto bk = rule.bitwise_case.find(key);
+  if (const auto bk = rule.bitwise_case.find(label);
       bk != rule.bitwise_case.end() && !bk->second->pass)
     v.failures.push_back(fmt::format("verify at T {}: not bit-identical to explicit at P 1 ({})",
                                      s.Tv, bk->second->worst));
@@ -146,7 +147,7 @@ Validation validate_row(const BenchSetup& s, size_t si, size_t fi, const verify:
   const bool is_explicit = s.labels[fi] == kBaselineForm;
   Validation v;
   v.done = true;
-  reduced_rule_failures(s, key, is_explicit, rule, v);
+  reduced_rule_failures(s, s.labels[fi], is_explicit, rule, v);
   check_finite_tensors(t, key, v);
   if (is_explicit) {
     v.vs = "reference";
@@ -161,7 +162,7 @@ Validation validate_row(const BenchSetup& s, size_t si, size_t fi, const verify:
     return v;
   }
   v.vs = "bound";
-  const auto rk = rule.rule_case.find(key);
+  const auto rk = rule.rule_case.find(s.labels[fi]);
   if (rk == rule.rule_case.end() || !rule.ref_case) return v;  // no allowances: failed above
   check_bounds(s, s.seqs[si], key, t, e, rk->second->allowed_ulps, rule.ref_case->allowed_ulps, v);
   return v;
@@ -181,9 +182,9 @@ Validation validate_row(const BenchSetup& s, size_t si, size_t fi, const verify:
 //   the process itself (verify::kVerifyProcessBytes).
 int64_t planned_bench_bytes(const BenchSetup& s, bool validate, bool threads) {
   const size_t nf = s.nf;
-  int64_t ulysses = 0;  // laga's --ulysses row, as check_forms runs it (FormsOptions::ulysses)
+  int64_t ulysses = 0;  // the Pu of laga-ulysses's rows, as check_forms runs it
   for (size_t fi = 0; fi < nf; ++fi)
-    if (s.configs[fi]->hybrid()) ulysses = s.configs[fi]->ulysses;
+    if (form_of(*s.configs[fi]).takes_ulysses()) ulysses = s.configs[fi]->ulysses;
   // what a planned run holds in blocks
   auto fit = [](int64_t bytes) { return bytes * kPoolFitNum / kPoolFitDen; };
   const Config& base = *s.base;
@@ -220,18 +221,15 @@ void check_reduced_rule(const BenchSetup& s, const CommonFlags& f, Launcher& lau
   verify::FormsOptions vo;
   vo.seed = f.seed, vo.timeout_s = f.timeout_s;
   for (size_t fi = 0; fi < s.nf; ++fi) {
-    // laga's row: FormsOptions::ulysses
-    if (s.configs[fi]->hybrid())
-      vo.ulysses = s.configs[fi]->ulysses;
-    else if (s.labels[fi] != kBaselineForm)
-      vo.forms.push_back(s.labels[fi]);
+    // laga-ulysses's rows at their Pu (FormsOptions::ulysses)
+    if (form_of(*s.configs[fi]).takes_ulysses()) vo.ulysses = s.configs[fi]->ulysses;
+    if (s.labels[fi] != kBaselineForm) vo.forms.push_back(s.labels[fi]);
   }
   // explicit alone: check no other
   if (vo.forms.empty()) vo.forms.push_back(std::string(kBaselineForm));
   rule.report = verify::check_forms(s.base->with([&](MlaConfig& m) { m.seq_len = s.Tv; }), {s.P},
                                     launcher, vo);
-  // The reduced-T cases at P, by the rows' names (verify names laga --ulysses' row as the rows do),
-  // and explicit's at the reference's P.
+  // The reduced-T cases at P, by the rows' labels, and explicit's at the reference's P.
   for (const auto& k : rule.report.cases) {
     if (k.sp == s.P && k.vs != "not run")
       (k.vs == "fp64" ? rule.rule_case : rule.bitwise_case)[k.form] = &k;

@@ -97,6 +97,24 @@ MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at) {
   return c;
 }
 
+void check_ulysses_runs(const std::vector<MlaConfig>& specs) {
+  if (specs.empty() || specs.front().ulysses <= 0) return;
+  std::string why;
+  for (const MlaConfig& spec : specs) {
+    const FormsAt at = judge_forms(spec);
+    for (const Form* f : registered_forms()) {
+      if (!f->takes_ulysses()) continue;
+      const std::string reason = at.refusal(*f);
+      if (reason.empty()) return;  // runs here
+      why += fmt::format("{}{}{}", why.empty() ? "" : "; ",
+                         specs.size() > 1 ? fmt::format("at --sp {}: ", spec.sp) : "", reason);
+    }
+  }
+  LAGA_FAIL_USAGE("--ulysses {} sets the head-scatter groups of {}, which cannot run it{}: {}",
+                  specs.front().ulysses, ulysses_form_names(),
+                  specs.size() > 1 ? " at any --sp given" : "", why);
+}
+
 Config config_as(const MlaConfig& spec, std::string_view name) {
   return Config(as_form(spec, name));
 }
@@ -116,8 +134,8 @@ Config named_form_config(const MlaConfig& spec, const std::string& label, const 
 }
 
 std::string ulysses_note(const MlaConfig& c) {
-  return c.hybrid() ? fmt::format(" (laga: {} × {}, --ulysses {})", c.head_group(), c.ring_groups(),
-                                  c.ulysses)
+  return c.hybrid() ? fmt::format(" ({}: {} × {}, --ulysses {})", ulysses_form_names(),
+                                  c.head_group(), c.ring_groups(), c.ulysses)
                     : "";
 }
 
@@ -132,7 +150,7 @@ MlaConfig build_spec(const CommonFlags& f) {
     c = MlaConfig::from_json(j);
   }
   c.seq_len = f.seq, c.sp = f.sp, c.batch = f.batch, c.num_layers = f.layers, c.ulysses = f.ulysses;
-  c.form = form_label(f.form, f.absorbed_kv);
+  c.form = form_label(f.form, f);
   c.kernel = parse_kernel(f.kernel);
   c.dtype = parse_dtype(f.dtype);
   c.dlatent_sum = parse_dlatent_sum(f.dlatent_sum);
@@ -154,29 +172,30 @@ MlaConfig build_spec(const CommonFlags& f) {
   return c;
 }
 
-std::string form_label(const std::string& form, const std::string& absorbed_kv) {
-  // --absorbed-kv names a regime of the absorbed family, whatever --form is.
+std::string form_label(const std::string& form, const CommonFlags& f) {
+  // --absorbed-kv names a regime of the family with variants (absorbed), whatever --form is.
   bool known = false;
   std::string regimes;
-  for (const Form* f : registered_forms())
-    if (f->family() == "absorbed") {
-      const std::string regime(f->name().substr(f->family().size() + 1));
-      known = known || regime == absorbed_kv;
+  for (const Form* v : registered_forms())
+    if (const std::string regime(v->regime()); !regime.empty()) {
+      known = known || regime == f.absorbed_kv;
       regimes += (regimes.empty() ? "" : ", ") + regime;
     }
-  LAGA_CHECK(known, "unknown absorbed-kv regime '{}'; valid: {}", absorbed_kv, regimes);
-  return resolve_form_label(form, absorbed_kv);
+  LAGA_CHECK(known, "unknown absorbed-kv regime '{}'; valid: {}", f.absorbed_kv, regimes);
+  RunShape shape;
+  shape.sp = f.sp, shape.ulysses = f.ulysses;
+  return resolve_form_label(form, f.absorbed_kv, shape);
 }
 
 InjectWrong parse_inject_wrong(const std::string& spec, const std::vector<std::string>& forms,
-                               const std::string& absorbed_kv) {
+                               const CommonFlags& f) {
   const auto colon = spec.rfind(':');
   std::string list;
   for (const auto& f : forms) list += (list.empty() ? "" : ", ") + f;
   LAGA_CHECK(colon != std::string::npos && colon > 0,
              "--inject-wrong '{}' is not FORM:ULPS (e.g. laga:64)", spec);
   InjectWrong w;
-  w.form = resolve_form_label(spec.substr(0, colon), absorbed_kv);
+  w.form = form_label(spec.substr(0, colon), f);
   LAGA_CHECK(std::find(forms.begin(), forms.end(), w.form) != forms.end(),
              "--inject-wrong names form '{}', which --forms does not time; valid: {}",
              spec.substr(0, colon), list);

@@ -53,30 +53,34 @@ MlaConfig build_spec(const CommonFlags& f);
 // only for problems apart from any form; *at says which forms run it (forms_at). Each form's own
 // config is config_as(spec, its name).
 MlaConfig spec_for_all_forms(const CommonFlags& f, FormsAt& at);
-// The validated config of spec as form `name` (as_form: --ulysses stays laga's alone).
+// A --ulysses given to a command that runs every form (plan, model: one spec; verify: one per
+// --sp) sets the Pu of the forms that take it (laga-ulysses, as_form): refused (usage error) where
+// none of them runs it at any of the specs, naming each reason. Nothing to check without one.
+void check_ulysses_runs(const std::vector<MlaConfig>& specs);
+// The validated config of spec as form `name` (as_form: --ulysses stays laga-ulysses's alone).
 Config config_as(const MlaConfig& spec, std::string_view name);
 // The config of a form a command names (bench --forms, train --forms): config_as(spec, label), by
 // the rule of the commands that run every form (forms_at): a problem apart from any form is refused
 // as a whole; a named form that cannot run spec is refused (usage error) naming `flag`, the form,
 // its reason and the forms that can run it.
 Config named_form_config(const MlaConfig& spec, const std::string& label, const char* flag);
-// " (laga: Pu × Pr, --ulysses Pu)" after P in a command's header when laga runs head scatter ×
-// ring; "".
+// " (laga-ulysses: Pu × Pr, --ulysses Pu)" after P in a command's header when --ulysses Pu < P is
+// given; "".
 std::string ulysses_note(const MlaConfig& c);
-// The registered form label of --form (and, for a family with variants, --absorbed-kv); usage error
-// naming the valid spellings.
-std::string form_label(const std::string& form, const std::string& absorbed_kv);
+// The registered form label a user's form spelling names with f's --absorbed-kv, --ulysses and --sp
+// (resolve_form_label: absorbed and its regime, laga with a --ulysses other than --sp as
+// laga-ulysses); usage error naming the valid spellings.
+std::string form_label(const std::string& form, const CommonFlags& f);
 
 // bench --inject-wrong FORM:ULPS (testing the validation): FORM's full-size y gets one element
 // shifted by ULPS × eps(dtype) × max|y| before the validation sees it. Usage error unless FORM is
-// one of `forms` (registered labels; absorbed resolved with absorbed_kv) and ULPS a positive
-// number.
+// one of `forms` (registered labels; FORM resolved as form_label does) and ULPS a positive number.
 struct InjectWrong {
   std::string form;
   double ulps = 0;
 };
 InjectWrong parse_inject_wrong(const std::string& spec, const std::vector<std::string>& forms,
-                               const std::string& absorbed_kv);
+                               const CommonFlags& f);
 
 // Opens (so checks) an output file before any work; null when path is empty.
 std::unique_ptr<std::ofstream> open_output(const std::string& path, const char* flag);

@@ -7,8 +7,9 @@
 //   T_v (check_reduced_rule); 1. per T, untimed: one gathered check of every row against the
 //   reference (validate_at); 2. per T, the timed rounds (timed_rounds); then the table
 //   (bench_context, print_bench_header, bench_rows, print_profile) and the JSON (bench_json).
-// --ulysses Pu is laga's (as_form): its rows run and are validated as "laga (ulysses Pu)"; the
-// other forms run over the whole group. A named form that cannot run a T is refused
+// --ulysses Pu is laga-ulysses's (as_form; laga in --forms with it names laga-ulysses): its rows
+// run, are validated and named as "laga-ulysses (ulysses Pu)"; the other forms run over the whole
+// group. A named form that cannot run a T is refused
 // (named_form_config). A row's figures: per iteration the slowest rank's time of each phase, then
 // the median, min and max over iterations. #wrong counts the failed checks of the row; any makes
 // the command exit 1, after every row is printed and the JSON written.
@@ -269,7 +270,7 @@ void bench_row(const BenchSetup& s, const BenchFlags& b, const MlaConfig& c, con
   out.rows.push_back({{"form", find_form(c.form).family()},
                       {"variant", c.form},
                       {"label", key},
-                      {"ulysses", c.hybrid() ? c.ulysses : 0},
+                      {"ulysses", form_of(c).takes_ulysses() ? c.ulysses : 0},
                       {"seq", c.seq_len},
                       {"sp", c.sp},
                       {"batch", c.batch},
@@ -338,6 +339,7 @@ nlohmann::json bench_json(const BenchSetup& s, const BenchFlags& b, const BenchC
   for (const auto& k : reduced.cases)
     reduced_json.push_back({{"sp", k.sp},
                             {"form", k.form},
+                            {"ulysses", k.ulysses},
                             {"vs", k.vs},
                             {"pass", k.pass},
                             {"worst_tensor", k.worst},
@@ -401,7 +403,7 @@ int64_t check_bench_memory(const BenchSetup& s, const BenchFlags& b, bool ranks_
 BenchSetup bench_setup(const CommonFlags& f, const BenchFlags& b) {
   BenchSetup s;
   s.seqs = b.seqs;
-  for (const auto& name : b.forms) s.labels.push_back(form_label(name, f.absorbed_kv));
+  for (const auto& name : b.forms) s.labels.push_back(form_label(name, f));
   for (int64_t T : s.seqs) {
     CommonFlags g = f;
     g.seq = T;
@@ -411,8 +413,7 @@ BenchSetup bench_setup(const CommonFlags& f, const BenchFlags& b) {
   }
   s.nf = s.labels.size();
   for (size_t fi = 0; fi < s.nf; ++fi) s.keys.push_back(displayed_form(*s.configs[fi]));
-  if (!b.inject_wrong.empty())
-    s.wrong = parse_inject_wrong(b.inject_wrong, s.labels, f.absorbed_kv);
+  if (!b.inject_wrong.empty()) s.wrong = parse_inject_wrong(b.inject_wrong, s.labels, f);
   return s;
 }
 

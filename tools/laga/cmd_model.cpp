@@ -117,14 +117,14 @@ nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const Hard
   FormsAt at;
   const MlaConfig b = spec_for_all_forms(f, at);
   // Every runnable form as as_form gives it; a named one as given (--ulysses included: Config
-  // refuses it for a form other than laga).
+  // refuses it for a form that takes none).
   std::vector<FormPrediction> preds;
   if (m.forms.empty())
     for (const Form* fm : at.runnable) preds.push_back(predict(config_as(b, fm->name()), hw));
   else
     for (const auto& name : m.forms) {
       MlaConfig named = b;
-      named.form = form_label(name, f.absorbed_kv);
+      named.form = form_label(name, f);
       preds.push_back(predict(Config(std::move(named)), hw));
     }
   fmt::print(
@@ -216,22 +216,21 @@ nlohmann::json compare(const CommonFlags& f, const ModelFlags& m, const Hardware
   const nlohmann::json bench = read_json(m.bench_json, "--bench-json");
   const auto rows = compare_with_bench(bench, m.bench_json, hw);
   // Each row is predicted as bench ran it (its own --ulysses); a --ulysses given here must be the
-  // one laga's rows ran with, or the comparison would not be of the configuration asked for.
+  // one the rows of laga-ulysses ran with, or the comparison would not be of the configuration
+  // asked for.
   if (f.ulysses > 0) {
     bool any = false;
     for (const auto& r : rows) {
-      if (r.variant != "laga") continue;
+      const Form* form = find_form_or_null(r.variant);
+      if (!form || !form->takes_ulysses()) continue;
       any = true;
-      const int64_t ran = r.ulysses > 0 ? r.ulysses : r.sp;  // Pu
-      LAGA_CHECK(ran == f.ulysses,
-                 "--ulysses {}, but bench file {} ran laga at T {} P {} with --ulysses {}; give "
-                 "--ulysses {} (or leave it "
-                 "out: each row is predicted as it ran)",
-                 f.ulysses, m.bench_json, r.seq, r.sp, ran, ran);
+      LAGA_CHECK(r.ulysses == f.ulysses,
+                 "--ulysses {}, but bench file {} ran {} at T {} P {} with --ulysses {}; give "
+                 "--ulysses {} (or leave it out: each row is predicted as it ran)",
+                 f.ulysses, m.bench_json, r.variant, r.seq, r.sp, r.ulysses, r.ulysses);
     }
-    LAGA_CHECK(any,
-               "--ulysses {} is laga's, but bench file {} has no laga row; leave --ulysses out",
-               f.ulysses, m.bench_json);
+    LAGA_CHECK(any, "--ulysses {} is {}'s, but bench file {} has no row of it; leave --ulysses out",
+               f.ulysses, ulysses_form_names(), m.bench_json);
   }
   fmt::print("laga model --bench-json {}: predicted against measured on '{}' ({})\n", m.bench_json,
              hw.name, hw.path);
@@ -344,9 +343,9 @@ HardwareSpec scale_links(HardwareSpec hw, double s) {
   return hw;
 }
 
-// --grid: every runnable form (forms_at), and laga with every --ulysses below P that runs,
-// predicted per cell; the winner, and its margin over the runner-up and over explicit where
-// explicit runs.
+// --grid: every runnable form (forms_at), a form that takes --ulysses (laga-ulysses) with every Pu
+// that runs, predicted per cell; the winner, and its margin over the runner-up and over explicit
+// where explicit runs.
 nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpec& base_hw) {
   const std::vector<double> scales =
       m.link_scale.empty() ? std::vector<double>{0.25, 1, 4} : m.link_scale;
@@ -374,13 +373,17 @@ nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpe
           std::vector<std::pair<double, std::string>> t;
           nlohmann::json times;
           std::vector<MlaConfig> candidates;
-          for (const Form* fm : at.runnable) candidates.push_back(as_form(base, fm->name()));
-          // laga with head-scatter groups of every Pu < P that divides P and H (a ring over P/Pu
-          // groups).
-          for (int64_t Pu = 1; Pu < P; ++Pu) {
-            MlaConfig h = as_form(base, "laga");
-            h.ulysses = Pu;
-            if (h.problems().empty()) candidates.push_back(h);
+          for (const Form* fm : at.runnable) {
+            if (!fm->takes_ulysses()) {
+              candidates.push_back(as_form(base, fm->name()));
+              continue;
+            }
+            // head-scatter groups of every Pu < P that runs (a ring over the P/Pu groups)
+            for (int64_t Pu = 1; Pu < P; ++Pu) {
+              MlaConfig h = as_form(base, fm->name());
+              h.ulysses = Pu;
+              if (h.problems().empty()) candidates.push_back(h);
+            }
           }
           for (const MlaConfig& c : candidates) {
             const FormPrediction p = predict(Config(c), hw);

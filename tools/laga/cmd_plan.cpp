@@ -17,9 +17,9 @@ namespace laga::cli {
 
 namespace {
 
-// The config with another registered form.
+// The config with another registered form (as_form).
 Config with(const Config& c, std::string_view form) {
-  return c.with([&](MlaConfig& m) { m.form = std::string(form); });
+  return c.with([&](MlaConfig& m) { m = as_form(m, form); });
 }
 
 // The planned work by pass, class and op (core/work.hpp): FLOPs or bytes and calls, and how many
@@ -47,7 +47,8 @@ nlohmann::json plan_json(const Config& c) {
   for (const auto& r : k.grad_sync) sync_tensor += r.tensor_bytes, sync_wire += r.wire_bytes;
   // The kernel the form runs: its own (Form::own_kernel), else the config's.
   const std::string_view own = form_of(*c).own_kernel();
-  return {{"attention_kernel", std::string(own.empty() ? kernel_name(c->kernel) : own)},
+  return {{"ulysses", form_of(*c).takes_ulysses() ? c->ulysses : 0},
+          {"attention_kernel", std::string(own.empty() ? kernel_name(c->kernel) : own)},
           {"activation_peak_bytes", m.activation_peak_bytes},
           {"saved_bytes", m.saved_bytes},
           {"forward_peak_bytes", m.forward_peak_bytes},
@@ -94,7 +95,8 @@ int sweep(const Config& base_cfg, std::ofstream* json_out) {
       for (int64_t P : {4, 8, 16}) {
         MlaConfig m = base;
         m.seq_len = T, m.sp = P, m.kernel = kernel;
-        if (!m.problems().empty()) continue;
+        // a cell where every form runs
+        if (!m.problems().empty() || !judge_forms(m).refused.empty()) continue;
         const Config c(m);
         std::map<std::string, int64_t> peak;
         for (const Form* f : registered_forms())
@@ -222,29 +224,28 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
           ? fmt::format(" ({} backward)", attn_backward_name(base.attn_backward))
           : "",
       dtype_name(base.dtype), dlatent_sum_name(base.dlatent_sum));
-  // A form's label in this table: laga's hybrid is "laga (ulysses Pu)".
-  auto key = [&](std::string_view name) { return displayed_form(as_form(base, name)); };
-  for (const Form* fm : at.runnable) {
-    const Form& runs_as = form_of(as_form(base, fm->name()));
-    if (!runs_as.own_kernel().empty() && runs_as.own_kernel() != kernel_name(base.kernel))
+  // A form's name in this table: displayed_form, "laga-ulysses (ulysses Pu)" with its Pu; in the
+  // JSON, its registered label.
+  auto shown = [&](std::string_view name) { return displayed_form(as_form(base, name)); };
+  for (const Form* fm : at.runnable)
+    if (const std::string_view own = kernel_instead(*fm, base.kernel); !own.empty())
       fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n",
-                 key(fm->name()), runs_as.own_kernel(), kernel_name(base.kernel));
-  }
+                 shown(fm->name()), own, kernel_name(base.kernel));
   print_table_header();
   // Keyed by label; each family with variants also under its own name, for the variant
   // --form/--absorbed-kv select (the "absorbed" key is the --absorbed-kv regime).
   nlohmann::json forms;
   for (const Form* fm : registered_forms()) {
+    const std::string label(fm->name());
     if (const std::string why = at.refusal(*fm); !why.empty()) {
-      fmt::print("  {:<18} not run: {}\n", fm->name(), why);
-      forms[std::string(fm->name())] = {{"not_run", why}};
+      fmt::print("  {:<18} not run: {}\n", label, why);
+      forms[label] = {{"not_run", why}};
       continue;
     }
-    nlohmann::json j = plan_json(config_as(base, fm->name()));
-    print_table_row(key(fm->name()), j);
-    forms[key(fm->name())] = j;
-    if (fm->family() != fm->name() &&
-        fm->name() == form_label(std::string(fm->family()), f.absorbed_kv))
+    nlohmann::json j = plan_json(config_as(base, label));
+    print_table_row(shown(label), j);
+    forms[label] = j;
+    if (!fm->regime().empty() && fm->regime() == f.absorbed_kv)
       forms[std::string(fm->family())] = j;
   }
   const auto runs = [&](std::string_view name) { return at.refusal(find_form(name)).empty(); };
@@ -259,18 +260,19 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
     std::string vs;
     for (const Form* fm : at.runnable)
       if (fm->name() != kBaselineForm)
-        vs += fmt::format("{}{} {:+.2f} %", vs.empty() ? "" : ", ", key(fm->name()),
-                          100 * (forms[key(fm->name())]["activation_peak_bytes"].get<double>() /
-                                     ex["activation_peak_bytes"].get<double>() -
-                                 1));
+        vs += fmt::format(
+            "{}{} {:+.2f} %", vs.empty() ? "" : ", ", shown(fm->name()),
+            100 * (forms[std::string(fm->name())]["activation_peak_bytes"].get<double>() /
+                       ex["activation_peak_bytes"].get<double>() -
+                   1));
     fmt::print("  activation peak vs explicit: {}\n", vs);
   } else {
     fmt::print("  activation peak vs explicit: none (explicit is not run)\n");
   }
-  const nlohmann::json& lg = forms[runs("laga") ? key("laga") : std::string("laga")];
+  const nlohmann::json& lg = forms["laga"];
   if (runs(kBaselineForm) && runs("laga"))
     fmt::print("  communication explicit / {}: {:.4f} (tensor bytes), {:.4f} (wire bytes)\n",
-               key("laga"),
+               "laga",
                ex["comm"]["tensor_bytes"].get<double>() / lg["comm"]["tensor_bytes"].get<double>(),
                ex["comm"]["wire_bytes"].get<double>() / lg["comm"]["wire_bytes"].get<double>());
   // What the other dtype of the dlatent partial sums would cost laga (the forms that gather the
@@ -302,9 +304,10 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
       const int64_t peak = plan_memory(edited(fm->name(), [&](MlaConfig& m) {
                              m.attn_backward = flip;
                            })).activation_peak_bytes;
-      const int64_t delta = peak - forms[key(fm->name())]["activation_peak_bytes"].get<int64_t>();
-      line += fmt::format("{}{} {:+}", line.empty() ? "" : ", ", key(fm->name()), delta);
-      other_order[key(fm->name())] = {{"activation_peak_bytes", peak}, {"delta_bytes", delta}};
+      const std::string label(fm->name());
+      const int64_t delta = peak - forms[label]["activation_peak_bytes"].get<int64_t>();
+      line += fmt::format("{}{} {:+}", line.empty() ? "" : ", ", shown(label), delta);
+      other_order[label] = {{"activation_peak_bytes", peak}, {"delta_bytes", delta}};
     }
     fmt::print("  with --attn-backward {}: activation peak {} bytes\n", attn_backward_name(flip),
                line);

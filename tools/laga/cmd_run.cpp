@@ -48,8 +48,8 @@ void print_collectives(const nlohmann::json& rank, bool overlap) {
 
 void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const RankResult& r0,
             std::ofstream* json_out, const std::string& dump_dir, const std::string& backend) {
-  const std::string_view own = form_of(c).own_kernel();
-  const std::string kernel = own.empty() || own == kernel_name(c.kernel)
+  const std::string_view own = kernel_instead(form_of(c), c.kernel);
+  const std::string kernel = own.empty()
                                  ? std::string(kernel_name(c.kernel))
                                  : fmt::format("{} (the form's own; --kernel {} does not apply)",
                                                own, kernel_name(c.kernel));

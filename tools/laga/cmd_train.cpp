@@ -3,8 +3,8 @@
 // curve agrees with the first form's (explicit's by default) to floating-point noise; exit 1
 // otherwise. How far the loss fell (whether it halved: JSON "decreased") is reported, not judged:
 // it depends on the model, the steps and the learning rate, not on whether the forms are right.
-// --ulysses Pu trains laga with head scatter in groups of Pu × a ring over the P/Pu groups ("laga
-// (ulysses Pu)"); the other forms run over the whole group (as_form).
+// --ulysses Pu is laga-ulysses's Pu (head scatter in groups of Pu × a ring over the P/Pu groups;
+// laga in --forms with it names laga-ulysses); the other forms run over the whole group (as_form).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -23,8 +23,9 @@ namespace laga::cli {
 
 int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64_t steps, double lr,
               const TrainFlags& t) {
-  // Each form as as_form gives it: --ulysses is laga's (head scatter × ring), the others run over
-  // the whole group; a named form that cannot run the configuration is refused (named_form_config).
+  // Each form as as_form gives it: --ulysses is laga-ulysses's (head scatter × ring), the others
+  // run over the whole group; a named form that cannot run the configuration is refused
+  // (named_form_config).
   const MlaConfig base = build_spec(f);
   auto json_out = is_root_process() ? open_output(f.json_path, "--json") : nullptr;
   if (is_root_process() && !t.dump_weights.empty()) open_output(t.dump_weights, "--dump-weights");
@@ -34,7 +35,7 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
   opt.checkpoint_every = t.checkpoint_every, opt.dump_weights = t.dump_weights;
   std::vector<Config> configs;
   for (const auto& name : forms)
-    configs.push_back(named_form_config(base, form_label(name, f.absorbed_kv), "--forms"));
+    configs.push_back(named_form_config(base, form_label(name, f), "--forms"));
   // A --checkpoint directory holding a checkpoint of a form is only continued, never overwritten by
   // another run: it must be the --resume directory.
   if (!t.checkpoint_dir.empty()) {
@@ -113,7 +114,7 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
     runs.push_back({{"form", find_form(c->form).family()},
                     {"variant", c->form},
                     {"label", label},
-                    {"ulysses", c->hybrid() ? c->ulysses : 0},
+                    {"ulysses", form_of(*c).takes_ulysses() ? c->ulysses : 0},
                     {"losses", r.losses},
                     {"seconds", r.seconds},
                     {"max_rel_vs_first", max_rel},

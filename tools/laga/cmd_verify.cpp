@@ -23,7 +23,7 @@ namespace laga::cli {
 int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps,
                const std::string& mem_limit) {
   CommonFlags g = f;
-  g.ulysses = 0;  // the forms' base; laga --ulysses is one more row per P (FormsOptions::ulysses)
+  g.ulysses = 0;  // the forms' base; laga-ulysses takes --ulysses at each P (FormsOptions::ulysses)
   const Config base = build_config(g);
   // Refused before anything is allocated: the fp64 references and the largest run's ranks in this
   // process.
@@ -52,9 +52,9 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps,
              c.seq_len, c.batch, c.num_layers, kernel_name(c.kernel), dtype_name(c.dtype),
              report.backend, report.rule);
   for (const Form* f : registered_forms())
-    if (!f->own_kernel().empty() && f->own_kernel() != kernel_name(c.kernel))
+    if (const std::string_view own = kernel_instead(*f, c.kernel); !own.empty())
       fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n",
-                 f->name(), f->own_kernel(), kernel_name(c.kernel));
+                 f->name(), own, kernel_name(c.kernel));
   fmt::print("# {:>3} {:<18} {:<14} {:>11} {:>11} {:>11} {:>11} {:<14} {:>8} {:>6}\n", "sp", "form",
              "vs", "y", "dx", "dwkv_b", "worst", "worst tensor", "bitwise", "pass");
   fmt::print("# {:>3} {:<18} {:<14} {:>11} {:>11} {:>11} {:>11} {:<14} {:>8} {:>6}\n", "", "", "",
@@ -62,14 +62,16 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps,
   nlohmann::json cases = nlohmann::json::array();
   for (const auto& k : report.cases) {
     if (k.vs == "not run")
-      fmt::print("  {:>3} {:<18} not run: {}\n", k.sp, k.form, k.criterion);
+      fmt::print("  {:>3} {:<18} not run: {}\n", k.sp, k.label, k.criterion);
     else
       fmt::print(
           "  {:>3} {:<18} {:<14} {:>11.3e} {:>11.3e} {:>11.3e} {:>11.3f} {:<14} {:>8} {:>6}\n",
-          k.sp, k.form, k.vs, k.max_abs.at("y"), k.max_abs.at("dx"), k.max_abs.at("dwkv_b"),
+          k.sp, k.label, k.vs, k.max_abs.at("y"), k.max_abs.at("dx"), k.max_abs.at("dwkv_b"),
           k.worst_ratio, k.worst, k.bitwise ? "yes" : "no", k.pass ? "ok" : "FAIL");
     cases.push_back({{"sp", k.sp},
                      {"form", k.form},
+                     {"label", k.label},
+                     {"ulysses", k.ulysses},
                      {"vs", k.vs},
                      {"bitwise", k.bitwise},
                      {"max_abs_diff", k.max_abs},

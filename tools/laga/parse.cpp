@@ -19,17 +19,44 @@ namespace laga::cli {
 
 namespace {
 
-// bench and train run --ulysses Pu < P for laga alone (as_form): without laga in --forms it would
-// change nothing, so it is refused rather than ignored.
-void check_ulysses_names_laga(const CommonFlags& f, const std::vector<std::string>& labels) {
+// bench and train run a --ulysses other than --sp for the forms that take it alone (as_form):
+// without one in --forms it would change nothing, so it is refused rather than ignored.
+void check_ulysses_named(const CommonFlags& f, const std::vector<std::string>& labels) {
   // none, or Pu = P: every form over the whole group
-  if (f.ulysses <= 0 || f.ulysses >= f.sp) return;
-  LAGA_CHECK(std::find(labels.begin(), labels.end(), "laga") != labels.end(),
-             "--ulysses {} is laga's (head scatter in groups of {} ranks × a ring over the "
-             "groups), but --forms does not "
-             "name laga; add laga to --forms, or drop --ulysses",
-             f.ulysses, f.ulysses);
+  if (f.ulysses <= 0 || f.ulysses == f.sp) return;
+  std::string spellings;
+  for (const Form* t : registered_forms()) {
+    if (!t->takes_ulysses()) continue;
+    if (std::find(labels.begin(), labels.end(), t->name()) != labels.end()) return;
+    spellings +=
+        fmt::format("{}{} (or {})", spellings.empty() ? "" : ", ", t->name(), t->ulysses_of());
+  }
+  LAGA_FAIL_USAGE(
+      "--ulysses {} is {}'s (head scatter in groups of {} ranks × a ring over the groups), but "
+      "--forms names none of them; add {} to --forms, or drop --ulysses",
+      f.ulysses, ulysses_form_names(), f.ulysses, spellings);
 }
+
+// The labels --forms names (form_label), each once.
+std::vector<std::string> forms_labels(const CommonFlags& f, const std::vector<std::string>& forms) {
+  LAGA_CHECK(!forms.empty(), "--forms is empty; valid: {}", form_names());
+  std::vector<std::string> labels;
+  for (const auto& name : forms) {
+    LAGA_CHECK(!name.empty(), "--forms has an empty name; valid: {}", form_names());
+    const std::string label = form_label(name, f);
+    LAGA_CHECK(std::find(labels.begin(), labels.end(), label) == labels.end(),
+               "--forms names {} twice{}; give each form once", label,
+               name == label ? "" : fmt::format(" ('{}' names it here)", name));
+    labels.push_back(label);
+  }
+  return labels;
+}
+
+// --ulysses's help: the option of laga-ulysses (and of laga, which it then names).
+constexpr const char* kUlyssesHelp =
+    "laga-ulysses's ranks per head-scatter group Pu, a ring over the P/Pu groups (Pu divides --sp "
+    "and the heads; 0: the largest such Pu below --sp); with laga, a Pu other than --sp names "
+    "laga-ulysses";
 
 constexpr const char* kDescription =
     "laga: MLA training under sequence parallelism, in the explicit, absorbed and LAGA forms";
@@ -45,10 +72,7 @@ void build_app(CLI::App& app, Invocation& inv) {
   add_common(run, flags, true);
   run->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")
       ->capture_default_str();
-  run->add_option("--ulysses", flags.ulysses,
-                  "laga: ranks per head-scatter group Pu (divides --sp and the heads; "
-                  "Pu < P runs a ring over the P/Pu groups; 0: Pu = P)")
-      ->capture_default_str();
+  run->add_option("--ulysses", flags.ulysses, kUlyssesHelp)->capture_default_str();
   run->add_option("--form", flags.form,
                   "a registered form (" + form_names() + "), or absorbed with --absorbed-kv")
       ->capture_default_str();
@@ -73,10 +97,7 @@ void build_app(CLI::App& app, Invocation& inv) {
   plan->get_option("--seq")->required(false);
   plan->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")
       ->capture_default_str();
-  plan->add_option("--ulysses", flags.ulysses,
-                   "laga: ranks per head-scatter group Pu (divides --sp and the heads; "
-                   "Pu < P runs a ring over the P/Pu groups; 0: Pu = P)")
-      ->capture_default_str();
+  plan->add_option("--ulysses", flags.ulysses, kUlyssesHelp)->capture_default_str();
   plan->add_flag("--sweep", inv.sweep,
                  "tables over T × P × kernel and H, with linear fits of absorbed's excess");
   plan->add_option("--mem-limit", inv.mem_limit,
@@ -90,8 +111,8 @@ void build_app(CLI::App& app, Invocation& inv) {
       ->capture_default_str();
   verify
       ->add_option("--ulysses", flags.ulysses,
-                   "also check laga with head-scatter groups of Pu ranks × a ring over "
-                   "them, at every --sp that Pu divides with Pu < P")
+                   "laga-ulysses's ranks per head-scatter group Pu at every --sp (not run where Pu "
+                   "does not divide it and the heads; 0: the largest such Pu below each --sp)")
       ->capture_default_str();
   verify->add_option("--mem-limit", inv.mem_limit,
                      "refuse a sweep whose estimated peak in this process exceeds this (e.g. "
@@ -113,9 +134,7 @@ void build_app(CLI::App& app, Invocation& inv) {
       ->capture_default_str();
   bench
       ->add_option("--ulysses", flags.ulysses,
-                   "laga's rows: ranks per head-scatter group Pu (divides --sp and the "
-                   "heads; Pu < P runs a ring over the P/Pu groups; 0: Pu = P); the other forms "
-                   "run over the whole group")
+                   std::string(kUlyssesHelp) + "; the other forms run over the whole group")
       ->capture_default_str();
   bench->add_option("--iters", inv.iters, "timed iterations per form and T (after --warmup)")
       ->capture_default_str();
@@ -182,9 +201,7 @@ void build_app(CLI::App& app, Invocation& inv) {
       ->capture_default_str();
   train
       ->add_option("--ulysses", flags.ulysses,
-                   "laga's run: ranks per head-scatter group Pu (divides --sp and the "
-                   "heads; Pu < P runs a ring over the P/Pu groups; 0: Pu = P); the other forms "
-                   "run over the whole group")
+                   std::string(kUlyssesHelp) + "; the other forms run over the whole group")
       ->capture_default_str();
   train->add_option("--steps", inv.steps, "optimizer steps")->capture_default_str();
   train->add_option("--lr", inv.lr, "Adam learning rate")->capture_default_str();
@@ -214,11 +231,7 @@ void build_app(CLI::App& app, Invocation& inv) {
   model->get_option("--seq")->required(false);
   model->add_option("--sp", flags.sp, "ranks in the sequence-parallel group P")
       ->capture_default_str();
-  model
-      ->add_option("--ulysses", flags.ulysses,
-                   "laga: ranks per head-scatter group Pu (divides --sp and the heads; "
-                   "Pu < P runs a ring over the P/Pu groups; 0: Pu = P)")
-      ->capture_default_str();
+  model->add_option("--ulysses", flags.ulysses, kUlyssesHelp)->capture_default_str();
   model->add_option("--forms", inv.model.forms, "forms to predict (default: every registered form)")
       ->delimiter(',');
   model->add_option("--hw", inv.model.hw,
@@ -348,47 +361,32 @@ void check_invocation(const Invocation& inv) {
     LAGA_CHECK(!inv.sweep || g.ulysses == 0,
                "laga plan --sweep sweeps P itself and takes no --ulysses; drop one");
     FormsAt at;
-    inv.sweep ? (void)build_config(g) : (void)spec_for_all_forms(g, at);
+    if (inv.sweep)
+      (void)build_config(g);
+    else
+      check_ulysses_runs({spec_for_all_forms(g, at)});
   } else if (inv.command == "verify") {
     CommonFlags g = f;
     g.ulysses = 0;
     const Config base = build_config(g);
     LAGA_CHECK(f.ulysses >= 0, "--ulysses {} must be positive (or 0: none)", f.ulysses);
-    // each P must suit some form; a form that refuses it is reported as not run
+    // Each P must suit some form, laga-ulysses with --ulysses (as_form) included; a form that
+    // refuses it is reported as not run. A --ulysses must run at one P at least.
+    std::vector<MlaConfig> specs;
     for (int64_t P : inv.sps) {
       MlaConfig m = *base;
-      m.sp = P;
-      // laga's row at this P (as_form)
-      if (verify::ulysses_row_at(f.ulysses, P)) m.ulysses = f.ulysses;
+      m.sp = P, m.ulysses = f.ulysses;
       forms_at(m);
+      specs.push_back(m);
     }
-    // laga --ulysses Pu: a row at each P that Pu divides with Pu < P, which must take it; at least
-    // one
-    LAGA_CHECK(f.ulysses == 0 ||
-                   std::any_of(inv.sps.begin(), inv.sps.end(),
-                               [&](int64_t P) { return verify::ulysses_row_at(f.ulysses, P); }),
-               "--ulysses {} gives laga a row only at a --sp it divides and exceeds, and --sp has "
-               "none; add one, "
-               "e.g. --sp {}",
-               f.ulysses, 2 * f.ulysses);
-    for (int64_t P : inv.sps)
-      if (verify::ulysses_row_at(f.ulysses, P))
-        base.with([&](MlaConfig& c) { c.sp = P, c.form = "laga", c.ulysses = f.ulysses; });
+    check_ulysses_runs(specs);
   } else if (inv.command == "bench") {
     LAGA_CHECK(inv.iters >= 1, "--iters {} must be at least 1", inv.iters);
     LAGA_CHECK(inv.warmup >= 0, "--warmup {} must be a number of iterations ≥ 0", inv.warmup);
-    LAGA_CHECK(!inv.forms.empty(), "--forms is empty; valid: {}", form_names());
-    std::vector<std::string> labels;
-    for (const auto& name : inv.forms) {
-      LAGA_CHECK(!name.empty(), "--forms has an empty name; valid: {}", form_names());
-      const std::string label = form_label(name, f.absorbed_kv);
-      LAGA_CHECK(std::find(labels.begin(), labels.end(), label) == labels.end(),
-                 "--forms names {} twice; give each form once", label);
-      labels.push_back(label);
-    }
-    check_ulysses_names_laga(f, labels);
-    // Each form as as_form gives it (--ulysses is laga's): one that cannot run a T is refused,
-    // naming why.
+    const std::vector<std::string> labels = forms_labels(f, inv.forms);
+    check_ulysses_named(f, labels);
+    // Each form as as_form gives it (--ulysses is laga-ulysses's): one that cannot run a T is
+    // refused, naming why.
     for (int64_t T : inv.seqs) {
       CommonFlags g = f;
       g.seq = T;
@@ -396,7 +394,7 @@ void check_invocation(const Invocation& inv) {
       for (const auto& label : labels) named_form_config(spec, label, "--forms");
     }
     if (!inv.fault.empty()) set_injected_fault(inv.fault);
-    if (!inv.inject_wrong.empty()) parse_inject_wrong(inv.inject_wrong, labels, f.absorbed_kv);
+    if (!inv.inject_wrong.empty()) parse_inject_wrong(inv.inject_wrong, labels, f);
   } else if (inv.command == "bench-comm") {
     const BenchCommFlags& b = inv.bench_comm;
     bench_comm::size_sweep(bench_comm::parse_size(b.min_bytes, "-b"),
@@ -415,9 +413,8 @@ void check_invocation(const Invocation& inv) {
                "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
   } else if (inv.command == "train") {
     const MlaConfig spec = build_spec(f);
-    std::vector<std::string> labels;
-    for (const auto& name : inv.forms) labels.push_back(form_label(name, f.absorbed_kv));
-    check_ulysses_names_laga(f, labels);
+    const std::vector<std::string> labels = forms_labels(f, inv.forms);
+    check_ulysses_named(f, labels);
     for (const auto& label : labels) named_form_config(spec, label, "--forms");
     LAGA_CHECK(inv.steps >= 2, "--steps {} must be at least 2 (a decrease needs two losses)",
                inv.steps);
@@ -473,7 +470,8 @@ void check_invocation(const Invocation& inv) {
                  "laga model needs --seq T (or --bench-json FILE, or --grid)");
       if (f.seq > 0) {
         FormsAt at;
-        spec_for_all_forms(f, at);
+        const MlaConfig spec = spec_for_all_forms(f, at);
+        if (m.forms.empty()) check_ulysses_runs({spec});
         for (const auto& name : m.forms)
           build_config([&] {
             CommonFlags g = f;

@@ -38,7 +38,7 @@
 // leaves its current or next collective with an error instead of waiting forever.
 //
 // split() makes sub-communicators (MPI_Comm_split's groups: the ranks of one color, ordered by
-// key), e.g. the head-scatter groups and the ring of laga with --ulysses. A sub-communicator
+// key), e.g. the head-scatter groups and the ring of laga-ulysses. A sub-communicator
 // records into its parent's ledger (so every consumer of the rank's ledger sees its collectives,
 // with wire bytes of the sub-group's size), and an abort anywhere (parent or any sub-group) brings
 // the whole family down.

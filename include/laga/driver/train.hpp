@@ -3,7 +3,7 @@
 // ½·mean((student(x) − teacher(x))²) and Adam on fp32 master weights. The teacher (teacher_config)
 // runs in the student's token layout: explicit for the forms that hold contiguous tokens, so they
 // train on identical targets from the same seed; the student's own form for those that hold other
-// tokens (the ring forms' zigzag, laga --ulysses' zigzag over groups), which explicit has no layout
+// tokens (the ring forms' zigzag, laga-ulysses' zigzag over groups), which explicit has no layout
 // for, so their targets are the same function of the same sequence, equal to explicit's up to
 // rounding.
 //
@@ -52,8 +52,8 @@ uint64_t train_data_seed(uint64_t seed, int64_t step);
 // The teacher's config for student config c (see the top).
 Config teacher_config(const Config& c);
 // What a checkpoint must match to be resumed by this run: the resolved config JSON, P, Pu
-// (--ulysses: ranks per head-scatter group, P unless laga runs head scatter × ring), form, dtype,
-// kernel, lr, betas, eps, seed, and the task.
+// (--ulysses: ranks per head-scatter group, P unless laga-ulysses runs head scatter × ring), form,
+// dtype, kernel, lr, betas, eps, seed, and the task.
 nlohmann::json train_identity(const Config& c, const TrainOptions& opt);
 // The weights' names and element counts, in for_each order (what a checkpoint's state holds).
 void train_state_shape(const Config& c, std::vector<std::string>& names,

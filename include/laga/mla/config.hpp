@@ -58,9 +58,10 @@ struct RunShape {
   int64_t seq_len = 0;     // T, global
   int64_t batch = 1;       // B
   int64_t sp = 1;          // P
-  // Pu (--ulysses): ranks per head-scatter group; 0 means Pu = P (one group, today's head scatter).
-  // Pu < P (laga only, P = Pu × Pr): head scatter inside groups of Pu consecutive ranks and a ring
-  // over the Pr groups (docs/design.md §2.7).
+  // Pu (--ulysses): ranks per head-scatter group; 0 means none given, Pu = P (one group). Pu < P is
+  // laga-ulysses's (P = Pu × Pr): head scatter inside groups of Pu consecutive ranks and a ring
+  // over the Pr groups (docs/design.md §2.7); a Config of laga-ulysses holds its Pu, its default
+  // where none is given (Form::default_ulysses, resolved).
   int64_t ulysses = 0;
 
   int64_t head_group() const { return ulysses > 0 ? ulysses : sp; }                // Pu
@@ -112,9 +113,10 @@ struct MlaConfig : ModelDims, RunShape, RunChoices {
   int64_t tokens_per_rank() const { return seq_len / sp; }  // N (per batch entry)
   int64_t heads_per_rank() const { return num_attention_heads / head_group(); }  // Hr = H/Pu
 
-  // Empty when valid. Besides ranges and divisibility: a registered form, every double finite, no
-  // model dimension above kMaxModelDim, the largest tensors of a run addressable in int64 bytes,
-  // and a finite, positive softmax scale and RoPE attention factor.
+  // Empty when valid, judged as Config takes it (resolved). Besides ranges and divisibility: a
+  // registered form, every double finite, no model dimension above kMaxModelDim, the largest
+  // tensors of a run addressable in int64 bytes, and a finite, positive softmax scale and RoPE
+  // attention factor.
   std::vector<std::string> problems() const;
   // The same checks without any form's own conditions (P | H for the head-scatter forms, the
   // zigzag's 2P | T for the ring forms) and without checking that the form is registered: what must
@@ -132,8 +134,10 @@ struct MlaConfig : ModelDims, RunShape, RunChoices {
   std::vector<std::string> problems_with(const Form* f, bool named) const;
 };
 
-// A validated MlaConfig. Making one (implicitly, from an MlaConfig) validates it: a usage error
-// listing every problem. Read it through -> or *; edit a copy with with().
+// A validated MlaConfig. Making one (implicitly, from an MlaConfig) resolves its form's spelling
+// and fills the form's defaults (resolved, mla/form.hpp: laga with a --ulysses other than --sp is
+// laga-ulysses, with its Pu) and validates it: a usage error listing every problem. Read it through
+// -> or *; edit a copy with with().
 class Config {
  public:
   // implicit on purpose: every MlaConfig entering the engine is checked here

@@ -27,7 +27,7 @@ namespace laga {
 // Which global tokens a rank holds. contiguous: rank r holds [r·N, (r+1)·N) (the head-scatter
 // forms). zigzag: the sequence cut into 2P chunks of C = T/(2P), rank r holds chunks r and 2P−1−r,
 // in that order (the ring forms: under causal attention every rank then has the same work).
-// zigzag_groups (laga with --ulysses Pu < P): the sequence cut into 2Pr chunks, group g (ranks
+// zigzag_groups (laga-ulysses, --ulysses Pu): the sequence cut into 2Pr chunks, group g (ranks
 // g·Pu .. g·Pu + Pu − 1) holds chunks g and 2Pr−1−g concatenated, and its rank u holds rows
 // [u·N, (u+1)·N) of that concatenation (one or two segments).
 enum class TokenLayout { contiguous, zigzag, zigzag_groups };
@@ -53,8 +53,8 @@ struct RankCtx {
   int64_t pos0;  // global position of this rank's first token: r·N (contiguous layout)
   std::vector<TokenSegment> segments;  // token_segments(c, r)
   DType dt;
-  // laga with --ulysses (c.hybrid()): Pu ranks per head-scatter group, Pr groups on the ring, this
-  // rank's group g and place u in it, and the two sub-communicators (split from comm here, so
+  // laga-ulysses with Pu < P (c.hybrid()): Pu ranks per head-scatter group, Pr groups on the ring,
+  // this rank's group g and place u in it, and the two sub-communicators (split from comm here, so
   // making a RankCtx is collective then); Hr = H/Pu. Otherwise Pu = P, Pr = 1, g = 0, u = r and
   // both null.
   int64_t Pu, Pr, g, u;
@@ -84,6 +84,11 @@ class Form {
   virtual std::string_view name() const = 0;
   // "absorbed" for both absorbed variants; else the name
   virtual std::string_view family() const = 0;
+  // A variant's regime, its label after its family ("shared" of absorbed-shared: --absorbed-kv);
+  // empty for a form that is its own family.
+  std::string_view regime() const {
+    return family() == name() ? std::string_view() : name().substr(family().size() + 1);
+  }
   virtual std::string_view summary() const = 0;  // one line: what moves and what each rank computes
 
   // The core's forward: latent [N, B, Dl] = [ckv | kpe] of this rank's tokens -> o [T, B, Hr, Dv]
@@ -126,6 +131,16 @@ class Form {
   // print the kernel when it differs from the config's, so the config's kernel is never silently
   // ignored.
   virtual std::string_view own_kernel() const { return {}; }
+  // --ulysses Pu (RunShape::ulysses): a form that runs another's head scatter in groups of Pu ranks
+  // × a ring over the P/Pu groups (laga-ulysses: laga's) names that form here. It takes --ulysses
+  // (default_ulysses where none is given: resolved), and that form spelled with a --ulysses other
+  // than --sp names it (resolve_form_label, resolved). Empty for every other form: those run over
+  // the whole group and take no --ulysses (as_form gives them 0).
+  virtual std::string_view ulysses_of() const { return {}; }
+  bool takes_ulysses() const { return !ulysses_of().empty(); }
+  // A form that takes --ulysses: its Pu for c where none is given (0 where c's P or H is not
+  // positive).
+  virtual int64_t default_ulysses(const MlaConfig& c) const { return 0; }
   // Configurations this form cannot run, as messages naming the value and a valid alternative. By
   // default the head-scatter forms' own condition: P divides H (add_head_scatter_problems).
   virtual void add_problems(const MlaConfig& c, std::vector<std::string>& problems) const {
@@ -142,22 +157,33 @@ const std::vector<const Form*>& registered_forms();
 inline constexpr std::string_view kBaselineForm = "explicit";
 const Form* find_form_or_null(std::string_view name);
 const Form& find_form(std::string_view name);  // usage error naming the valid labels
-// The form that runs config c: find_form(c.form), except laga with --ulysses Pu < P, which runs the
-// head-scatter × ring variant (not registered: to the user it is laga with --ulysses).
+// The form that runs config c: find_form(c.form).
 const Form& form_of(const MlaConfig& c);
-// c with form `name`: --ulysses (Pu) is laga's own option, so any other form gets Pu = 0 (its own
-// layout over the whole group). The one way the commands that run every form derive a form's
-// config.
+// c as Config takes it: its form's spelling resolved with c's --ulysses and --sp as
+// resolve_form_label resolves it (laga with --ulysses 2 at --sp 8 is laga-ulysses), and a form that
+// takes --ulysses (Form::takes_ulysses) given its default_ulysses where c has none (0). Config
+// applies it before it validates, as_form after it sets the form: every config that runs names its
+// form by its label, with its Pu.
+MlaConfig resolved(MlaConfig c);
+// c with form `name` (a registered label): --ulysses (Pu) kept, or defaulted, for a form that takes
+// it, 0 for every other (those run over the whole group). The one way the commands that run every
+// form derive a form's config.
 MlaConfig as_form(MlaConfig c, std::string_view name);
-// How commands name c's form: its label, "laga (ulysses 8)" for the variant.
+// How commands name c's form: its label, with its Pu for a form that takes --ulysses
+// ("laga-ulysses (ulysses 8)").
 std::string displayed_form(const MlaConfig& c);
+// The attention kernel f runs instead of kernel k: its own_kernel() where that is not k; empty
+// where f runs k. Commands print it beside the kernel.
+std::string_view kernel_instead(const Form& f, Kernel k);
+// The labels of the forms that take --ulysses ("laga-ulysses"), for messages.
+std::string ulysses_form_names();
 // "explicit, absorbed-expanded, absorbed-shared, laga, ..."
 std::string form_names();
 // The one rule of the commands that run every form (plan, verify): a config whose problems lie
 // apart from any form (problems_apart_from_form) is refused as a whole (usage error); a form whose
 // own conditions fail is "not run", with its first reason, and the command goes on with the others.
 // A config that no form can run is refused, naming each form's reason. Each form is judged on
-// as_form(c, its name): --ulysses below P is laga's, the others run over the whole group.
+// as_form(c, its name): --ulysses is laga-ulysses's, the others run over the whole group.
 struct FormRefusal {
   const Form* form;
   std::string reason;
@@ -169,11 +195,15 @@ struct FormsAt {
   std::string refusal(const Form& f) const;
 };
 FormsAt forms_at(const MlaConfig& c);
-// forms_at without its last refusal: every form judged, none runnable allowed (verify, whose laga
-// --ulysses row can run at a P where no form runs without it, checks that with forms_at first).
+// forms_at without its last refusal: every form judged, none runnable allowed.
 FormsAt judge_forms(const MlaConfig& c);
-// The label a user's spelling names: a registered label as is; a family with variants ("absorbed")
-// with its regime appended ("absorbed-shared"). Usage error naming the valid spellings otherwise.
-std::string resolve_form_label(std::string_view form, std::string_view regime);
+// The label a user's spelling names (--form, --forms, a configuration's "form"): a registered
+// label as is; a family with variants ("absorbed") with its regime appended ("absorbed-shared");
+// and a form that takes no --ulysses, spelled with a --ulysses other than --sp (shape's ulysses and
+// sp), the form that runs its head scatter in groups (Form::ulysses_of: laga with --ulysses 2 at
+// --sp 8 names laga-ulysses; with --ulysses 8 it is laga). The one place a spelling becomes a
+// label. Usage error naming the valid spellings otherwise.
+std::string resolve_form_label(std::string_view form, std::string_view regime,
+                               const RunShape& shape = {});
 
 }  // namespace laga

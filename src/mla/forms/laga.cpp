@@ -16,7 +16,7 @@
 
 namespace laga::forms {
 
-void add_laga_problems(const MlaConfig& c, std::vector<std::string>& p);  // laga_ring.cpp
+void add_laga_problems(const MlaConfig& c, std::vector<std::string>& p);  // laga_ulysses.cpp
 
 namespace {
 
@@ -87,7 +87,7 @@ class Laga final : public Form {
   }
 
   bool exact_at_one_rank() const override { return true; }
-  // P | H, or the --ulysses values that would run it (laga_ring.cpp, which runs --ulysses Pu < P).
+  // P | H; where it fails, the message names the --ulysses values that run laga-ulysses.
   void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
     add_laga_problems(c, p);
   }

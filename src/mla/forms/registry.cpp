@@ -17,7 +17,7 @@ const Form& laga_recompute_form();
 const Form& laga_fused_form();
 const Form& ring_kv_form();
 const Form& ring_latent_form();
-const Form& laga_ring_form();
+const Form& laga_ulysses_form();
 }  // namespace forms
 
 const std::vector<const Form*>& registered_forms() {
@@ -26,7 +26,7 @@ const std::vector<const Form*>& registered_forms() {
       &forms::absorbed_shared_form(),    &forms::laga_form(),
       &forms::explicit_recompute_form(), &forms::laga_recompute_form(),
       &forms::laga_fused_form(),         &forms::ring_kv_form(),
-      &forms::ring_latent_form(),
+      &forms::ring_latent_form(),        &forms::laga_ulysses_form(),
   };
   return all;
 }
@@ -37,20 +37,53 @@ const Form* find_form_or_null(std::string_view name) {
   return nullptr;
 }
 
-const Form& form_of(const MlaConfig& c) {
-  if (c.hybrid() && c.form == "laga") return forms::laga_ring_form();
-  return find_form(c.form);
+const Form& form_of(const MlaConfig& c) { return find_form(c.form); }
+
+namespace {
+
+// The one alias rule: a registered form that takes no --ulysses, spelled with a --ulysses other
+// than --sp (Pu = P: one group of every rank, the form itself), names the form that runs its head
+// scatter in groups (Form::ulysses_of); any other spelling stays.
+std::string_view ulysses_alias(std::string_view form, const RunShape& shape) {
+  const Form* named = find_form_or_null(form);
+  if (named && !named->takes_ulysses() && shape.ulysses > 0 && shape.ulysses != shape.sp)
+    for (const Form* f : registered_forms())
+      if (f->ulysses_of() == form) return f->name();
+  return form;
+}
+
+}  // namespace
+
+MlaConfig resolved(MlaConfig c) {
+  c.form = std::string(ulysses_alias(c.form, c));
+  const Form* f = find_form_or_null(c.form);
+  if (f && f->takes_ulysses() && c.ulysses == 0) c.ulysses = f->default_ulysses(c);
+  return c;
 }
 
 MlaConfig as_form(MlaConfig c, std::string_view name) {
   c.form = std::string(name);
-  if (name != "laga") c.ulysses = 0;
-  return c;
+  const Form* f = find_form_or_null(name);
+  if (!f || !f->takes_ulysses()) c.ulysses = 0;
+  return resolved(std::move(c));
 }
 
 std::string displayed_form(const MlaConfig& c) {
-  if (c.hybrid() && c.form == "laga") return fmt::format("laga (ulysses {})", c.ulysses);
+  const Form* f = find_form_or_null(c.form);
+  if (f && f->takes_ulysses() && c.ulysses > 0)
+    return fmt::format("{} (ulysses {})", c.form, c.ulysses);
   return c.form;
+}
+
+std::string_view kernel_instead(const Form& f, Kernel k) {
+  return f.own_kernel() == kernel_name(k) ? std::string_view() : f.own_kernel();
+}
+
+std::string ulysses_form_names() {
+  std::string s;
+  for (const Form* f : registered_forms())
+    if (f->takes_ulysses()) s += (s.empty() ? "" : ", ") + std::string(f->name());
+  return s;
 }
 
 std::string form_names() {
@@ -75,7 +108,7 @@ FormsAt judge_forms(const MlaConfig& c) {
   for (const Form* f : registered_forms()) {
     const MlaConfig m = as_form(c, f->name());
     std::vector<std::string> p;
-    form_of(m).add_problems(m, p);
+    f->add_problems(m, p);
     if (p.empty())
       at.runnable.push_back(f);
     else
@@ -101,19 +134,20 @@ std::string FormsAt::refusal(const Form& f) const {
   return {};
 }
 
-std::string resolve_form_label(std::string_view form, std::string_view regime) {
-  if (find_form_or_null(form)) return std::string(form);
-  std::vector<std::string> variants;
+std::string resolve_form_label(std::string_view form, std::string_view regime,
+                               const RunShape& shape) {
+  if (find_form_or_null(form)) return std::string(ulysses_alias(form, shape));
+  std::vector<std::string> regimes;
   for (const Form* f : registered_forms())
-    if (f->family() == form && f->name() != form) variants.emplace_back(f->name());
-  LAGA_CHECK(!variants.empty(),
+    if (f->family() == form && !f->regime().empty()) regimes.emplace_back(f->regime());
+  LAGA_CHECK(!regimes.empty(),
              "unknown form '{}'; valid: {} (or a family with its regime, e.g. absorbed "
              "--absorbed-kv shared)",
              form, form_names());
   const std::string label = std::string(form) + "-" + std::string(regime);
   LAGA_CHECK(find_form_or_null(label), "unknown {} regime '{}'; valid: {}", form, regime, [&] {
     std::string s;
-    for (const auto& v : variants) s += (s.empty() ? "" : ", ") + v.substr(form.size() + 1);
+    for (const auto& v : regimes) s += (s.empty() ? "" : ", ") + v;
     return s;
   }());
   return label;

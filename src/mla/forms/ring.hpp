@@ -1,9 +1,9 @@
-// The ring machinery the ring forms (ring.cpp) and laga with --ulysses (laga_ring.cpp) share: the
+// The ring machinery the ring forms (ring.cpp) and laga-ulysses (laga_ulysses.cpp) share: the
 // zigzag chunk pairs of a hop, the per-hop attention with its log-sum-exp merge and its backward,
 // and ring-latent's whole core (the latent travelling, up-projected per hop, dlatent travelling
 // back in fp32), over a RingView: which ring, where this rank sits on it, the chunk length and the
-// heads this rank computes. ring-latent runs it over the whole group with every head; laga with
-// --ulysses over the ring of groups, on the group's gathered latent, with the rank's head shard.
+// heads this rank computes. ring-latent runs it over the whole group with every head; laga-ulysses
+// over the ring of groups, on the group's gathered latent, with the rank's head shard.
 // Internal to the forms; the dataflow is in docs/design.md §6 (the ring forms) and §2.7.
 #pragma once
 
@@ -25,7 +25,7 @@ struct RingView {
 };
 
 // The zigzag layout's condition on the sequence: 2·R divides T, R the positions on the ring (ranks,
-// or groups of ranks under laga --ulysses). No product overflows for any int64 R (fuzz_config sets
+// or groups of ranks under laga-ulysses). No product overflows for any int64 R (fuzz_config sets
 // --sp near 2^63). zigzag_seq_problem: empty when it holds (or T, R are not positive: named
 // elsewhere), else why not with the nearest valid T's, e.g. "--seq 100 is not a multiple of 2 ×
 // (--sp 8 /
