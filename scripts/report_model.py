@@ -136,8 +136,9 @@ def model_headline(r):
 
 def section_model(r):
     r.h("7. Performance model")
-    r.p("FLOPs of each phase over the calibrated rate of its operation class, and per collective latency + bytes / "
-        "bus bandwidth fitted on bench-comm (docs/model.md), against the measured bench rows. The calibrated rates "
+    r.p("The replay of every rank's planned timeline (docs/model.md §1): each recorded op's FLOPs or bytes over the "
+        "calibrated rate of its class, each collective latency + bytes / bus bandwidth fitted on bench-comm, issued "
+        "and waited where the form's code issues and waits it; against the measured bench rows. The calibrated rates "
         "are in hw.here.json (`laga model --hw hw.here.json` prints them).")
     hw = load(r.d, "hw.here.json")
     again = (hw or {}).get("notes", {}).get("remeasured")
@@ -175,8 +176,8 @@ def section_model(r):
         by_class = class_errors(found)
         if by_class:
             classes = ("matmul", "attention_fwd", "attention_bwd", "other")
-            r.p("\nBy op class (the bench's slowest rank's seconds per class against the model's phases of that class; "
-                "other: the rest beside exposed communication), the model's median error over each comparison's rows; "
+            r.p("\nBy op class (the bench's slowest rank's seconds per class against the replay's time in that class; "
+                "other: the streams and the rest beside exposed communication), the model's median error over each comparison's rows; "
                 "above 0 the calibration read the class slower than the bench ran it:")
             r.p(table(["where", "rows"] + list(classes),
                       [(where, n) + tuple("-" if c not in e else f"{e[c]:+.0f} %" for c in classes)
