@@ -261,9 +261,11 @@ TEST(Model, EveryFormPredictsOverSeveralLayersAndAtOneRank) {
         EXPECT_EQ(p.comm_s(), 0) << f->name();
       }
       // over the whole group (laga-ulysses's head-scatter groups of 2 stay in their node)
-      for (const auto& t : p.collectives)
-        if (!t.record.group || t.record.group->size() == size_t(P))
+      for (const auto& t : p.collectives) {
+        if (!t.record.group || t.record.group->size() == size_t(P)) {
           EXPECT_EQ(t.crosses_nodes, P > 2) << f->name();
+        }
+      }
     }
 }
 
