@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "laga/core/error.hpp"
@@ -473,13 +474,13 @@ namespace {
 
 // One rank in the replay: its plan, clock and place in its timeline, and what it has spent.
 struct RankReplay {
-  Plan plan;
+  std::shared_ptr<const Plan> plan;  // shared by ranks that plan alike
   size_t pos = 0;
   double clock = 0, fwd_end = 0;
   std::vector<double> issued;  // per collective: when this rank issued it (−1: not yet)
   FormPrediction f;
-  bool done() const { return pos == plan.work.timeline.size(); }
-  bool backward() const { return pos >= plan.work.backward_begins; }
+  bool done() const { return pos == plan->work.timeline.size(); }
+  bool backward() const { return pos >= plan->work.backward_begins; }
 };
 
 }  // namespace
@@ -495,10 +496,10 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   const bool alike = form_of(m).layout() == TokenLayout::contiguous;
   for (int64_t r = 0; r < P; ++r) {
     RankReplay& x = ranks[size_t(r)];
-    x.plan = alike && r > 0 ? ranks[0].plan : plan_run(c, int(r));
-    x.issued.assign(x.plan.comm.attention.size(), -1);
+    x.plan = alike && r > 0 ? ranks[0].plan : std::make_shared<const Plan>(plan_run(c, int(r)));
+    x.issued.assign(x.plan->comm.attention.size(), -1);
     x.f.form = displayed_form(m), x.f.rank = r;
-    for (const CollectiveRecord& rec : x.plan.comm.attention)
+    for (const CollectiveRecord& rec : x.plan->comm.attention)
       x.f.collectives.push_back(collective_time(hw, rec, P));
     LAGA_ASSERT(x.issued.size() == ranks[0].issued.size(),
                 "{}: rank {} planned {} collectives, rank 0 {}", m.form, r, x.issued.size(),
@@ -510,7 +511,7 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   // it and each one's link is done with the collectives it started before.
   std::vector<double> end(n * static_cast<size_t>(P), -1.0), link_free(static_cast<size_t>(P), 0.0);
   auto members = [&](int64_t r, size_t k) {
-    const CollectiveRecord& rec = ranks[size_t(r)].plan.comm.attention[k];
+    const CollectiveRecord& rec = ranks[size_t(r)].plan->comm.attention[k];
     std::vector<int64_t> g;
     if (rec.group)
       for (int q : *rec.group) g.push_back(q);
@@ -540,10 +541,10 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
       RankReplay& x = ranks[size_t(r)];
       FormPrediction& f = x.f;
       while (!x.done()) {
-        const TimelineEvent& e = x.plan.work.timeline[x.pos];
+        const TimelineEvent& e = x.plan->work.timeline[x.pos];
         const bool bwd = x.backward();
         if (e.kind == TimelineEvent::Kind::compute) {
-          const WorkRecord& w = x.plan.work.records[size_t(e.index)];
+          const WorkRecord& w = x.plan->work.records[size_t(e.index)];
           const double s = work_seconds(w, m, rates);
           ClassTime& ct = f.by_class[bwd][w.cls];
           ct.seconds += s, ct.work += w.work(), ct.calls += 1;
@@ -572,7 +573,7 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
           }
         }
         ++x.pos, moved = true;
-        if (x.pos == x.plan.work.backward_begins) x.fwd_end = x.clock;
+        if (x.pos == x.plan->work.backward_begins) x.fwd_end = x.clock;
       }
     }
   }

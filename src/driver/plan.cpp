@@ -9,16 +9,17 @@ namespace laga {
 Plan plan_run(const Config& c, int rank) {
   MetaCommunicator comm(rank, int(c->sp));
   RunOptions opt;  // meta: no values, so no seed, weights file or gathering matters
-  const RankResult r = run_rank(c, opt, comm);
+  RankResult r = run_rank(c, opt, comm);
   Plan p;
-  p.memory = r.memory;
-  p.work = r.work;
+  p.memory = std::move(r.memory);
+  p.work = std::move(r.work);
   for (const auto& rec : r.collectives)
     (is_grad_sync(rec) ? p.comm.grad_sync : p.comm.attention).push_back(rec);
   return p;
 }
 
 PlannedMemory plan_memory(const Config& c) { return plan_run(c).memory; }
+PlannedComm plan_comm(const Config& c) { return plan_run(c).comm; }
 
 PlannedFlops planned_flops(const Config& c) {
   PlannedFlops f;
@@ -28,7 +29,6 @@ PlannedFlops planned_flops(const Config& c) {
   }
   return f;
 }
-PlannedComm plan_comm(const Config& c) { return plan_run(c).comm; }
 
 int64_t PlannedComm::tensor_bytes() const {
   int64_t s = 0;
