@@ -4,7 +4,9 @@
 
 namespace laga {
 
-std::string_view dtype_name(DType t) { return t == DType::f32 ? "fp32" : "bf16"; }
+std::string_view dtype_name(DType t) {
+  return t == DType::f32 ? "fp32" : t == DType::bf16 ? "bf16" : "int32";
+}
 
 DType parse_dtype(std::string_view name) {
   if (name == "fp32" || name == "f32" || name == "float32") return DType::f32;

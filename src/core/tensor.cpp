@@ -100,6 +100,7 @@ Tensor Tensor::rows(int64_t begin, int64_t end) const {
 
 float Tensor::get(int64_t i) const {
   LAGA_ASSERT(!is_meta(), "element access to meta tensor '{}' (it has no storage)", tag());
+  if (dtype_ == DType::i32) return float(static_cast<const int32_t*>(raw())[i]);
   return dtype_ == DType::f32 ? static_cast<const float*>(raw())[i]
                               : to_float(static_cast<const bf16*>(raw())[i]);
 }
@@ -108,6 +109,8 @@ void Tensor::set(int64_t i, float v) {
   LAGA_ASSERT(!is_meta(), "element access to meta tensor '{}' (it has no storage)", tag());
   if (dtype_ == DType::f32)
     static_cast<float*>(raw())[i] = v;
+  else if (dtype_ == DType::i32)
+    static_cast<int32_t*>(raw())[i] = int32_t(v);
   else
     static_cast<bf16*>(raw())[i] = to_bf16(v);
 }
@@ -136,6 +139,8 @@ void Tensor::copy_from(const Tensor& src) {
     if (nbytes()) std::memmove(raw(), src.raw(), size_t(nbytes()));
     return;
   }
+  LAGA_ASSERT(dtype_ != DType::i32 && src.dtype_ != DType::i32,
+              "no conversion between indices and values ('{}' into '{}')", src.tag(), tag());
   // Element for element as get and set convert (through float), in one typed loop.
   const int64_t n = numel();
   dispatch_dtype(dtype_, [&](auto* into_tag) {

@@ -166,7 +166,7 @@ std::string checkpoint_name(WeightNaming naming, int64_t layer, const std::strin
   if (naming == WeightNaming::laga) return fmt::format("layers.{}.{}", layer, name);
   const WeightSpec* spec = find_weight_spec(name);
   LAGA_ASSERT(spec, "no weight named '{}'", name);
-  return fmt::format("model.layers.{}.{}.weight", layer, spec->hf_key);
+  return fmt::format("model.layers.{}.{}", layer, spec->hf_key);
 }
 
 Weights load_weights(const std::string& path, const Config& cfg) {

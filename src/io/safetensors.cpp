@@ -132,7 +132,9 @@ void check_header_length(const std::string& label, uint64_t n, int64_t file_byte
 
 }  // namespace
 
-std::string safetensors_dtype_name(DType dtype) { return dtype == DType::f32 ? "F32" : "BF16"; }
+std::string safetensors_dtype_name(DType dtype) {
+  return dtype == DType::f32 ? "F32" : dtype == DType::bf16 ? "BF16" : "I32";
+}
 
 // ---------------------------------------------------------------------------------------------
 // Writing
@@ -155,7 +157,8 @@ void write_safetensors(const std::string& path,
     LAGA_CHECK(seen.insert(name).second, "{}: tensor name '{}' given twice; names must be distinct",
                path, name);
     LAGA_CHECK(t && t->defined(), "{}: tensor '{}' is undefined", path, name);
-    const DType dtype = store_as.value_or(t->dtype());
+    // indices keep their own dtype whatever store_as says of the values
+    const DType dtype = t->dtype() == DType::i32 ? DType::i32 : store_as.value_or(t->dtype());
     const int64_t bytes = t->numel() * dtype_size(dtype);
     header[name] = {{"dtype", safetensors_dtype_name(dtype)},
                     {"shape", t->shape()},
@@ -177,7 +180,7 @@ void write_safetensors(const std::string& path,
   put(text.data(), text.size());
   std::vector<unsigned char> buffer;
   for (const auto& [name, t] : tensors) {
-    const DType dtype = store_as.value_or(t->dtype());
+    const DType dtype = t->dtype() == DType::i32 ? DType::i32 : store_as.value_or(t->dtype());
     if (dtype == t->dtype()) {
       put(t->raw(), size_t(t->nbytes()));
       continue;

@@ -77,7 +77,9 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
       check_finite(*t, name, step);
 
   int query_runs = 0;
-  const QueryPath query = [&] {
+  QueryPath query;
+  query.xn = &s.xn, query.cqn = &s.cqn;
+  query.run = [&] {
     ++query_runs;
     Tensor q;
     if (ctx.Lq > 0) {
@@ -150,7 +152,9 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
   // for L3').
   Tensor dq_path;
   int query_runs = 0;
-  const QueryPathBackward query_backward = [&](Tensor dq) {
+  QueryPathBackward query_backward;
+  query_backward.xn = &s.xn, query_backward.cqn = &s.cqn;
+  query_backward.run = [&](Tensor dq) {
     ++query_runs;
     check_finite(dq, "dq", step);
     // L3 q_pe ← rope(q_pe):  dq_pe ← ropeᵀ(dq_pe)

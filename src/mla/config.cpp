@@ -35,8 +35,20 @@ AttnBackward parse_attn_backward(std::string_view name) {
       name);
 }
 
+std::string_view indexer_stage_name(IndexerStage s) {
+  return s == IndexerStage::warmup ? "warmup" : "sparse";
+}
+
+IndexerStage parse_indexer_stage(std::string_view name) {
+  if (name == "warmup") return IndexerStage::warmup;
+  if (name == "sparse") return IndexerStage::sparse;
+  LAGA_FAIL_USAGE(
+      "unknown indexer stage '{}' (--indexer-stage, JSON indexer_stage); valid: warmup, sparse",
+      name);
+}
+
 std::vector<std::string> MlaConfig::preset_names() {
-  return {"deepseek-v3", "deepseek-v2-lite", "small", "tiny"};
+  return {"deepseek-v3", "deepseek-v3.2", "deepseek-v2-lite", "small", "tiny"};
 }
 
 MlaConfig MlaConfig::preset(std::string_view name) {
@@ -47,24 +59,41 @@ MlaConfig MlaConfig::preset(std::string_view name) {
     c.hidden_size = D, c.num_attention_heads = H, c.q_lora_rank = Lq, c.kv_lora_rank = Lkv;
     c.qk_nope_head_dim = Dn, c.qk_rope_head_dim = Dr, c.v_head_dim = Dv;
   };
+  auto indexer = [&](int64_t HI, int64_t DI, int64_t k) {
+    c.index_n_heads = HI, c.index_head_dim = DI, c.index_topk = k;
+  };
   if (name == "deepseek-v3") {
     dims(7168, 128, 1536, 512, 128, 64, 128);
+  } else if (name == "deepseek-v3.2") {
+    // DeepSeek-V3's MLA with the lightning indexer of DeepSeek Sparse Attention.
+    dims(7168, 128, 1536, 512, 128, 64, 128);
+    indexer(64, 128, 2048);
   } else if (name == "deepseek-v2-lite") {
     // Hugging Face's DeepSeek-V2-Lite config sets mscale = mscale_all_dim = 0.707.
     dims(2048, 16, 0, 512, 128, 64, 128);
     c.rope_scaling.mscale = c.rope_scaling.mscale_all_dim = 0.707;
   } else if (name == "small") {
     // DeepSeek's head dims (latent 576, 192/128 heads) at a hidden size one machine trains quickly.
+    // Its indexer selects 64 keys: sparse from T 128 on.
     dims(1024, 16, 512, 512, 128, 64, 128);
+    indexer(8, 64, 64);
   } else if (name == "tiny") {
-    // For tests against the fp64 reference: every dimension distinct, H = 8 so P = 1..8 divide it.
+    // For tests against the fp64 reference: every dimension distinct, H = 8 so P = 1..8 divide it;
+    // its indexer selects 16 keys, so the default T 16 is dense and T 32 on sparse.
     dims(64, 8, 48, 32, 16, 8, 12);
+    indexer(4, 32, 16);
   } else {
-    LAGA_FAIL_USAGE("unknown model preset '{}'; valid: deepseek-v3, deepseek-v2-lite, small, tiny",
-                    name);
+    LAGA_FAIL_USAGE(
+        "unknown model preset '{}'; valid: deepseek-v3, deepseek-v3.2, deepseek-v2-lite, small, "
+        "tiny",
+        name);
   }
   c.seq_len = 16;
   return c;
+}
+
+double ModelDims::indexer_weight_scale() const {
+  return 1.0 / std::sqrt(double(index_n_heads) * double(index_head_dim));
 }
 
 double ModelDims::softmax_scale() const {
@@ -208,6 +237,28 @@ std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) con
         "--ulysses {} (head-scatter groups of that many ranks, a ring over them) applies to {} "
         "only, not to form '{}'; try --form {}, or drop --ulysses",
         ulysses, ulysses_form_names(), form, ulysses_form_names()));
+  // The lightning indexer: none (all three 0), or every dimension in range.
+  if (index_n_heads || index_head_dim || index_topk) {
+    if (index_n_heads <= 0 || index_n_heads > kMaxModelDim)
+      p.push_back(
+          fmt::format("index_n_heads (--index-heads) = {} must be in [1, {}] (or 0 with "
+                      "index_head_dim and index_topk: no indexer)",
+                      index_n_heads, kMaxModelDim));
+    if (index_head_dim < qk_rope_head_dim || index_head_dim > kMaxModelDim)
+      p.push_back(fmt::format(
+          "index_head_dim (--index-dim) = {} must be at least qk_rope_head_dim {} (RoPE "
+          "rotates an index head's first {} dims) and at most {}; try {}",
+          index_head_dim, qk_rope_head_dim, qk_rope_head_dim, kMaxModelDim,
+          std::max<int64_t>(qk_rope_head_dim, 1) * 2));
+    if (index_topk < 1 || index_topk > kMaxModelDim)
+      p.push_back(fmt::format(
+          "index_topk (--index-topk) = {} must be in [1, {}] (keys each query selects); try {}",
+          index_topk, kMaxModelDim, std::clamp<int64_t>(seq_len / 4, 1, kMaxModelDim)));
+  }
+  if (!(std::isfinite(indexer_loss_scale) && indexer_loss_scale >= 0))
+    p.push_back(fmt::format(
+        "indexer_loss_scale (--indexer-loss-scale) = {} must be finite and non-negative; try 1",
+        indexer_loss_scale));
   if (kernel == Kernel::eager && attn_backward == AttnBackward::one_pass)
     p.push_back(
         "--attn-backward one-pass is an order of the fused kernel's backward; use --kernel fused "
@@ -257,6 +308,11 @@ nlohmann::json MlaConfig::to_json() const {
   j["dlatent_sum"] = dlatent_sum_name(dlatent_sum);
   j["attn_backward"] = attn_backward_name(attn_backward);
   j["overlap"] = overlap;
+  j["index_n_heads"] = index_n_heads;
+  j["index_head_dim"] = index_head_dim;
+  j["index_topk"] = index_topk;
+  j["indexer_stage"] = indexer_stage_name(indexer_stage);
+  j["indexer_loss_scale"] = indexer_loss_scale;
   j["softmax_scale"] = softmax_scale();
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
@@ -307,6 +363,18 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     c.qk_nope_head_dim = json_int(j, "qk_nope_head_dim");
     c.qk_rope_head_dim = json_int(j, "qk_rope_head_dim");
     c.v_head_dim = json_int(j, "v_head_dim");
+    // DeepSeek-V3.2's Hugging Face keys; absent: no indexer
+    c.index_n_heads = json_int(j, "index_n_heads", 0);
+    c.index_head_dim = json_int(j, "index_head_dim", 0);
+    c.index_topk = json_int(j, "index_topk", 0);
+    if (j.contains("indexer_stage"))
+      c.indexer_stage = parse_indexer_stage(j["indexer_stage"].get<std::string>());
+    if (j.contains("indexer_loss_scale")) {
+      LAGA_CHECK(j["indexer_loss_scale"].is_number(),
+                 "configuration JSON: indexer_loss_scale is {}, not a number",
+                 j["indexer_loss_scale"].dump());
+      c.indexer_loss_scale = j["indexer_loss_scale"].get<double>();
+    }
     c.num_layers = json_int(j, "num_layers", 1);
     c.seq_len = json_int(j, "seq_len", 16);
     c.batch = json_int(j, "batch", 1);

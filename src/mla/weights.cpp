@@ -13,37 +13,62 @@ namespace laga {
 const std::vector<WeightSpec>& weight_table() {
   using D = const ModelDims&;
   static const std::vector<WeightSpec> table = {
-      {"attn_norm", "input_layernorm", "RMSNorm before attention", "[D]", &LayerWeights::attn_norm,
-       [](D d) -> Shape { return {d.hidden_size}; }},
-      {"wq_a", "self_attn.q_a_proj", "W^DQ", "[Lq, D]", &LayerWeights::wq_a,
+      {"attn_norm", "input_layernorm.weight", "RMSNorm before attention", "[D]",
+       &LayerWeights::attn_norm, [](D d) -> Shape { return {d.hidden_size}; }},
+      {"wq_a", "self_attn.q_a_proj.weight", "W^DQ", "[Lq, D]", &LayerWeights::wq_a,
        [](D d) -> Shape {
          return d.q_lora_rank > 0 ? Shape{d.q_lora_rank, d.hidden_size} : Shape{};
        }},
-      {"q_norm", "self_attn.q_a_layernorm", "RMSNorm on c^Q", "[Lq]", &LayerWeights::q_norm,
+      {"q_norm", "self_attn.q_a_layernorm.weight", "RMSNorm on c^Q", "[Lq]", &LayerWeights::q_norm,
        [](D d) -> Shape { return d.q_lora_rank > 0 ? Shape{d.q_lora_rank} : Shape{}; }},
-      {"wq_b", "self_attn.q_b_proj", "W^UQ, W^QR", "[H·(Dn+Dr), Lq]", &LayerWeights::wq_b,
+      {"wq_b", "self_attn.q_b_proj.weight", "W^UQ, W^QR", "[H·(Dn+Dr), Lq]", &LayerWeights::wq_b,
        [](D d) -> Shape {
          return d.q_lora_rank > 0 ? Shape{d.num_attention_heads * d.qk_head_dim(), d.q_lora_rank}
                                   : Shape{};
        }},
-      {"wq", "self_attn.q_proj", "W^Q (q_lora_rank 0)", "[H·(Dn+Dr), D]", &LayerWeights::wq,
+      {"wq", "self_attn.q_proj.weight", "W^Q (q_lora_rank 0)", "[H·(Dn+Dr), D]", &LayerWeights::wq,
        [](D d) -> Shape {
          return d.q_lora_rank == 0 ? Shape{d.num_attention_heads * d.qk_head_dim(), d.hidden_size}
                                    : Shape{};
        }},
-      {"wkv_a", "self_attn.kv_a_proj_with_mqa", "W^DKV, W^KR", "[Lkv+Dr, D]", &LayerWeights::wkv_a,
+      {"wkv_a", "self_attn.kv_a_proj_with_mqa.weight", "W^DKV, W^KR", "[Lkv+Dr, D]",
+       &LayerWeights::wkv_a,
        [](D d) -> Shape {
          return {d.kv_lora_rank + d.qk_rope_head_dim, d.hidden_size};
        }},
-      {"kv_norm", "self_attn.kv_a_layernorm", "RMSNorm on c^KV", "[Lkv]", &LayerWeights::kv_norm,
-       [](D d) -> Shape { return {d.kv_lora_rank}; }},
-      {"wkv_b", "self_attn.kv_b_proj", "W^UK, W^UV", "[H·(Dn+Dv), Lkv]", &LayerWeights::wkv_b,
+      {"kv_norm", "self_attn.kv_a_layernorm.weight", "RMSNorm on c^KV", "[Lkv]",
+       &LayerWeights::kv_norm, [](D d) -> Shape { return {d.kv_lora_rank}; }},
+      {"wkv_b", "self_attn.kv_b_proj.weight", "W^UK, W^UV", "[H·(Dn+Dv), Lkv]",
+       &LayerWeights::wkv_b,
        [](D d) -> Shape {
          return {d.num_attention_heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank};
        }},
-      {"wo", "self_attn.o_proj", "W^O", "[D, H·Dv]", &LayerWeights::wo,
+      {"wo", "self_attn.o_proj.weight", "W^O", "[D, H·Dv]", &LayerWeights::wo,
        [](D d) -> Shape {
          return {d.hidden_size, d.num_attention_heads * d.v_head_dim};
+       }},
+      // the lightning indexer (DeepSeek-V3.2), when the model has one
+      {"indexer.wq_b", "self_attn.indexer.wq_b.weight", "W^{I,Q}: c^Q -> index queries",
+       "[H_I·D_I, Lq]", &LayerWeights::indexer_wq_b,
+       [](D d) -> Shape {
+         return d.has_indexer() ? Shape{d.index_n_heads * d.index_head_dim, d.q_lora_rank}
+                                : Shape{};
+       }},
+      {"indexer.wk", "self_attn.indexer.wk.weight", "W^{I,K}: x -> the index key", "[D_I, D]",
+       &LayerWeights::indexer_wk,
+       [](D d) -> Shape {
+         return d.has_indexer() ? Shape{d.index_head_dim, d.hidden_size} : Shape{};
+       }},
+      {"indexer.k_norm", "self_attn.indexer.k_norm.weight", "LayerNorm weight on the index key",
+       "[D_I]", &LayerWeights::indexer_k_norm,
+       [](D d) -> Shape { return d.has_indexer() ? Shape{d.index_head_dim} : Shape{}; }},
+      {"indexer.k_norm_bias", "self_attn.indexer.k_norm.bias", "LayerNorm bias on the index key",
+       "[D_I]", &LayerWeights::indexer_k_norm_bias,
+       [](D d) -> Shape { return d.has_indexer() ? Shape{d.index_head_dim} : Shape{}; }},
+      {"indexer.weights_proj", "self_attn.indexer.weights_proj.weight",
+       "w^I: x -> the index heads' weights", "[H_I, D]", &LayerWeights::indexer_weights_proj,
+       [](D d) -> Shape {
+         return d.has_indexer() ? Shape{d.index_n_heads, d.hidden_size} : Shape{};
        }},
   };
   return table;
@@ -123,7 +148,9 @@ Weights zero_grads(const MlaConfig& c, const std::string& tag) {
 
 void init_weights(Weights& w, const MlaConfig& c, uint64_t seed) {
   w.for_each([&](const std::string& name, Tensor& t) {
-    if (t.rank() == 1)
+    if (name.ends_with("_bias"))
+      fill_normal(t, seed, name, 0.1, 0.0);
+    else if (t.rank() == 1)
       fill_normal(t, seed, name, 0.1, 1.0);
     else
       fill_normal(t, seed, name, 1.0 / std::sqrt(double(t.dim(1))));

@@ -45,9 +45,11 @@ inline bool by_bytes(WorkClass k) {
   return k == WorkClass::elementwise || k == WorkClass::accumulate;
 }
 
-// Which attention kernel ran a call (its rate is the kernel's): eager, fused, or the latent kernel
-// that up-projects K and V from the latent inside itself.
-enum class AttentionKernel : uint8_t { none, eager, fused, latent };
+// Which attention kernel ran a call (its rate is the kernel's): eager, fused, the latent kernel
+// that up-projects K and V from the latent inside itself, the sparse latent attention over each
+// query's selected keys, or the lightning indexer's scores (ops/sparse_attention.hpp,
+// ops/indexer.hpp).
+enum class AttentionKernel : uint8_t { none, eager, fused, latent, sparse, indexer };
 
 struct WorkRecord {
   WorkClass cls = WorkClass::matmul;

@@ -44,7 +44,20 @@ struct ModelDims {
   double rope_theta = 10000;
   bool rope_interleaved = true;
   RopeScaling rope_scaling;
+  // The lightning indexer of DeepSeek Sparse Attention (docs/sparse.md): H_I index heads of D_I
+  // dims (RoPE on the first Dr, rotate-half as DeepSeek's reference rotates them), k selected keys
+  // per query. All 0: a model without one (DeepSeek-V3); the dense forms ignore it.
+  int64_t index_n_heads = 0;   // H_I
+  int64_t index_head_dim = 0;  // D_I
+  int64_t index_topk = 0;      // k
 
+  bool has_indexer() const { return index_n_heads > 0; }
+  // The indexer's RoPE: the MLA's frequencies and scaling on its first Dr dims, rotate-half pairs.
+  RopeSpec indexer_rope() const {
+    return {qk_rope_head_dim, rope_theta, /*interleaved=*/false, rope_scaling};
+  }
+  // H_I^-1/2 · D_I^-1/2, the scale of the index-head weights
+  double indexer_weight_scale() const;
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }  // Dqk
   int64_t latent_dim() const { return kv_lora_rank + qk_rope_head_dim; }       // Dl
   RopeSpec rope() const { return {qk_rope_head_dim, rope_theta, rope_interleaved, rope_scaling}; }
@@ -88,6 +101,14 @@ enum class AttnBackward { two_pass, one_pass };
 std::string_view attn_backward_name(AttnBackward a);
 AttnBackward parse_attn_backward(std::string_view name);  // usage error naming the valid values
 
+// The sparse forms' training stage (DeepSeek-V3.2): warmup, dense main attention and the indexer's
+// KL over every earlier key; sparse, the main attention over the selected keys alone and the KL
+// over them. In both the indexer's inputs are detached: it learns from its loss alone, the main
+// path from dy alone.
+enum class IndexerStage { warmup, sparse };
+std::string_view indexer_stage_name(IndexerStage s);
+IndexerStage parse_indexer_stage(std::string_view name);  // usage error naming the valid stages
+
 // How it is done: the form (a registered variant label, mla/form.hpp), the attention kernel, the
 // storage dtype, the dtype of the dlatent reduce-scatter's partial sums, and whether the forms'
 // collectives overlap compute (left in flight while the query path and what else does not need them
@@ -102,6 +123,8 @@ struct RunChoices {
   // The dtype the dlatent partial sums travel in (fp32, or the storage dtype).
   DType dlatent_sum_dtype() const { return dlatent_sum == DlatentSum::fp32 ? DType::f32 : dtype; }
   bool overlap = false;
+  IndexerStage indexer_stage = IndexerStage::sparse;  // the sparse forms' alone
+  double indexer_loss_scale = 1;  // the indexer loss's weight in the loss backward differentiates
 };
 
 struct MlaConfig : ModelDims, RunShape, RunChoices {

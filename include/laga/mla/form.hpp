@@ -73,9 +73,22 @@ struct CoreSaved {
 };
 
 // The block's query path, run by the core's forward where it wants q: returns q_local [N, B, H,
-// Dqk] (after RoPE). And its backward, run by the core's backward: takes dq_local [N, B, H, Dqk].
-using QueryPath = std::function<Tensor()>;
-using QueryPathBackward = std::function<void(Tensor dq_local)>;
+// Dqk] (after RoPE). With it, the local stage's tensors the lightning indexer reads (the sparse
+// forms, Form::sparse): detached inputs, so the indexer's gradient reaches its own weights alone.
+struct QueryPath {
+  std::function<Tensor()> run;
+  const Tensor* xn = nullptr;   // [N, B, D]   RMSNorm(x)
+  const Tensor* cqn = nullptr;  // [N, B, Lq]  RMSNorm(cq): defined once run() has run
+  Tensor operator()() const { return run(); }
+};
+// Its backward, run by the core's backward: takes dq_local [N, B, H, Dqk]. xn and cqn stay defined
+// until it has run.
+struct QueryPathBackward {
+  std::function<void(Tensor dq_local)> run;
+  const Tensor* xn = nullptr;
+  const Tensor* cqn = nullptr;
+  void operator()(Tensor dq_local) const { run(std::move(dq_local)); }
+};
 
 class Form {
  public:
@@ -122,6 +135,18 @@ class Form {
   // Which global tokens each rank holds (token_segments).
   virtual TokenLayout layout() const { return TokenLayout::contiguous; }
 
+  // True for the forms of DeepSeek Sparse Attention (docs/sparse.md): they run the lightning
+  // indexer (the model must have one, ModelDims::has_indexer) and take --indexer-stage; every other
+  // form ignores the indexer and its weights.
+  virtual bool sparse() const { return false; }
+  // What a sparse form's forward found for one layer, for the run's report and dumps: the indexer's
+  // loss L_I (unscaled) and the selection [N, B, k] (int32 key positions, ascending, −1 padded).
+  // Empty for a dense form.
+  struct Sparse {
+    double indexer_loss = 0;
+    Tensor topk;
+  };
+  virtual Sparse sparse_of(const CoreSaved& saved) const { return {}; }
   // True when at P = 1 the form runs explicit's operations exactly (its collectives are
   // identities): its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }

@@ -25,6 +25,12 @@ struct LayerWeights {
   Tensor kv_norm;    // [Lkv]
   Tensor wkv_b;      // [H·(Dn+Dv), Lkv]  per head: Dn k-rows then Dv v-rows
   Tensor wo;         // [D, H·Dv]
+  // The lightning indexer (ModelDims::has_indexer), named "indexer.<name>" in files.
+  Tensor indexer_wq_b;          // [H_I·D_I, Lq]  index queries from c^Q (after q_norm)
+  Tensor indexer_wk;            // [D_I, D]       the index key from x̂
+  Tensor indexer_k_norm;        // [D_I]          LayerNorm weight on the index key
+  Tensor indexer_k_norm_bias;   // [D_I]          and its bias
+  Tensor indexer_weights_proj;  // [H_I, D]       the index heads' weights from x̂
 
   // The tensor of a weight name ("wq_a", ...); internal error for any other name.
   Tensor& by_name(const std::string& name);
@@ -46,7 +52,7 @@ struct Weights {
 // for_each, by_name, checkpoint loading, dumps, the Hugging Face mapping, error messages) reads it.
 struct WeightSpec {
   const char* name;       // ours: DeepSeek-V3's reference names
-  const char* hf_key;     // Hugging Face: model.layers.{l}.<hf_key>.weight
+  const char* hf_key;     // Hugging Face: model.layers.{l}.<hf_key> ("....weight", "....bias")
   const char* paper;      // the DeepSeek-V2/V3 papers' symbols
   const char* shape_doc;  // "[Lq, D]": the shape in the dimension letters of docs/design.md §1
   Tensor LayerWeights::*member;
@@ -66,7 +72,8 @@ Weights allocate_weights(const MlaConfig& c, const std::string& tag = "weights")
 // reduced in fp32 (Megatron's main-grad convention), so a bf16 run's weight gradient is rounded
 // once per product, never once per rank or per partial sum.
 Weights zero_grads(const MlaConfig& c, const std::string& tag = "grads");
-// Deterministic initialisation from a seed: norms = 1 + small noise, projections ~ N(0, 1/fan_in).
+// Deterministic initialisation from a seed: norms = 1 + small noise, biases small noise,
+// projections ~ N(0, 1/fan_in).
 void init_weights(Weights& w, const MlaConfig& c, uint64_t seed);
 // dst's tensors = src's, by name, shape and dtype (both allocated for the same model and dtype).
 void copy_weights(Weights& dst, const Weights& src);
