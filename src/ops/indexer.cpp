@@ -60,44 +60,100 @@ inline bool better(const Cand& a, const Cand& b) {
   return a.score > b.score || (a.score == b.score && a.pos < b.pos);
 }
 
-// The query row (t, b) widened: qf [H, D] fp32, c [H] = w_scale · w[t, b, j] in fp32.
+// How a call computes its products: in fp32 from widened inputs, or, for bf16 storage on a CPU
+// with a bf16 dot product, from bf16 pairs (indexer_kernel.hpp). Its query operand and key tiles
+// are laid out for its path: fp32 [H, D] and [D, kTileKeys], or uint32 pairs [H, D2] and [D2,
+// kTileKeys] in the same buffers.
+struct Scorer {
+  const indexer::Kernels& k;
+  bool pairs;
+  int64_t H, D, D2;
+  explicit Scorer(const IndexerParams& p)
+      : k(indexer::kernels()),
+        pairs(p.dtype == DType::bf16 && k.scores_bf16),
+        H(p.H),
+        D(p.D),
+        D2((p.D + 1) / 2) {}
+  void scores(const void* qx, const float* c, const float* kt, int64_t n, float* out) const {
+    if (pairs)
+      k.scores_bf16(static_cast<const uint32_t*>(qx), c, reinterpret_cast<const uint32_t*>(kt), H,
+                    D2, n, out);
+    else
+      k.scores(static_cast<const float*>(qx), c, kt, H, D, n, out);
+  }
+  void products(const void* qx, const float* kt, int64_t n, float* a) const {
+    if (pairs)
+      k.products_bf16(static_cast<const uint32_t*>(qx), reinterpret_cast<const uint32_t*>(kt), H,
+                      D2, n, a);
+    else
+      k.products(static_cast<const float*>(qx), kt, H, D, n, a);
+  }
+};
+
+// Elements 2e and 2e + 1 of a bf16 row of D as one pair (0 past D).
 template <class T>
-void load_row(const IndexerParams& p, int64_t t, int64_t b, float* qf, float* c) {
+uint32_t pair_of(const T* x, int64_t e, int64_t D) {
+  if constexpr (std::is_same_v<T, bf16>)
+    return uint32_t(x[2 * e].bits) | (2 * e + 1 < D ? uint32_t(x[2 * e + 1].bits) << 16 : 0u);
+  else
+    return 0;  // fp32 storage never takes the pair path
+}
+
+// The query row (t, b): qf [H, D] widened to fp32, on the pair path also q2 [H, D2] its pairs, and
+// c [H] = w_scale · w[t, b, j] in fp32.
+template <class T>
+void load_row(const IndexerParams& p, const Scorer& sc, int64_t t, int64_t b, float* qf,
+              uint32_t* q2, float* c) {
   const T* q = static_cast<const T*>(p.q) + (t * p.B + b) * p.H * p.D;
   const T* w = static_cast<const T*>(p.w) + (t * p.B + b) * p.H;
   for (int64_t i = 0; i < p.H * p.D; ++i) qf[i] = to_float(q[i]);
+  if (sc.pairs)
+    for (int64_t j = 0; j < p.H; ++j)
+      for (int64_t e = 0; e < sc.D2; ++e) q2[j * sc.D2 + e] = pair_of(q + j * p.D, e, p.D);
   for (int64_t j = 0; j < p.H; ++j) c[j] = p.w_scale * to_float(w[j]);
 }
+// The query operand of the row load_row filled.
+inline const void* operand(const Scorer& sc, const float* qf, const uint32_t* q2) {
+  return sc.pairs ? static_cast<const void*>(q2) : static_cast<const void*>(qf);
+}
 
-// kt [D, kTileKeys] = the n ≤ kTileKeys keys pos[0 .. n) (or s0, s0 + 1, ... when pos is null) of
-// batch b, transposed, 0 in the columns past n; kr [n, D] (when not null) the same rows
-// untransposed.
+// kt [D, kTileKeys] (pairs: [D2, kTileKeys]) = the n ≤ kTileKeys keys pos[0 .. n) (or s0, s0 + 1,
+// ... when pos is null) of batch b, transposed, 0 in the columns past n; kr [n, D] (when not null)
+// the same rows untransposed in fp32.
 template <class T>
-void pack_keys(const IndexerParams& p, int64_t b, const int32_t* pos, int64_t s0, int64_t n,
-               float* kt, float* kr) {
+void pack_keys(const IndexerParams& p, const Scorer& sc, int64_t b, const int32_t* pos, int64_t s0,
+               int64_t n, float* kt, float* kr) {
   const T* k = static_cast<const T*>(p.k);
+  uint32_t* kt2 = reinterpret_cast<uint32_t*>(kt);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t s = pos ? pos[i] : s0 + i;
     const T* row = k + (s * p.B + b) * p.D;
-    for (int64_t d = 0; d < p.D; ++d) {
-      const float v = to_float(row[d]);
-      kt[d * kTileKeys + i] = v;
-      if (kr) kr[i * p.D + d] = v;
-    }
+    if (sc.pairs)
+      for (int64_t e = 0; e < sc.D2; ++e) kt2[e * kTileKeys + i] = pair_of(row, e, p.D);
+    else
+      for (int64_t d = 0; d < p.D; ++d) kt[d * kTileKeys + i] = to_float(row[d]);
+    if (kr)
+      for (int64_t d = 0; d < p.D; ++d) kr[i * p.D + d] = to_float(row[d]);
   }
-  if (n < kTileKeys)
-    for (int64_t d = 0; d < p.D; ++d)
-      std::fill(kt + d * kTileKeys + n, kt + (d + 1) * kTileKeys, 0.f);
+  if (n < kTileKeys) {
+    if (sc.pairs)
+      for (int64_t e = 0; e < sc.D2; ++e)
+        std::fill(kt2 + e * kTileKeys + n, kt2 + (e + 1) * kTileKeys, 0u);
+    else
+      for (int64_t d = 0; d < p.D; ++d)
+        std::fill(kt + d * kTileKeys + n, kt + (d + 1) * kTileKeys, 0.f);
+  }
 }
 
 // ---- top-k ----------------------------------------------------------------------------------
 
 template <class T>
-void topk_impl(const IndexerParams& p, int64_t topk, int32_t* idx, float* scores, float* qf,
-               float* cw, float* kt, float* sc, Cand* buf, int64_t b, int64_t t0, int64_t nr) {
-  const auto& kern = indexer::kernels();
+void topk_impl(const IndexerParams& p, const Scorer& scorer, int64_t topk, int32_t* idx,
+               float* scores, float* qf, uint32_t* q2, float* cw, float* kt, float* sc, Cand* buf,
+               int64_t b, int64_t t0, int64_t nr) {
   const int64_t HD = p.H * p.D, cap = 2 * topk;
-  for (int64_t r = 0; r < nr; ++r) load_row<T>(p, t0 + r, b, qf + r * HD, cw + r * p.H);
+  for (int64_t r = 0; r < nr; ++r)
+    load_row<T>(p, scorer, t0 + r, b, qf + r * HD, q2 + r * HD, cw + r * p.H);
   std::vector<int64_t> size(size_t(nr), 0);
   std::vector<float> thr(size_t(nr), -INFINITY);
   std::vector<char> full(size_t(nr), 0);
@@ -111,12 +167,12 @@ void topk_impl(const IndexerParams& p, int64_t topk, int32_t* idx, float* scores
   const int64_t last = p.q_pos0 + t0 + nr - 1;  // the last position any row sees
   for (int64_t k0 = 0; k0 <= last; k0 += kTileKeys) {
     const int64_t nk = std::min(kTileKeys, last + 1 - k0);
-    pack_keys<T>(p, b, nullptr, k0, nk, kt, nullptr);
+    pack_keys<T>(p, scorer, b, nullptr, k0, nk, kt, nullptr);
     for (int64_t r = 0; r < nr; ++r) {
       const int64_t pos = p.q_pos0 + t0 + r;
       if (pos < k0) continue;
       const int64_t n = std::min(nk, pos - k0 + 1);
-      kern.scores(qf + r * HD, cw + r * p.H, kt, p.H, p.D, n, sc);
+      scorer.scores(operand(scorer, qf + r * HD, q2 + r * HD), cw + r * p.H, kt, n, sc);
       Cand* c = buf + r * cap;
       for (int64_t i = 0; i < n; ++i) {
         if (full[r] && !(sc[i] > thr[r])) continue;
@@ -145,6 +201,7 @@ struct LossSlot {
   float *qf, *cw, *kt, *kr, *a,
       *I;               // [H·D], [H], [D, kTileKeys], [kTileKeys, D], [H, kTileKeys], [C]
   int32_t *cand, *col;  // [C] key rows and target columns of a candidate list
+  uint32_t* q2;         // [H·D] the query row's pairs (the pair path)
 };
 
 // The candidates of row (t, b) among key rows [lo, hi): their key rows and target columns.
@@ -172,7 +229,7 @@ inline float grad_of(const IndexerLossParams& p, float I, float lse, float z, fl
 // Pass 1 on row (t, b): the scores of C_t, the row's lse, z and KL into stats [3], dw and dq.
 template <class T>
 void loss_row(const IndexerLossParams& p, const LossSlot& w, int64_t t, int64_t b, float* stats) {
-  const auto& kern = indexer::kernels();
+  const Scorer sc(p);
   const int64_t C = p.idx ? p.topk : p.Tk;
   const int64_t n = candidates(p, t, b, 0, p.Tk, w.cand, w.col);
   stats[0] = stats[1] = stats[2] = 0;
@@ -182,12 +239,12 @@ void loss_row(const IndexerLossParams& p, const LossSlot& w, int64_t t, int64_t 
   for (int64_t i = 0; i < n; ++i) zs += target[w.col[i]];
   const float z = float(zs);
   if (!(z > 0)) return;  // no target mass: the row has no distribution to match
-  load_row<T>(p, t, b, w.qf, w.cw);
+  load_row<T>(p, sc, t, b, w.qf, w.q2, w.cw);
   // I = Σ_j c_j ReLU(q_j·k_s) over C_t, then log-softmax: lse = m + log Σ exp(I − m).
   for (int64_t i0 = 0; i0 < n; i0 += kTileKeys) {
     const int64_t m = std::min(kTileKeys, n - i0);
-    pack_keys<T>(p, b, w.cand + i0, 0, m, w.kt, nullptr);
-    kern.scores(w.qf, w.cw, w.kt, p.H, p.D, m, w.I + i0);
+    pack_keys<T>(p, sc, b, w.cand + i0, 0, m, w.kt, nullptr);
+    sc.scores(operand(sc, w.qf, w.q2), w.cw, w.kt, m, w.I + i0);
   }
   float mx = -INFINITY;
   for (int64_t i = 0; i < n; ++i) mx = std::max(mx, w.I[i]);
@@ -207,8 +264,8 @@ void loss_row(const IndexerLossParams& p, const LossSlot& w, int64_t t, int64_t 
   float* dq = p.dq + (t * p.B + b) * p.H * p.D;
   for (int64_t i0 = 0; i0 < n; i0 += kTileKeys) {
     const int64_t m = std::min(kTileKeys, n - i0);
-    pack_keys<T>(p, b, w.cand + i0, 0, m, w.kt, w.kr);
-    kern.products(w.qf, w.kt, p.H, p.D, m, w.a);
+    pack_keys<T>(p, sc, b, w.cand + i0, 0, m, w.kt, w.kr);
+    sc.products(operand(sc, w.qf, w.q2), w.kt, m, w.a);
     float dI[kTileKeys];
     for (int64_t i = 0; i < m; ++i) dI[i] = grad_of(p, w.I[i0 + i], lse, z, target[w.col[i0 + i]]);
     for (int64_t j = 0; j < p.H; ++j) {
@@ -232,7 +289,7 @@ void loss_row(const IndexerLossParams& p, const LossSlot& w, int64_t t, int64_t 
 template <class T>
 void loss_keys(const IndexerLossParams& p, const LossSlot& w, int64_t b, int64_t k0, int64_t nk,
                const float* stats) {
-  const auto& kern = indexer::kernels();
+  const Scorer sc(p);
   const int64_t C = p.idx ? p.topk : p.Tk;
   for (int64_t t = 0; t < p.Tq; ++t) {
     if (p.q_pos0 + t < k0) continue;
@@ -241,11 +298,11 @@ void loss_keys(const IndexerLossParams& p, const LossSlot& w, int64_t b, int64_t
     const int64_t n = candidates(p, t, b, k0, k0 + nk, w.cand, w.col);
     if (n == 0) continue;
     const float* target = p.target + (t * p.B + b) * C;
-    load_row<T>(p, t, b, w.qf, w.cw);
+    load_row<T>(p, sc, t, b, w.qf, w.q2, w.cw);
     for (int64_t i0 = 0; i0 < n; i0 += kTileKeys) {
       const int64_t m = std::min(kTileKeys, n - i0);
-      pack_keys<T>(p, b, w.cand + i0, 0, m, w.kt, nullptr);
-      kern.products(w.qf, w.kt, p.H, p.D, m, w.a);
+      pack_keys<T>(p, sc, b, w.cand + i0, 0, m, w.kt, nullptr);
+      sc.products(operand(sc, w.qf, w.q2), w.kt, m, w.a);
       for (int64_t i = 0; i < m; ++i) {
         // the score as the kernel sums it: I = fma(c_j, ReLU(a_j), I), j = 0 .. H−1
         float I = 0;
@@ -314,20 +371,23 @@ void indexer_topk(const IndexerParams& p, int64_t topk, int32_t* idx, float* sco
   LAGA_CHECK(idx, "indexer_topk needs idx [Tq, B, topk] int32");
   const int64_t nt = (p.Tq + kRowTile - 1) / kRowTile, tasks = p.B * nt;
   const int64_t slots = std::min(kMaxSlots, tasks), rows = std::min(kRowTile, p.Tq);
-  // per slot: q rows [rows, H, D], head weights [rows, H], key tile [D, kTileKeys], one row's
-  // scores [kTileKeys], candidate buffers [rows, 2·topk] of (score, position)
+  // per slot: q rows [rows, H, D] in fp32 and as bf16 pairs, head weights [rows, H], key tile [D,
+  // kTileKeys], one row's scores [kTileKeys], candidate buffers [rows, 2·topk] of (score, position)
   Tensor qf = Tensor::empty({slots, rows * p.H * p.D}, DType::f32, "indexer.q");
+  Tensor q2 = Tensor::empty({slots, rows * p.H * p.D}, DType::i32, "indexer.q_pairs");
   Tensor cw = Tensor::empty({slots, rows * p.H}, DType::f32, "indexer.w");
   Tensor kt = Tensor::empty({slots, p.D * kTileKeys}, DType::f32, "indexer.k_tile");
   Tensor sc = Tensor::empty({slots, kTileKeys}, DType::f32, "indexer.scores");
   Tensor buf = Tensor::empty({slots, rows * 2 * topk * 2}, DType::i32, "indexer.candidates");
   if (meta_mode()) return;
+  const Scorer scorer(p);
   dispatch_dtype(p.dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     parallel_tasks(tasks, slots, [&](int64_t slot, int64_t task) {
       const int64_t i = nt - 1 - task / p.B, b = task % p.B;  // the longest rows first
       const int64_t t0 = i * kRowTile, nr = std::min(kRowTile, p.Tq - t0);
-      topk_impl<T>(p, topk, idx, scores, qf.data<float>() + slot * rows * p.H * p.D,
+      topk_impl<T>(p, scorer, topk, idx, scores, qf.data<float>() + slot * rows * p.H * p.D,
+                   reinterpret_cast<uint32_t*>(q2.data<int32_t>()) + slot * rows * p.H * p.D,
                    cw.data<float>() + slot * rows * p.H, kt.data<float>() + slot * p.D * kTileKeys,
                    sc.data<float>() + slot * kTileKeys,
                    reinterpret_cast<Cand*>(buf.data<int32_t>() + slot * rows * 2 * topk * 2), b, t0,
@@ -352,10 +412,11 @@ double indexer_loss(const IndexerLossParams& p) {
   const int64_t tasks1 = p.B * nrb, tasks2 = p.B * nkt;
   const int64_t slots = std::min(kMaxSlots, std::max(tasks1, tasks2));
   const int64_t HD = p.H * p.D;
-  // per slot: q row [H, D], head weights [H], key tile [D, kTileKeys] and its rows [kTileKeys, D],
-  // products [H, kTileKeys], scores [C + kTileKeys], candidate key rows and target columns [C]
-  // each; per row: lse, z and KL [Tq, B, 3]
+  // per slot: q row [H, D] in fp32 and as bf16 pairs, head weights [H], key tile [D, kTileKeys] and
+  // its rows [kTileKeys, D], products [H, kTileKeys], scores [C + kTileKeys], candidate key rows
+  // and target columns [C] each; per row: lse, z and KL [Tq, B, 3]
   Tensor qf = Tensor::empty({slots, HD}, DType::f32, "indexer.q");
+  Tensor q2 = Tensor::empty({slots, HD}, DType::i32, "indexer.q_pairs");
   Tensor cw = Tensor::empty({slots, p.H}, DType::f32, "indexer.w");
   Tensor kt = Tensor::empty({slots, p.D * kTileKeys}, DType::f32, "indexer.k_tile");
   Tensor kr = Tensor::empty({slots, kTileKeys * p.D}, DType::f32, "indexer.k_rows");
@@ -373,7 +434,8 @@ double indexer_loss(const IndexerLossParams& p) {
                     a.data<float>() + s * p.H * kTileKeys,
                     I.data<float>() + s * (C + kTileKeys),
                     cand.data<int32_t>() + s * 2 * C,
-                    cand.data<int32_t>() + s * 2 * C + C};
+                    cand.data<int32_t>() + s * 2 * C + C,
+                    reinterpret_cast<uint32_t*>(q2.data<int32_t>()) + s * HD};
   };
   float* st = stats.data<float>();
   dispatch_dtype(p.dtype, [&](auto* tag) {

@@ -3,7 +3,9 @@
 // leave a clear gap at the k-th place, and valid everywhere; ties to the lower position; short
 // rows; bits independent of the row split and the thread count; the loss and its gradients in both
 // candidate modes; meta runs allocating and recording what real runs do. bf16 inputs are widened
-// exactly, so the reference runs on the same bf16 values and fp32's tolerances apply to both.
+// exactly (or multiplied in pairs by the CPU's bf16 dot product, each product exact in fp32), so
+// the reference runs on the same bf16 values and fp32's tolerances apply to both. LAGA_MAX_ISA=avx2
+// runs the widening path on a CPU with AVX-512 BF16.
 #include <gtest/gtest.h>
 #include <omp.h>
 
