@@ -8,7 +8,7 @@
 // vector width. The fp32 kernels give on every target the bits of the scalar loop
 //   a = 0; for d: a = fma(q[j, d], k[s, d], a)     I = 0; for j: I = fma(c[j], max(a_j, 0), I);
 // the bf16 kernels (AVX-512 BF16 only) step d in pairs by the CPU's bf16 dot product (vdpbf16ps:
-// a += q[2e+1]·k[2e+1], then a += q[2e]·k[2e], each product exact in fp32, each sum rounded,
+// both products of a pair exact in fp32, added to the lane in the instruction's fixed order,
 // subnormals flushed), a fixed order too, but not the fp32 kernels' bits.
 #pragma once
 
