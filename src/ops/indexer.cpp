@@ -26,6 +26,7 @@
 #include "laga/core/memory.hpp"
 #include "laga/core/work.hpp"
 #include "laga/ops/attention.hpp"
+#include "laga/ops/matmul.hpp"
 #include "src/ops/indexer_kernel.hpp"
 
 namespace laga {
@@ -45,6 +46,7 @@ void parallel_tasks(int64_t tasks, int64_t slots, F&& body) {
   const int nt = int(std::min<int64_t>(omp_get_max_threads(), slots));
 #pragma omp parallel num_threads(nt)
   {
+    omp_set_num_threads(1);  // this thread's nested regions only: oneDNN runs sequentially
     const int64_t slot = omp_get_thread_num();
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) body(slot, task);
@@ -202,7 +204,22 @@ struct LossSlot {
       *I;               // [H·D], [H], [D, kTileKeys], [kTileKeys, D], [H, kTileKeys], [C]
   int32_t *cand, *col;  // [C] key rows and target columns of a candidate list
   uint32_t* q2;         // [H·D] the query row's pairs (the pair path)
+  float* g;             // [H, kTileKeys] or [kTileKeys, H] the chunk's dI_s c_j [a_js > 0]
 };
+
+// The product C [M, N] fp32 (=, or += when accumulate) = A [M, K] · B [K, N], fp32 operands dense
+// in rows (a_m and b_k apart): a single-threaded oneDNN product inside a task, its bits a function
+// of the shape alone (ops/matmul.hpp).
+MatmulParams product(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_m, int64_t a_k,
+                     const float* b, int64_t b_k, float* c, bool accumulate) {
+  MatmulParams mp;
+  mp.M = M, mp.N = N, mp.K = K;
+  mp.a = a, mp.a_m_stride = a_m, mp.a_k_stride = a_k;
+  mp.b = b, mp.b_k_stride = b_k, mp.b_n_stride = 1;
+  mp.c = c, mp.c_m_stride = N, mp.c_n_stride = 1;
+  mp.accumulate = accumulate;
+  return mp;
+}
 
 // The candidates of row (t, b) among key rows [lo, hi): their key rows and target columns.
 int64_t candidates(const IndexerLossParams& p, int64_t t, int64_t b, int64_t lo, int64_t hi,
@@ -268,17 +285,17 @@ void loss_row(const IndexerLossParams& p, const LossSlot& w, int64_t t, int64_t 
     sc.products(operand(sc, w.qf, w.q2), w.kt, m, w.a);
     float dI[kTileKeys];
     for (int64_t i = 0; i < m; ++i) dI[i] = grad_of(p, w.I[i0 + i], lse, z, target[w.col[i0 + i]]);
+    // G [H, m] = dI_s c_j [a_js > 0], then dq [H, D] += G · k_C [m, D] (one product per chunk)
     for (int64_t j = 0; j < p.H; ++j) {
       const float* aj = w.a + j * kTileKeys;
-      float* dqj = dq + j * p.D;
+      float* gj = w.g + j * kTileKeys;
       for (int64_t i = 0; i < m; ++i) {
-        if (!(aj[i] > 0)) continue;
-        dc[size_t(j)] += double(dI[i]) * double(aj[i]);
-        const float g = dI[i] * w.cw[j];
-        const float* ki = w.kr + i * p.D;
-        for (int64_t d = 0; d < p.D; ++d) dqj[d] += g * ki[d];
+        const bool on = aj[i] > 0;
+        if (on) dc[size_t(j)] += double(dI[i]) * double(aj[i]);
+        gj[i] = on ? dI[i] * w.cw[j] : 0.f;
       }
     }
+    matmul(product(p.H, p.D, m, w.g, kTileKeys, 1, w.kr, p.D, dq, true));
   }
   float* dw = p.dw + (t * p.B + b) * p.H;
   for (int64_t j = 0; j < p.H; ++j) dw[j] += float(double(p.w_scale) * dc[size_t(j)]);
@@ -309,13 +326,16 @@ void loss_keys(const IndexerLossParams& p, const LossSlot& w, int64_t b, int64_t
         for (int64_t j = 0; j < p.H; ++j)
           I = std::fma(w.cw[j], std::max(w.a[j * kTileKeys + i], 0.f), I);
         const float dI = grad_of(p, I, st[0], st[1], target[w.col[i0 + i]]);
+        // Gᵀ [m, H]: dI_s c_j [a_js > 0]
+        for (int64_t j = 0; j < p.H; ++j)
+          w.g[i * p.H + j] = w.a[j * kTileKeys + i] > 0 ? dI * w.cw[j] : 0.f;
+      }
+      // dk_C [m, D] += Gᵀ · q [H, D]: the chunk's product into kr, added row by row
+      matmul(product(m, p.D, p.H, w.g, p.H, 1, w.qf, p.D, w.kr, false));
+      for (int64_t i = 0; i < m; ++i) {
         float* dks = p.dk + (int64_t(w.cand[i0 + i]) * p.B + b) * p.D;
-        for (int64_t j = 0; j < p.H; ++j) {
-          if (!(w.a[j * kTileKeys + i] > 0)) continue;
-          const float g = dI * w.cw[j];
-          const float* qj = w.qf + j * p.D;
-          for (int64_t d = 0; d < p.D; ++d) dks[d] += g * qj[d];
-        }
+        const float* src = w.kr + i * p.D;
+        for (int64_t d = 0; d < p.D; ++d) dks[d] += src[d];
       }
     }
   }
@@ -413,14 +433,15 @@ double indexer_loss(const IndexerLossParams& p) {
   const int64_t slots = std::min(kMaxSlots, std::max(tasks1, tasks2));
   const int64_t HD = p.H * p.D;
   // per slot: q row [H, D] in fp32 and as bf16 pairs, head weights [H], key tile [D, kTileKeys] and
-  // its rows [kTileKeys, D], products [H, kTileKeys], scores [C + kTileKeys], candidate key rows
-  // and target columns [C] each; per row: lse, z and KL [Tq, B, 3]
+  // its rows [kTileKeys, D], products and their gradient [H, kTileKeys] each, scores [C +
+  // kTileKeys], candidate key rows and target columns [C] each; per row: lse, z and KL [Tq, B, 3]
   Tensor qf = Tensor::empty({slots, HD}, DType::f32, "indexer.q");
   Tensor q2 = Tensor::empty({slots, HD}, DType::i32, "indexer.q_pairs");
   Tensor cw = Tensor::empty({slots, p.H}, DType::f32, "indexer.w");
   Tensor kt = Tensor::empty({slots, p.D * kTileKeys}, DType::f32, "indexer.k_tile");
   Tensor kr = Tensor::empty({slots, kTileKeys * p.D}, DType::f32, "indexer.k_rows");
   Tensor a = Tensor::empty({slots, p.H * kTileKeys}, DType::f32, "indexer.products");
+  Tensor g = Tensor::empty({slots, p.H * kTileKeys}, DType::f32, "indexer.grad");
   // the scores' last tile writes whole vectors, up to kTileKeys past C
   Tensor I = Tensor::empty({slots, C + kTileKeys}, DType::f32, "indexer.scores");
   Tensor cand = Tensor::empty({slots, 2 * C}, DType::i32, "indexer.candidates");
@@ -435,7 +456,8 @@ double indexer_loss(const IndexerLossParams& p) {
                     I.data<float>() + s * (C + kTileKeys),
                     cand.data<int32_t>() + s * 2 * C,
                     cand.data<int32_t>() + s * 2 * C + C,
-                    reinterpret_cast<uint32_t*>(q2.data<int32_t>()) + s * HD};
+                    reinterpret_cast<uint32_t*>(q2.data<int32_t>()) + s * HD,
+                    g.data<float>() + s * p.H * kTileKeys};
   };
   float* st = stats.data<float>();
   dispatch_dtype(p.dtype, [&](auto* tag) {
