@@ -1,11 +1,13 @@
 // bench_indexer: the rate of the lightning indexer's scores and top-k (indexer_topk) against the
 // rate of a plain oneDNN matmul (laga::matmul, n³, same dtype, all threads) measured in the same
-// run, in GFLOP/s by indexer_score_flops (2·H·D per causal (query, key) pair). Every timed result
-// is validated in fp64 before it is reported: for sampled query rows, the returned scores against
-// fp64 scores of the stored inputs, and the selection against the fp64 ranking (no unselected key
-// above a selected one by more than the tolerance).
+// run, in GFLOP/s by indexer_score_flops (2·H·D per causal (query, key) pair); with --loss also
+// the indexer's loss and gradient over the selection (indexer_loss), by its recorded FLOPs (five
+// score computations' worth per selected pair). Every timed result is validated in fp64 before it
+// is reported: for sampled query rows, the returned scores against fp64 scores of the stored
+// inputs, the selection against the fp64 ranking (no unselected key above a selected one by more
+// than the tolerance), and the loss's dq rows against fp64 dq.
 //
-//   bench_indexer [--seq 8192] [--batch 1] [--heads 64] [--dim 128] [--topk 2048]
+//   bench_indexer [--seq 8192] [--batch 1] [--heads 64] [--dim 128] [--topk 2048] [--loss 0|1]
 //                 [--dtype fp32,bf16] [--matmul 2048] [--warmup 1] [--repeats 5] [--json FILE]
 #include <cmath>
 #include <cstdio>
@@ -23,6 +25,7 @@ namespace {
 
 struct Config {
   int64_t T = 8192, B = 1, H = 64, D = 128, topk = 2048, matmul_n = 2048;
+  bool loss = false;
   std::vector<DType> dtypes = {DType::f32, DType::bf16};
 };
 
@@ -44,6 +47,8 @@ Config parse(const std::vector<std::string>& args) {
       c.D = whole_number(a, v);
     else if (a == "--topk")
       c.topk = whole_number(a, v);
+    else if (a == "--loss")
+      c.loss = whole_number(a, v, 0, 1) == 1;
     else if (a == "--matmul")
       c.matmul_n = whole_number(a, v);
     else if (a == "--dtype") {
@@ -62,6 +67,7 @@ struct Buffers {
   std::vector<int32_t> idx;
   std::vector<float> scores;  // [T, B, topk] each
   IndexerParams p;
+  std::vector<float> target, dq, dw, dk;  // [T, B, topk], [T, B, H, D], [T, B, H], [T, B, D]
 };
 
 Buffers make_buffers(const Config& c, DType dt) {
@@ -75,6 +81,13 @@ Buffers make_buffers(const Config& c, DType dt) {
   p.B = c.B, p.Tq = p.Tk = c.T, p.H = c.H, p.D = c.D, p.dtype = dt;
   p.w_scale = float(1 / std::sqrt(double(c.H * c.D)));
   p.q = x.q.raw(), p.w = x.w.raw(), p.k = x.k.raw();
+  if (c.loss) {
+    x.target.resize(x.idx.size());
+    for (size_t i = 0; i < x.target.size(); ++i)
+      x.target[i] = float(std::abs(normal(3, stream_id("target"), i)));
+    x.dq.resize(size_t(c.T * c.B * c.H * c.D)), x.dw.resize(size_t(c.T * c.B * c.H));
+    x.dk.resize(size_t(c.T * c.B * c.D));
+  }
   return x;
 }
 
@@ -119,9 +132,56 @@ int64_t validate(const Buffers& x, const Config& c) {
   return wrong;
 }
 
+// dq of sampled rows of one loss call against fp64 (the selection idx, target normalised over it),
+// off by more than 1e-3 of the row's largest |dq|: the wrong values.
+int64_t validate_loss(const Buffers& x, const Config& c) {
+  const IndexerParams& p = x.p;
+  int64_t wrong = 0;
+  const int64_t b = c.B - 1;
+  for (int64_t t : {c.T / 3, c.T - 1}) {
+    const int64_t r = t * c.B + b;
+    std::vector<int64_t> keys, cols;
+    for (int64_t i = 0; i < c.topk; ++i)
+      if (x.idx[size_t(r * c.topk + i)] >= 0)
+        keys.push_back(x.idx[size_t(r * c.topk + i)]), cols.push_back(i);
+    const size_t n = keys.size();
+    std::vector<double> a(n * size_t(c.H)), I(n, 0.0);
+    double z = 0;
+    for (size_t i = 0; i < n; ++i) {
+      z += x.target[size_t(r * c.topk + cols[i])];
+      for (int64_t j = 0; j < c.H; ++j) {
+        double v = 0;
+        for (int64_t d = 0; d < c.D; ++d)
+          v += double(x.q.get((r * c.H + j) * c.D + d)) *
+               double(x.k.get((keys[i] * c.B + b) * c.D + d));
+        a[i * size_t(c.H) + size_t(j)] = v;
+        I[i] += double(p.w_scale) * double(x.w.get(r * c.H + j)) * std::max(v, 0.0);
+      }
+    }
+    const double m = *std::max_element(I.begin(), I.end());
+    double se = 0;
+    for (double v : I) se += std::exp(v - m);
+    std::vector<double> dq(size_t(c.H * c.D), 0.0);
+    for (size_t i = 0; i < n; ++i) {
+      const double dI = std::exp(I[i] - m) / se - x.target[size_t(r * c.topk + cols[i])] / z;
+      for (int64_t j = 0; j < c.H; ++j) {
+        if (!(a[i * size_t(c.H) + size_t(j)] > 0)) continue;
+        const double g = dI * double(p.w_scale) * double(x.w.get(r * c.H + j));
+        for (int64_t d = 0; d < c.D; ++d)
+          dq[size_t(j * c.D + d)] += g * double(x.k.get((keys[i] * c.B + b) * c.D + d));
+      }
+    }
+    double mag = 0;
+    for (double v : dq) mag = std::max(mag, std::abs(v));
+    for (int64_t e = 0; e < c.H * c.D; ++e)
+      wrong += !(std::abs(double(x.dq[size_t(r * c.H * c.D + e)]) - dq[size_t(e)]) <= 1e-3 * mag);
+  }
+  return wrong;
+}
+
 struct Measurements {
-  Timing matmul, topk;
-  int64_t matmul_wrong = 0, topk_wrong = 0;
+  Timing matmul, topk, loss;
+  int64_t matmul_wrong = 0, topk_wrong = 0, loss_wrong = 0;
 };
 
 // The matmul and the top-k timed in turns, one of each per repeat, so that both see the same
@@ -129,7 +189,7 @@ struct Measurements {
 Measurements measure(const Config& c, DType dt, const Options& o) {
   const MatmulBench mm(c.matmul_n, dt);
   Buffers x = make_buffers(c, dt);
-  std::vector<double> t_mm, t_topk;
+  std::vector<double> t_mm, t_topk, t_loss;
   for (int i = 0; i < o.warmup + o.repeats; ++i) {
     const bool timed = i >= o.warmup;
     const double t0 = now_s();
@@ -138,10 +198,21 @@ Measurements measure(const Config& c, DType dt, const Options& o) {
     indexer_topk(x.p, c.topk, x.idx.data(), x.scores.data());
     const double t2 = now_s();
     if (timed) t_mm.push_back(t1 - t0), t_topk.push_back(t2 - t1);
+    if (!c.loss) continue;
+    std::fill(x.dq.begin(), x.dq.end(), 0.f), std::fill(x.dw.begin(), x.dw.end(), 0.f);
+    std::fill(x.dk.begin(), x.dk.end(), 0.f);
+    IndexerLossParams lp;
+    static_cast<IndexerParams&>(lp) = x.p;
+    lp.topk = c.topk, lp.idx = x.idx.data(), lp.target = x.target.data();
+    lp.dq = x.dq.data(), lp.dw = x.dw.data(), lp.dk = x.dk.data();
+    const double t3 = now_s();
+    indexer_loss(lp);
+    if (timed) t_loss.push_back(now_s() - t3);
   }
   Measurements m;
   m.matmul = summarize(t_mm), m.topk = summarize(t_topk);
   m.matmul_wrong = mm.validate(), m.topk_wrong = validate(x, c);
+  if (c.loss) m.loss = summarize(t_loss), m.loss_wrong = validate_loss(x, c);
   return m;
 }
 
@@ -186,6 +257,11 @@ int main(int argc, char** argv) {
       };
       row(fmt::format("mm {}^3", c.matmul_n), r.matmul, mm_flops, r.matmul_wrong);
       row("topk", r.topk, flops, r.topk_wrong);
+      if (c.loss) {
+        double pairs = 0;  // selected pairs: min(t + 1, topk) per query row
+        for (int64_t t = 0; t < c.T; ++t) pairs += double(std::min(t + 1, c.topk));
+        row("loss", r.loss, 5 * 2.0 * double(c.H * c.D * c.B) * pairs, r.loss_wrong);
+      }
     }
     return table.finish(m, o.json_path, extra);
   } catch (const Error& e) {
