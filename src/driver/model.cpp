@@ -445,6 +445,8 @@ AttentionShape attention_shape(const WorkRecord& r, const MlaConfig& m) {
   if (r.kernel == AttentionKernel::latent) return AttentionShape::laga_fused;
   // The indexer's one key head under H_I query heads is not grouped attention: its tiles are dense.
   if (r.kernel == AttentionKernel::indexer) return AttentionShape::dense;
+  // the sparse kernel's heads share one latent head: the MQA rate, whatever its dims say
+  if (r.kernel == AttentionKernel::sparse) return AttentionShape::mqa;
   const int64_t Hq = r.dims[1], Hkv = r.dims[2], Dqk = r.dims[3];
   if (Hkv < Hq) return AttentionShape::mqa;
   if (Dqk == m.latent_dim()) return AttentionShape::latent;
