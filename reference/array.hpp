@@ -56,6 +56,9 @@ inline Array from_tensor(const Tensor& t) {
   if (t.dtype() == DType::f32) {
     const float* v = t.data<float>();
     for (int64_t i = 0; i < t.numel(); ++i) a[i] = v[i];
+  } else if (t.dtype() == DType::i32) {
+    const int32_t* v = t.data<int32_t>();
+    for (int64_t i = 0; i < t.numel(); ++i) a[i] = v[i];
   } else {
     const bf16* v = t.data<bf16>();
     for (int64_t i = 0; i < t.numel(); ++i) a[i] = to_float(v[i]);

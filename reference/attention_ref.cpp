@@ -34,15 +34,23 @@ Dims dims_of(const Array& q, const Array& k, const Array& v) {
   return d;
 }
 
+void check_mask(const Array& q, const KeyMask* mask) {
+  LAGA_CHECK(!mask || int64_t(mask->size()) == q.shape[1] * q.shape[0] * q.shape[0],
+             "reference attention: the key mask holds {} entries; expected [B, T, T] = {}",
+             mask ? mask->size() : 0, q.shape[1] * q.shape[0] * q.shape[0]);
+}
+
 int64_t at(int64_t t, int64_t b, int64_t h, int64_t B, int64_t H, int64_t D) {
   return ((t * B + b) * H + h) * D;
 }
 
 // Row t of head (b, h): p[j] = softmax_j(scale · q_t · k_j) over the keys j it sees (j ≤ t when
-// causal); returns the number of keys seen. p holds T entries, the unseen ones 0.
+// causal, and mask[b][t][j] set when a mask is given); returns the span of keys considered (every
+// seen key lies below it). p holds T entries, the unseen ones 0.
 template <class Sum>
 int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, int64_t h,
-                      int64_t t, double scale, bool causal, std::vector<double>& p) {
+                      int64_t t, double scale, bool causal, const KeyMask* mask,
+                      std::vector<double>& p) {
   const int64_t hk = h / d.group, n = causal ? t + 1 : d.T;
   std::fill(p.begin(), p.end(), 0.0);
   double mx = -INFINITY;
@@ -55,10 +63,12 @@ int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, 
       for (int64_t j = 0; j < nj; ++j)
         s[j] = Sum::add(s[j], qt[c] * k[at(j0 + j, b, hk, d.B, d.Hkv, d.Dqk) + c]);
     for (int64_t j = 0; j < nj; ++j) {
-      p[size_t(j0 + j)] = scale * s[j];
+      const bool seen = !mask || (*mask)[size_t((b * d.T + t) * d.T + j0 + j)];
+      p[size_t(j0 + j)] = seen ? scale * s[j] : -INFINITY;
       mx = std::max(mx, p[size_t(j0 + j)]);
     }
   }
+  LAGA_CHECK(mx > -INFINITY, "reference attention: query row {} (batch {}) sees no key", t, b);
   double sum = 0;
   for (int64_t j = 0; j < n; ++j) sum = Sum::add(sum, p[size_t(j)] = std::exp(p[size_t(j)] - mx));
   for (int64_t j = 0; j < n; ++j) p[size_t(j)] /= sum;
@@ -67,7 +77,7 @@ int64_t probabilities(const Array& q, const Array& k, const Dims& d, int64_t b, 
 
 template <class Sum>
 Array attention_forward_t(const Array& q, const Array& k, const Array& v, double scale, bool causal,
-                          std::optional<DType> storage) {
+                          std::optional<DType> storage, const KeyMask* mask) {
   const Dims d = dims_of(q, k, v);
   Array o({d.T, d.B, d.Hq, d.Dv});  // [T, B, Hq, Dv]
   // Heads in parallel: each writes its own rows of o, so the bits do not depend on the thread
@@ -78,7 +88,8 @@ Array attention_forward_t(const Array& q, const Array& k, const Array& v, double
       std::vector<double> p(size_t(d.T));  // [T] one row of probabilities
       for (int64_t t = 0; t < d.T; ++t) {
         // P = softmax(scale · q kᵀ) (masked);  o = P v
-        const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, p), hk = h / d.group;
+        const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, mask, p),
+                      hk = h / d.group;
         if (storage)
           for (int64_t j = 0; j < n; ++j) p[size_t(j)] = rounded(*storage, p[size_t(j)]);
         for (int64_t j = 0; j < n; ++j)
@@ -94,7 +105,8 @@ Array attention_forward_t(const Array& q, const Array& k, const Array& v, double
 template <class Sum>
 AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array& v,
                                     const Array& dout, double scale, bool causal,
-                                    std::optional<DType> storage, const Array* o) {
+                                    std::optional<DType> storage, const Array* o,
+                                    const KeyMask* mask) {
   const Dims d = dims_of(q, k, v);
   LAGA_CHECK(dout.shape == Shape({d.T, d.B, d.Hq, d.Dv}),
              "dout has shape {}; expected [{}, {}, {}, {}]", shape_str(dout.shape), d.T, d.B, d.Hq,
@@ -110,7 +122,7 @@ AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array&
       std::vector<double> p(size_t(d.T)), dp(size_t(d.T));  // [T] one row of P and of dP
       for (int64_t h = hk * d.group; h < (hk + 1) * d.group; ++h)
         for (int64_t t = 0; t < d.T; ++t) {
-          const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, p);
+          const int64_t n = probabilities<Sum>(q, k, d, b, h, t, scale, causal, mask, p);
           const int64_t qo = at(t, b, h, d.B, d.Hq, d.Dqk), oo = at(t, b, h, d.B, d.Hq, d.Dv);
           if (storage)
             for (int64_t j = 0; j < n; ++j) p[size_t(j)] = rounded(*storage, p[size_t(j)]);
@@ -149,16 +161,18 @@ AttentionGrads attention_backward_t(const Array& q, const Array& k, const Array&
 
 // A plain implementation in a storage dtype sums in fp32; the exact reference in fp64.
 Array attention_forward(const Array& q, const Array& k, const Array& v, double scale, bool causal,
-                        std::optional<DType> storage) {
-  return storage ? attention_forward_t<F32Sum>(q, k, v, scale, causal, storage)
-                 : attention_forward_t<ExactSum>(q, k, v, scale, causal, storage);
+                        std::optional<DType> storage, const KeyMask* mask) {
+  check_mask(q, mask);
+  return storage ? attention_forward_t<F32Sum>(q, k, v, scale, causal, storage, mask)
+                 : attention_forward_t<ExactSum>(q, k, v, scale, causal, storage, mask);
 }
 
 AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout,
                                   double scale, bool causal, std::optional<DType> storage,
-                                  const Array* o) {
-  return storage ? attention_backward_t<F32Sum>(q, k, v, dout, scale, causal, storage, o)
-                 : attention_backward_t<ExactSum>(q, k, v, dout, scale, causal, storage, o);
+                                  const Array* o, const KeyMask* mask) {
+  check_mask(q, mask);
+  return storage ? attention_backward_t<F32Sum>(q, k, v, dout, scale, causal, storage, o, mask)
+                 : attention_backward_t<ExactSum>(q, k, v, dout, scale, causal, storage, o, mask);
 }
 
 }  // namespace laga::ref

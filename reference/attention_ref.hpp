@@ -8,15 +8,21 @@
 // outputs themselves are left unrounded: the caller rounds them.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "reference/array.hpp"
 
 namespace laga::ref {
 
+// The keys each query row may see besides the causal rule: [B, T, T] row-major (b, t, j), 1 =
+// seen (the sparse forms' selections, docs/sparse.md). Null: every key the causal rule allows.
+using KeyMask = std::vector<uint8_t>;
+
 // q [T, B, Hq, Dqk], k [T, B, Hkv, Dqk], v [T, B, Hkv, Dv] -> o [T, B, Hq, Dv]
 Array attention_forward(const Array& q, const Array& k, const Array& v, double scale, bool causal,
-                        std::optional<DType> storage = std::nullopt);
+                        std::optional<DType> storage = std::nullopt, const KeyMask* mask = nullptr);
 
 struct AttentionGrads {
   Array dq, dk, dv;  // shapes of q, k, v
@@ -27,6 +33,6 @@ struct AttentionGrads {
 AttentionGrads attention_backward(const Array& q, const Array& k, const Array& v, const Array& dout,
                                   double scale, bool causal,
                                   std::optional<DType> storage = std::nullopt,
-                                  const Array* o = nullptr);
+                                  const Array* o = nullptr, const KeyMask* mask = nullptr);
 
 }  // namespace laga::ref

@@ -150,7 +150,7 @@ struct LayerForward {
 };
 
 LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x,
-                           std::optional<DType> st, Core core) {
+                           std::optional<DType> st, Core core, const KeyMask* mask) {
   const int64_t T = x.shape[0], B = x.shape[1], D = c.hidden_size, H = c.num_attention_heads;
   const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim,
                 Dv = c.v_head_dim;
@@ -211,7 +211,8 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
     put_last(f.latent, f.ckv, 0);
     put_last(f.latent, kpe, Lkv);
     f.ckv1 = reshaped(f.ckv, {T, B, 1, Lkv});
-    f.o_lat = attention_forward(f.q_abs, f.latent, f.ckv1, softmax_scale(c), /*causal=*/true, st);
+    f.o_lat =
+        attention_forward(f.q_abs, f.latent, f.ckv1, softmax_scale(c), /*causal=*/true, st, mask);
     store(f.o_lat);
     // A4  o[h] = o_lat[h] · W_UV[h]ᵀ,  W_UV[h] = wkv_b rows h·(Dn+Dv)+Dn .. +Dv          [T, B,
     // H·Dv]
@@ -251,16 +252,241 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
   return f;
 }
 
+// The keys the sparse forms' attention sees (docs/sparse.md): stage sparse, the selection sel
+// [T, B, k] (positions, −1: none) as a [B, T, T] mask; stage warmup, every earlier key (empty).
+KeyMask key_mask(const MlaConfig& c, const Array& sel) {
+  if (c.indexer_stage == IndexerStage::warmup) return {};
+  const int64_t T = sel.shape[0], B = sel.shape[1], k = sel.shape[2];
+  KeyMask m(size_t(B * T * T), 0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t i = 0; i < k; ++i) {
+        const double s = sel[(t * B + b) * k + i];
+        if (s < 0) continue;
+        LAGA_CHECK(s <= double(t), "selection of row {} holds position {}, past its own", t, s);
+        m[size_t((b * T + t) * T + int64_t(s))] = 1;
+      }
+  return m;
+}
+
+// LayerNorm over the last dim, y = (x − mean)·rstd·w + b, and its backward (dx; dw, db summed over
+// rows).
+constexpr double kIndexNormEps = 1e-6;
+Array layernorm_forward(const Array& x, const Array& w, const Array& bias) {
+  const int64_t C = x.shape.back(), M = x.numel() / C;
+  Array y(x.shape);
+  for (int64_t m = 0; m < M; ++m) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < C; ++j) mean += x[m * C + j];
+    mean /= double(C);
+    for (int64_t j = 0; j < C; ++j) var += (x[m * C + j] - mean) * (x[m * C + j] - mean);
+    const double rstd = 1 / std::sqrt(var / double(C) + kIndexNormEps);
+    for (int64_t j = 0; j < C; ++j) y[m * C + j] = (x[m * C + j] - mean) * rstd * w[j] + bias[j];
+  }
+  return y;
+}
+struct LayerNormGrads {
+  Array dx, dw, db;
+};
+// x̂ = (x − mean)·rstd, y = x̂·w + b:  db = Σ dy,  dw = Σ dy·x̂,
+// dx = rstd · (g − mean(g) − x̂ · mean(g·x̂)) with g = dy·w
+LayerNormGrads layernorm_backward(const Array& x, const Array& w, const Array& dy) {
+  const int64_t C = x.shape.back(), M = x.numel() / C;
+  LayerNormGrads g{Array(x.shape), Array({C}), Array({C})};
+  std::vector<double> xh(static_cast<size_t>(C)), gw(static_cast<size_t>(C));
+  for (int64_t m = 0; m < M; ++m) {
+    double mean = 0, var = 0;
+    for (int64_t j = 0; j < C; ++j) mean += x[m * C + j];
+    mean /= double(C);
+    for (int64_t j = 0; j < C; ++j) var += (x[m * C + j] - mean) * (x[m * C + j] - mean);
+    const double rstd = 1 / std::sqrt(var / double(C) + kIndexNormEps);
+    double mg = 0, mgx = 0;
+    for (int64_t j = 0; j < C; ++j) {
+      xh[size_t(j)] = (x[m * C + j] - mean) * rstd;
+      gw[size_t(j)] = dy[m * C + j] * w[j];
+      g.db[j] += dy[m * C + j];
+      g.dw[j] += dy[m * C + j] * xh[size_t(j)];
+      mg += gw[size_t(j)], mgx += gw[size_t(j)] * xh[size_t(j)];
+    }
+    mg /= double(C), mgx /= double(C);
+    for (int64_t j = 0; j < C; ++j)
+      g.dx[m * C + j] = rstd * (gw[size_t(j)] - mg - xh[size_t(j)] * mgx);
+  }
+  return g;
+}
+
+// The indexer's RoPE: rotate-half pairs on the first Dr dims of every D_I-vector of x [T, ...,
+// D_I].
+Array index_rope(const Array& x, const MlaConfig& c, bool backward) {
+  MlaConfig half = c;
+  half.rope_interleaved = false;
+  const Array part = slice_last(x, 0, c.qk_rope_head_dim);
+  Array out = x;
+  put_last(out, backward ? rope_backward(part, half, 0) : rope_forward(part, half, 0), 0);
+  return out;
+}
+
+// S3 and S7 of layer l (docs/sparse.md), by the definition, from the layer's forward f: the index
+// queries, key and head weights from xn and cqn; the scores I[t, s] over each row's candidates C_t
+// (the selection, or every s ≤ t); the target p = the main attention's probabilities summed over
+// heads, L1-normalised; L = Σ KL(p ‖ softmax_C I); and the gradient of loss_scale · L into the
+// indexer's weights alone (xn and cqn detached). Returns L.
+double indexer_layer(const MlaConfig& c, const RefWeights& w, int64_t l, const LayerForward& f,
+                     const Array& sel, RefWeights& dw, std::optional<DType> st, double& slack) {
+  const int64_t T = f.xn.shape[0], B = f.xn.shape[1], H = c.num_attention_heads;
+  const int64_t HI = c.index_n_heads, DI = c.index_head_dim, k = c.index_topk;
+  const int64_t Dl = c.kv_lora_rank + c.qk_rope_head_dim;
+  const double wscale = 1 / std::sqrt(double(HI) * double(DI)), scale = softmax_scale(c);
+  auto store = [&](Array& a) { round_in_place(a, st); };
+  const Accum acc = st ? Accum::f32 : Accum::exact;
+  const std::optional<DType> grad_dtype = st ? std::optional<DType>(DType::f32) : std::nullopt;
+  auto set_grad = [&](const char* name, Array&& g) {
+    round_in_place(g, grad_dtype);
+    dw[fmt::format("layers.{}.{}", l, name)] = std::move(g);
+  };
+  // S3  q^I = rope(cqn·wq_bᵀ) [T, B, HI, DI];  k^I = rope(LayerNorm(xn·wkᵀ)) [T, B, DI];
+  //     w^I = xn·weights_projᵀ [T, B, HI]
+  Array qraw = reshaped(linear_forward(f.cqn, weight(w, l, "indexer.wq_b"), acc), {T, B, HI, DI});
+  store(qraw);
+  Array qI = index_rope(qraw, c, false);
+  store(qI);
+  Array klin = linear_forward(f.xn, weight(w, l, "indexer.wk"), acc);
+  store(klin);
+  Array kn =
+      layernorm_forward(klin, weight(w, l, "indexer.k_norm"), weight(w, l, "indexer.k_norm_bias"));
+  store(kn);
+  Array kI = index_rope(kn, c, false);
+  store(kI);
+  Array wI = linear_forward(f.xn, weight(w, l, "indexer.weights_proj"), acc);
+  store(wI);
+
+  auto score = [&](int64_t t, int64_t b, int64_t s) {
+    double sum = 0;
+    for (int64_t j = 0; j < HI; ++j) {
+      double d = 0;
+      for (int64_t e = 0; e < DI; ++e)
+        d += qI[((t * B + b) * HI + j) * DI + e] * kI[(s * B + b) * DI + e];
+      sum += wscale * wI[(t * B + b) * HI + j] * std::max(d, 0.0);
+    }
+    return sum;
+  };
+  // S4's check: the selection of each row holds min(k, t + 1) distinct earlier keys, and no key
+  // left out scores above a key selected — by how much, relative to the row's largest score, is
+  // the slack (0 for a selection exact in these scores)
+  slack = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b) {
+      std::vector<uint8_t> chosen(size_t(t + 1), 0);
+      int64_t count = 0;
+      for (int64_t i = 0; i < k; ++i)
+        if (const double s = sel[(t * B + b) * k + i]; s >= 0 && s <= double(t)) {
+          count += chosen[size_t(s)] == 0;
+          chosen[size_t(s)] = 1;
+        }
+      if (count != std::min(k, t + 1)) slack = INFINITY;
+      double lo = INFINITY, hi = -INFINITY, mag = 0;
+      for (int64_t s = 0; s <= t; ++s) {
+        const double v = score(t, b, s);
+        mag = std::max(mag, std::abs(v));
+        if (chosen[size_t(s)])
+          lo = std::min(lo, v);
+        else
+          hi = std::max(hi, v);
+      }
+      if (hi > lo) slack = std::max(slack, (hi - lo) / std::max(mag, 1e-300));
+    }
+
+  // S7 per row (t, b): candidates, scores, target, KL and dI = loss_scale · (softmax I − p)
+  const bool sparse = c.indexer_stage == IndexerStage::sparse;
+  Array dq(qI.shape), dwI(wI.shape), dk(kI.shape);
+  double loss = 0;
+  std::vector<int64_t> cand;
+  std::vector<double> I, p, lg;
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t b = 0; b < B; ++b) {
+      cand.clear();
+      if (sparse) {
+        for (int64_t i = 0; i < k; ++i)
+          if (const double s = sel[(t * B + b) * k + i]; s >= 0) cand.push_back(int64_t(s));
+      } else {
+        for (int64_t s = 0; s <= t; ++s) cand.push_back(s);
+      }
+      const size_t n = cand.size();
+      I.assign(n, 0), p.assign(n, 0), lg.assign(n, 0);
+      // the main attention's P[t, h, s] over the keys it sees (the same candidates), summed over h
+      for (int64_t h = 0; h < H; ++h) {
+        double mx = -INFINITY;
+        for (size_t i = 0; i < n; ++i) {
+          double sc = 0;
+          for (int64_t j = 0; j < Dl; ++j)
+            sc += f.q_abs[((t * B + b) * H + h) * Dl + j] * f.latent[(cand[i] * B + b) * Dl + j];
+          lg[i] = scale * sc;
+          mx = std::max(mx, lg[i]);
+        }
+        double z = 0;
+        for (size_t i = 0; i < n; ++i) z += std::exp(lg[i] - mx);
+        for (size_t i = 0; i < n; ++i) p[i] += std::exp(lg[i] - mx) / z / double(H);
+      }
+      double psum = 0;
+      for (size_t i = 0; i < n; ++i) psum += p[i];
+      for (size_t i = 0; i < n; ++i) p[i] /= psum;
+      // I[t, s] = Σ_j wscale·w[t, j]·ReLU(q[t, j]·k[s])
+      double mx = -INFINITY;
+      for (size_t i = 0; i < n; ++i) mx = std::max(mx, I[i] = score(t, b, cand[i]));
+      double z = 0;
+      for (size_t i = 0; i < n; ++i) z += std::exp(I[i] - mx);
+      const double lse = mx + std::log(z);
+      for (size_t i = 0; i < n; ++i) {
+        if (p[i] > 0) loss += p[i] * (std::log(p[i]) - (I[i] - lse));
+        const double dI = c.indexer_loss_scale * (std::exp(I[i] - lse) - p[i]);
+        // through I = Σ_j wscale·w_j·ReLU(q_j·k_s)
+        for (int64_t j = 0; j < HI; ++j) {
+          const int64_t qo = ((t * B + b) * HI + j) * DI, ko = (cand[i] * B + b) * DI;
+          double d = 0;
+          for (int64_t e = 0; e < DI; ++e) d += qI[qo + e] * kI[ko + e];
+          if (d <= 0) continue;
+          const double wj = wscale * wI[(t * B + b) * HI + j];
+          dwI[(t * B + b) * HI + j] += dI * wscale * d;
+          for (int64_t e = 0; e < DI; ++e) {
+            dq[qo + e] += dI * wj * kI[ko + e];
+            dk[ko + e] += dI * wj * qI[qo + e];
+          }
+        }
+      }
+    }
+  store(dq), store(dwI), store(dk);
+  // S3's backward, the indexer's weights alone
+  Array dqraw = index_rope(dq, c, true);
+  store(dqraw);
+  LinearGrads gq = linear_backward(f.cqn, weight(w, l, "indexer.wq_b"),
+                                   reshaped(std::move(dqraw), {T, B, HI * DI}), acc);
+  set_grad("indexer.wq_b", std::move(gq.dw));
+  Array dkn = index_rope(dk, c, true);
+  store(dkn);
+  LayerNormGrads gln = layernorm_backward(klin, weight(w, l, "indexer.k_norm"), dkn);
+  store(gln.dx);
+  set_grad("indexer.k_norm", std::move(gln.dw));
+  set_grad("indexer.k_norm_bias", std::move(gln.db));
+  LinearGrads gk = linear_backward(f.xn, weight(w, l, "indexer.wk"), gln.dx, acc);
+  set_grad("indexer.wk", std::move(gk.dw));
+  LinearGrads gw = linear_backward(f.xn, weight(w, l, "indexer.weights_proj"), dwI, acc);
+  set_grad("indexer.weights_proj", std::move(gw.dw));
+  return loss;
+}
+
 // Long on purpose: the specification walks layer_forward's steps in reverse, each beside the one it
 // differentiates (llm.c's layout), so it reads as one derivation.
 // Walks layer_forward in reverse. Returns dx; writes the layer's weight gradients (=) into dw.
 Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const Array& x,
-                     const Array& dy, RefWeights& dw, std::optional<DType> st, Core core) {
+                     const Array& dy, RefWeights& dw, std::optional<DType> st, Core core,
+                     const Array* selection, double* indexer_loss, double* slack) {
   const int64_t T = x.shape[0], B = x.shape[1], H = c.num_attention_heads;
   const int64_t Lkv = c.kv_lora_rank, Dn = c.qk_nope_head_dim, Dr = c.qk_rope_head_dim,
                 Dv = c.v_head_dim;
   const int64_t Dqk = Dn + Dr;
-  const LayerForward f = layer_forward(c, w, l, x, st, core);
+  const KeyMask mask = selection ? key_mask(c, *selection) : KeyMask();
+  const KeyMask* m = mask.empty() ? nullptr : &mask;
+  const LayerForward f = layer_forward(c, w, l, x, st, core, m);
   auto store = [&](Array& a) { round_in_place(a, st); };
   const Accum acc = st ? Accum::f32 : Accum::exact;
   // Weight gradients: fp32 whatever the storage dtype (exact when st is empty).
@@ -295,7 +521,7 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
     store(do_lat);
     // A3  attention over the one latent head: dq_abs, dK [T, B, 1, Dl], dV [T, B, 1, Lkv]
     AttentionGrads ga = attention_backward(f.q_abs, f.latent, f.ckv1, do_lat, softmax_scale(c),
-                                           /*causal=*/true, st);
+                                           /*causal=*/true, st, nullptr, m);
     store(ga.dq), store(ga.dk), store(ga.dv);
     // dlatent = dK + [dV | 0], summed in the dtype of the dlatent partial sums, stored after the
     // (here one-rank) reduce-scatter
@@ -348,6 +574,16 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
     set_grad("wkv_b", std::move(gkvb.dw));  // dckv = gkvb.dx  [T, B, Lkv]
     dq_heads = std::move(ga.dq);
     dckv = std::move(gkvb.dx);
+  }
+
+  // S3, S7  the lightning indexer (the sparse forms): its loss and its weights' gradients, its
+  // inputs xn and cqn detached
+  if (selection) {
+    *indexer_loss = indexer_layer(c, w, l, f, *selection, dw, st, *slack);
+  } else if (c.has_indexer()) {  // a dense form ignores the indexer: its gradient is zero
+    for (const char* name : {"indexer.wq_b", "indexer.wk", "indexer.k_norm", "indexer.k_norm_bias",
+                             "indexer.weights_proj"})
+      set_grad(name, Array(weight(w, l, name).shape));
   }
 
   // L6  kpe = rope(kv[..., Lkv:]):  dkv[..., Lkv:] = ropeᵀ(dkpe)
@@ -406,6 +642,23 @@ void check_input(const MlaConfig& c, const Array& x, const char* name) {
              name, shape_str(x.shape), c.hidden_size);
 }
 
+void check_selection(const MlaConfig& c, const Array& x, Core core,
+                     const std::vector<Array>* selection) {
+  if (!selection) return;
+  LAGA_CHECK(core == Core::absorbed && c.has_indexer(),
+             "the sparse block runs the absorbed order with an indexer");
+  LAGA_CHECK(int64_t(selection->size()) == c.num_layers, "{} layers of selections for {} layers",
+             selection->size(), c.num_layers);
+  for (const Array& s : *selection)
+    LAGA_CHECK(s.shape == Shape({x.shape[0], x.shape[1], c.index_topk}),
+               "selection {} must be [T, B, k] = [{}, {}, {}]", shape_str(s.shape), x.shape[0],
+               x.shape[1], c.index_topk);
+}
+
+const Array* layer_selection(const std::vector<Array>* selection, int64_t l) {
+  return selection ? &(*selection)[size_t(l)] : nullptr;
+}
+
 }  // namespace
 
 RefWeights from_weights(const Weights& w) {
@@ -415,25 +668,43 @@ RefWeights from_weights(const Weights& w) {
 }
 
 Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x,
-                    std::optional<DType> storage, Core core) {
+                    std::optional<DType> storage, Core core, const std::vector<Array>* selection) {
   check_input(c, x, "x");
+  check_selection(c, x, core, selection);
   Array h = x;  // [T, B, D], the residual stream
-  for (int64_t l = 0; l < c.num_layers; ++l) h = layer_forward(c, w, l, h, storage, core).y;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const Array* sel = layer_selection(selection, l);
+    const KeyMask mask = sel ? key_mask(c, *sel) : KeyMask();
+    h = layer_forward(c, w, l, h, storage, core, mask.empty() ? nullptr : &mask).y;
+  }
   return h;
 }
 
 BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& x, const Array& dy,
-                          std::optional<DType> storage, Core core) {
+                          std::optional<DType> storage, Core core,
+                          const std::vector<Array>* selection) {
   check_input(c, x, "x");
+  check_selection(c, x, core, selection);
   LAGA_CHECK(dy.shape == x.shape, "dy {} must match x {}", shape_str(dy.shape), shape_str(x.shape));
   // Each layer's input, to recompute its forward in backward: inputs[l] [T, B, D].
   std::vector<Array> inputs{x};
-  for (int64_t l = 0; l + 1 < c.num_layers; ++l)
-    inputs.push_back(layer_forward(c, w, l, inputs.back(), storage, core).y);
+  for (int64_t l = 0; l + 1 < c.num_layers; ++l) {
+    const Array* sel = layer_selection(selection, l);
+    const KeyMask mask = sel ? key_mask(c, *sel) : KeyMask();
+    inputs.push_back(
+        layer_forward(c, w, l, inputs.back(), storage, core, mask.empty() ? nullptr : &mask).y);
+  }
   BlockGrads g;
+  if (selection) {
+    g.indexer_loss.assign(size_t(c.num_layers), 0.0);
+    g.selection_slack.assign(size_t(c.num_layers), 0.0);
+  }
   Array d = dy;  // [T, B, D], the gradient of the residual stream
   for (int64_t l = c.num_layers - 1; l >= 0; --l)
-    d = layer_backward(c, w, l, inputs[size_t(l)], d, g.dw, storage, core);
+    d = layer_backward(c, w, l, inputs[size_t(l)], d, g.dw, storage, core,
+                       layer_selection(selection, l),
+                       selection ? &g.indexer_loss[size_t(l)] : nullptr,
+                       selection ? &g.selection_slack[size_t(l)] : nullptr);
   g.dx = std::move(d);
   return g;
 }

@@ -14,6 +14,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "laga/mla/config.hpp"
 #include "laga/mla/weights.hpp"
@@ -40,14 +41,31 @@ enum class Core { per_head, absorbed, per_head_output_delta };
 RefWeights from_weights(const Weights& w);
 
 // x [T, B, D] -> y [T, B, D], over c.num_layers layers.
+//
+// `selection` (per layer [T, B, k], positions, −1: none) makes it the sparse forms' block
+// (docs/sparse.md), in the absorbed order: its attention sees, per query row, the selected keys
+// (stage sparse) or every earlier key (stage warmup), and backward adds the lightning indexer's
+// loss and its gradient, which reaches the indexer's weights alone. The selection is given, not
+// recomputed: a near-tie among index scores may fall either way in another precision, and what is
+// checked here is the computation given the selection (verify checks the selection itself against
+// the exact scores). Without one, a model's indexer weights get a zero gradient (a dense form
+// ignores the indexer).
 Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x,
-                    std::optional<DType> storage = std::nullopt, Core core = Core::per_head);
+                    std::optional<DType> storage = std::nullopt, Core core = Core::per_head,
+                    const std::vector<Array>* selection = nullptr);
 
 struct BlockGrads {
-  Array dx;       // [T, B, D]
-  RefWeights dw;  // same keys as the weights
+  Array dx;                          // [T, B, D]
+  RefWeights dw;                     // same keys as the weights
+  std::vector<double> indexer_loss;  // with a selection: L_I per layer (unscaled)
+  // With a selection, per layer: how far it is from the top-k of these index scores — the largest,
+  // over rows, of (the best score left out − the worst selected) / the row's largest |score|; 0
+  // when every row's selection is its exact top-k; inf when a row holds another count than
+  // min(k, t + 1) of distinct earlier keys.
+  std::vector<double> selection_slack;
 };
 BlockGrads block_backward(const MlaConfig& c, const RefWeights& w, const Array& x, const Array& dy,
-                          std::optional<DType> storage = std::nullopt, Core core = Core::per_head);
+                          std::optional<DType> storage = std::nullopt, Core core = Core::per_head,
+                          const std::vector<Array>* selection = nullptr);
 
 }  // namespace laga::ref

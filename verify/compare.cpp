@@ -21,7 +21,10 @@ std::string grad_key(const std::string& full) {
   LAGA_ASSERT(dot != std::string::npos, "weight name '{}' has no layer index", full);
   const std::string_view name = std::string_view(full).substr(dot + 1);
   const std::string_view layer = std::string_view(full).substr(prefix.size(), dot - prefix.size());
-  return fmt::format("d{}.{}", name, layer);
+  // "indexer.wq_b" -> "indexer_wq_b": the key's one dot parts the name from the layer
+  std::string flat(name);
+  std::replace(flat.begin(), flat.end(), '.', '_');
+  return fmt::format("d{}.{}", flat, layer);
 }
 
 Tensors tensors_of(const Tensor& y, const Tensor& dx, const Weights& grads) {
@@ -34,10 +37,11 @@ Tensors tensors_of(const Tensor& y, const Tensor& dx, const Weights& grads) {
 }
 
 Tensors reference_tensors(const MlaConfig& c, const ref::RefWeights& w, const ref::Array& x,
-                          const ref::Array& dy, std::optional<DType> storage, ref::Core core) {
+                          const ref::Array& dy, std::optional<DType> storage, ref::Core core,
+                          const std::vector<ref::Array>* selection) {
   Tensors t;
-  t["y"] = ref::block_forward(c, w, x, storage, core);
-  ref::BlockGrads g = ref::block_backward(c, w, x, dy, storage, core);
+  t["y"] = ref::block_forward(c, w, x, storage, core, selection);
+  ref::BlockGrads g = ref::block_backward(c, w, x, dy, storage, core, selection);
   t["dx"] = std::move(g.dx);
   for (auto& [full, arr] : g.dw) t[grad_key(full)] = std::move(arr);
   return t;

@@ -31,7 +31,8 @@ namespace laga::verify {
 // Whole tensors of one run as fp64 arrays, keyed "y", "dx" and "d<weight>.<layer>" ("dwkv_b.0").
 using Tensors = std::map<std::string, ref::Array>;
 
-// "layers.{l}.<name>" (Weights::for_each's names) -> "d<name>.{l}".
+// "layers.{l}.<name>" (Weights::for_each's names) -> "d<name>.{l}", the name's own dots as
+// underscores ("layers.0.indexer.wk" -> "dindexer_wk.0").
 std::string grad_key(const std::string& full_weight_name);
 // A run's whole y [T, B, D], dx [T, B, D] and (synced, fp32) weight gradients as Tensors.
 Tensors tensors_of(const Tensor& y, const Tensor& dx, const Weights& grads);
@@ -40,9 +41,11 @@ Tensors tensors_of(const Tensor& y, const Tensor& dx, const Weights& grads);
 // when storage is empty, the plain same-precision baseline otherwise (sums in fp32, every stored
 // tensor rounded to storage, weight gradients to fp32: reference/block_ref.hpp). core: the
 // attention's association order (ref::Core; the same function, other roundings).
+// With a selection (per layer [T, B, k]), the sparse forms' block on it (ref::block_forward).
 Tensors reference_tensors(const MlaConfig& c, const ref::RefWeights& w, const ref::Array& x,
                           const ref::Array& dy, std::optional<DType> storage,
-                          ref::Core core = ref::Core::per_head);
+                          ref::Core core = ref::Core::per_head,
+                          const std::vector<ref::Array>* selection = nullptr);
 
 struct TensorError {
   double max_abs = 0;  // max |got − truth|

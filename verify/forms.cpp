@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "laga/core/memory.hpp"
 #include "laga/driver/plan.hpp"
@@ -55,7 +56,15 @@ struct Run {
   Tensors outputs;          // y, dx, every weight gradient (whole, synced)
   ref::RefWeights weights;  // the weights (whole), for the reference
   ref::Array x, dy;
+  std::vector<ref::Array> topk;  // a sparse form's selection per layer [T, B, k] (whole)
 };
+
+// The largest slack a sparse form's selection may show against the exact index scores, relative to
+// the row's largest score: the scores are computed from index queries and keys stored in the
+// run's dtype (a rounding of eps/2 each, and of the projections before them), so near-ties may
+// fall either way; a wrong rule (a key out of the top-k by a margin, a missing or later key) does
+// not fit in it.
+double selection_tolerance(DType dtype) { return 16 * eps(dtype); }
 
 // One check_forms sweep: what every P's cases are judged with (the fp64 reference's tensors, the
 // plain implementations' error, explicit's error with the fused kernel per baseline P), and the
@@ -121,6 +130,7 @@ class FormsCheck {
           RankResult r = run_rank(c, run_opt_, comm);
           if (comm.rank() != 0) return;
           out.outputs = tensors_of(r.y, r.dx, r.grads);
+          for (const Tensor& t : r.topk) out.topk.push_back(ref::from_tensor(t));
           if (keep_inputs) {
             out.weights = ref::from_weights(r.weights);
             out.x = ref::from_tensor(r.x), out.dy = ref::from_tensor(r.dy);
@@ -193,6 +203,59 @@ class FormsCheck {
     summarize(b, errors(r.outputs, one_.outputs));
     return b;
   }
+  // A sparse form (Form::sparse) against the fp64 reference of the sparse block on the selection
+  // it made (ref::block_backward with it), by the rule: per tensor within kFormFactor × the larger
+  // of explicit's error (on the dense block) and the plain same-precision sparse block's, plus the
+  // floor; the indexer's gradients included. And its selection against the exact index scores
+  // (selection_tolerance).
+  FormCase sparse_case(const MlaConfig& c, const std::map<std::string, TensorError>& e_err,
+                       const Run& r) const {
+    auto tensors = [&](std::optional<DType> storage, ref::BlockGrads* keep) {
+      Tensors t;
+      t["y"] = ref::block_forward(c, one_.weights, one_.x, storage, ref::Core::absorbed, &r.topk);
+      ref::BlockGrads g = ref::block_backward(c, one_.weights, one_.x, one_.dy, storage,
+                                              ref::Core::absorbed, &r.topk);
+      t["dx"] = std::move(g.dx);
+      for (auto& [full, arr] : g.dw) t[grad_key(full)] = std::move(arr);
+      if (keep) *keep = std::move(g);
+      return t;
+    };
+    ref::BlockGrads exact_g;
+    const Tensors exact = tensors(std::nullopt, &exact_g);
+    const auto plain_err = errors(tensors(c.dtype, nullptr), exact);
+    const auto err = errors(r.outputs, exact);
+    FormCase k = judged(
+        c, form_vs_baseline(err, e_err, plain_err, c.dtype),
+        fmt::format("on its selection, ≤ {:g} × max(explicit's error, the plain sparse block's) "
+                    "+ floor; selection within {:g} of the exact top-k",
+                    kFormFactor, selection_tolerance(c.dtype)),
+        err);
+    for (size_t l = 0; l < exact_g.selection_slack.size(); ++l) {
+      const double slack = exact_g.selection_slack[l];
+      const double ratio = slack / selection_tolerance(c.dtype);
+      if (ratio > k.worst_ratio || !std::isfinite(slack)) {
+        k.worst = fmt::format("topk.{}", l);
+        k.worst_ratio = std::isfinite(slack) ? ratio : INFINITY;
+      }
+      k.pass = k.pass && ratio <= 1;
+    }
+    return k;
+  }
+  // A sparse form at P 1 that runs its reference form's operations (dsa-regather: dsa-gather's)
+  // bit for bit against that form's run.
+  FormCase sparse_bitwise_case(const MlaConfig& c, std::string_view with, const Run& r,
+                               const Run& ref_run) const {
+    FormCase b = make_case(c, fmt::format("{}@1", with));
+    std::string where;
+    b.bitwise = b.pass = bitwise_equal(r.outputs, ref_run.outputs, &where);
+    for (size_t l = 0; b.pass && l < r.topk.size(); ++l)
+      if (r.topk[l].data != ref_run.topk[l].data) b.pass = false, where = fmt::format("topk.{}", l);
+    b.criterion = fmt::format("bit-identical to {} at P = 1", with) +
+                  (b.pass ? std::string() : " (first difference: " + where + ")");
+    b.worst = b.pass ? "" : where;
+    summarize(b, errors(r.outputs, ref_run.outputs));
+    return b;
+  }
   void add(FormCase k) {
     report_.pass = report_.pass && k.pass;
     report_.cases.push_back(std::move(k));
@@ -210,6 +273,7 @@ class FormsCheck {
   Tensors exact_;  // the fp64 reference's tensors (root)
   std::map<std::string, TensorError> plain_err_;
   std::map<int64_t, std::map<std::string, TensorError>> fused_explicit_err_;
+  std::map<std::string, Run> sparse_at_one_;  // the sparse forms' runs at P 1 (root), by label
 };
 
 void FormsCheck::check_at(int64_t P, bool& explicit_at_one_judged) {
@@ -242,6 +306,19 @@ void FormsCheck::check_at(int64_t P, bool& explicit_at_one_judged) {
     const MlaConfig fm = spec_at(f->name(), P);
     if (const std::string why = here.refusal(*f); !why.empty()) {
       if (root_) add(not_run(fm, why));
+      continue;
+    }
+    if (f->sparse()) {
+      Run r = run(fm, false);
+      if (!root_) continue;
+      add(sparse_case(fm, e_err, r));
+      if (P == 1 && !f->bitwise_at_one_rank_with().empty()) {
+        const std::string with(f->bitwise_at_one_rank_with());
+        if (sparse_at_one_.find(with) == sparse_at_one_.end())
+          sparse_at_one_[with] = run(spec_at(with, 1), false);
+        add(sparse_bitwise_case(fm, with, r, sparse_at_one_.at(with)));
+      }
+      if (P == 1) sparse_at_one_[std::string(f->name())] = std::move(r);
       continue;
     }
     const auto& baseline = baseline_of(*f, baseline_P, e_err);

@@ -494,10 +494,10 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   const ComputeSpec& rates = hw.compute_for(m.dtype);
   const int64_t P = m.sp;
   std::vector<RankReplay> ranks(static_cast<size_t>(P));
-  // Under the contiguous layout every rank holds N consecutive tokens and runs the same shapes, so
-  // its plan is rank 0's (Model.ContiguousRanksPlanTheSameWork); the other layouts give ranks
-  // different chunks, and each is planned.
-  const bool alike = form_of(m).layout() == TokenLayout::contiguous;
+  // Where every rank runs the same shapes (Form::ranks_alike: N consecutive tokens of a
+  // head-scatter form) its plan is rank 0's (Model.AlikeRanksPlanTheSameWork); otherwise each rank
+  // is planned.
+  const bool alike = form_of(m).ranks_alike();
   for (int64_t r = 0; r < P; ++r) {
     RankReplay& x = ranks[size_t(r)];
     x.plan = alike && r > 0 ? ranks[0].plan : std::make_shared<const Plan>(plan_run(c, int(r)));

@@ -94,6 +94,7 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
   RankResult r;
   r.rank = comm.rank();
   Tensor y_shard, dx_shard, x_shard, dy_shard;
+  std::vector<Tensor> topk_shards;  // per layer, [N, B, k] (the sparse forms, gather_tensors)
   Weights w, g;
   {
     TrackerScope scope(tracker);
@@ -130,6 +131,18 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
     auto t0 = clock_type::now();
     y_shard = stack_forward(cfg, w, x_shard, saved, comm);
     r.forward_s = since(t0);
+    if (form_of(c).sparse()) {
+      // What the indexer found, read between the passes: the loss, and a copy of the selection
+      // outside this rank's tracker and ledger (the run's memory and work are the block's alone).
+      TrackerScope out(default_tracker());
+      WorkLedger aside;
+      WorkScope not_recorded(aside);
+      for (const LayerSaved& l : saved.layers) {
+        Form::Sparse sp = form_of(c).sparse_of(*l.core);
+        r.indexer_loss.push_back(sp.indexer_loss);
+        if (opt.gather_tensors) topk_shards.push_back(sp.topk.clone("topk"));
+      }
+    }
     r.work.mark_backward();
     r.memory.saved_bytes = tracker.live_bytes() - baseline;
     for (const auto& [tag, bytes] : tracker.live_by_tag()) {
@@ -166,6 +179,7 @@ RankResult run_rank(const Config& cfg, const RunOptions& opt, Communicator& comm
     r.dy = gather_rows(c, comm, dy_shard, "dy");
     r.y = gather_rows(c, comm, y_shard, "y");
     r.dx = gather_rows(c, comm, dx_shard, "dx");
+    for (const Tensor& t : topk_shards) r.topk.push_back(gather_rows(c, comm, t, "topk"));
     // The weights and the synced gradients as they are, handed to the default tracker (not copied).
     auto hand_over = [](const std::string&, Tensor& t) { t.hand_over(default_tracker()); };
     r.weights = std::move(w);

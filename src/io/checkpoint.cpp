@@ -246,7 +246,8 @@ void check_writable_dir(const std::string& dir) {
 }
 
 void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, const Tensor& dy,
-                const Tensor& y, const Tensor& dx, const Weights& w, const Weights& grads) {
+                const Tensor& y, const Tensor& dx, const Weights& w, const Weights& grads,
+                const std::vector<Tensor>& topk) {
   check_writable_dir(dir);
   const Shape act{c.seq_len, c.batch, c.hidden_size};
   check_shape(x, act, "x");
@@ -272,6 +273,15 @@ void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, con
         tensors.push_back(t);
       }
     }
+  }
+  LAGA_CHECK(topk.empty() || int64_t(topk.size()) == c.num_layers,
+             "dump: {} layers of selections for num_layers {}", topk.size(), c.num_layers);
+  for (size_t l = 0; l < topk.size(); ++l) {
+    const std::string full = fmt::format("layers.{}.topk", l);
+    check_shape(topk[l], {c.seq_len, c.batch, c.index_topk}, full.c_str());
+    check_dtype(topk[l], DType::i32, full.c_str());
+    names.push_back(full);
+    tensors.push_back(&topk[l]);
   }
   std::vector<std::pair<std::string, const Tensor*>> list;
   for (size_t i = 0; i < names.size(); ++i) list.emplace_back(names[i], tensors[i]);

@@ -46,6 +46,12 @@ expect 2 "\-\-seq 36 is not a multiple of 2 × \-\-sp 4 = 8 (ring-kv's zigzag la
 # laga P that does not divide H names the --ulysses values that run laga-ulysses; plan, model and verify
 # refuse a --ulysses that laga-ulysses runs at none of their P, naming why
 expect 2 "\-\-ulysses 3 does not divide \-\-sp 8; try \-\-ulysses 1, 2, 4" -- "$laga" run --model tiny --seq 32 --sp 8 --form laga --ulysses 3
+# the lightning indexer (DeepSeek Sparse Attention)
+expect 2 "index_topk (\-\-index-topk) = 0 must be in \[1, .*\] (keys each query selects); try 8" -- "$laga" run --model tiny --seq 32 --form dsa-gather --index-topk 0
+expect 2 "index_head_dim (\-\-index-dim) = 4 must be at least qk_rope_head_dim 8" -- "$laga" run --model tiny --seq 32 --form dsa-gather --index-dim 4
+expect 2 "\-\-indexer-stage applies to the sparse forms (dsa-gather, dsa-regather), not to form 'laga', which ignores the indexer; try \-\-form dsa-gather, or drop \-\-indexer-stage" -- "$laga" run --model tiny --seq 32 --form laga --indexer-stage warmup
+expect 2 "unknown indexer stage 'cold' (\-\-indexer-stage, JSON indexer_stage); valid: warmup, sparse" -- "$laga" run --model tiny --seq 32 --form dsa-gather --indexer-stage cold
+expect 2 "form dsa-gather runs DeepSeek Sparse Attention's lightning indexer, and model 'deepseek-v3' has none; try \-\-model deepseek-v3.2" -- "$laga" run --model deepseek-v3 --seq 16 --form dsa-gather
 expect 2 "\-\-ulysses 3 does not divide \-\-sp 8; try \-\-ulysses 1, 2, 4" -- "$laga" run --model tiny --seq 32 --sp 8 --form laga-ulysses --ulysses 3
 expect 2 "\-\-ulysses 8 does not divide \-\-sp 4; try \-\-ulysses 1, 2" -- "$laga" run --model tiny --seq 32 --sp 4 --form laga --ulysses 8
 expect 2 "\-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" -- "$laga" run --model tiny --seq 48 --sp 12 --form laga --ulysses 6

@@ -227,11 +227,11 @@ TEST(Model, ComputeIsEachRecordedOpOverItsClassRate) {
   EXPECT_GT(p.by_class[1].at(WorkClass::elementwise).work, 0);
 }
 
-// The replay plans rank 0 alone for a form whose ranks hold contiguous tokens: every rank's plan
-// records the same work and the same timeline.
-TEST(Model, ContiguousRanksPlanTheSameWork) {
+// The replay plans rank 0 alone for a form whose ranks run alike (Form::ranks_alike): every rank's
+// plan records the same work and the same timeline.
+TEST(Model, AlikeRanksPlanTheSameWork) {
   for (const Form* f : registered_forms()) {
-    if (f->layout() != TokenLayout::contiguous) continue;
+    if (!f->ranks_alike()) continue;
     const Config c = tiny(std::string(f->name()), 32, 4);
     const WorkLedger w0 = plan_run(c, 0).work;
     for (int r = 1; r < 4; ++r) {
@@ -649,7 +649,8 @@ TEST(Model, TheDocsHardwareFilesPredictEveryForm) {
     const HardwareSpec hw = HardwareSpec::load(std::string(LAGA_SOURCE_DIR) + "/docs/hw/" + file);
     for (int64_t P : {8, 16})
       for (const Form* f : registered_forms()) {
-        MlaConfig c = MlaConfig::preset("deepseek-v3");
+        // the sparse forms on the model that has their indexer
+        MlaConfig c = MlaConfig::preset(f->sparse() ? "deepseek-v3.2" : "deepseek-v3");
         c.seq_len = 4096, c.sp = P, c.form = std::string(f->name());
         const FormPrediction p = predict(Config(c), hw);
         EXPECT_GT(p.total_s(), 0);

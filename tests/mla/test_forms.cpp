@@ -82,7 +82,8 @@ TEST(Forms, EveryRegisteredFormPassesTheRuleAtEveryP) {
     const verify::FormsReport r = check(k, {1, 2, 4});
     // Every registered form at every P, and the bitwise claim of every exact form at P = 1.
     size_t exact = 0;
-    for (const Form* f : registered_forms()) exact += f->exact_at_one_rank();
+    for (const Form* f : registered_forms())
+      exact += f->exact_at_one_rank() || !f->bitwise_at_one_rank_with().empty();
     EXPECT_EQ(r.cases.size(), 3 * registered_forms().size() + exact) << k.name();
     expect_pass(k, r);
   }
@@ -102,8 +103,8 @@ TEST(Forms, LagaHoldsAtDeepSeekHeadDimsInBf16UpToP8) {
 TEST(Forms, VerifyRunsLagaUlyssesAtAPWhereNoOtherFormRuns) {
   // tiny (H 8) at T 80, P 16: no head-scatter form runs (16 ∤ 8) and no ring form (32 ∤ 80), but
   // laga-ulysses with --ulysses 4 does (4 | 8, 2 × 4 groups | 80), and so with its default, 8 (2 ×
-  // 2 groups | 80). verify must check that row, held to explicit's error at P 1, instead of
-  // refusing the P.
+  // 2 groups | 80); so do the sparse forms (queries stay local). verify must check those rows,
+  // held to explicit's error at P 1, instead of refusing the P.
   const Case k{"tiny", DType::f32, Kernel::fused, 80, 1, 1};
   for (int64_t Pu : {4, 0}) {
     verify::FormsReport report;
@@ -112,10 +113,13 @@ TEST(Forms, VerifyRunsLagaUlyssesAtAPWhereNoOtherFormRuns) {
       opt.ulysses = Pu;
       report = verify::check_forms(k.config(), {1, 16}, l, opt);
     });
-    int ulysses_rows = 0, not_run_at_16 = 0;
+    int ulysses_rows = 0, not_run_at_16 = 0, sparse_at_16 = 0;
     for (const auto& c : report.cases) {
       if (c.sp != 16) continue;
-      if (c.form == "laga-ulysses") {
+      if (find_form(c.form).sparse()) {  // queries stay on their rank: P > H runs
+        ++sparse_at_16;
+        EXPECT_TRUE(c.pass) << c.form << ": " << c.criterion;
+      } else if (c.form == "laga-ulysses") {
         ++ulysses_rows;
         EXPECT_EQ(c.ulysses, Pu ? Pu : 8);
         EXPECT_TRUE(c.pass) << c.criterion;
@@ -126,14 +130,18 @@ TEST(Forms, VerifyRunsLagaUlyssesAtAPWhereNoOtherFormRuns) {
     }
     EXPECT_EQ(ulysses_rows, 1);
     // every other registered form listed as not run
-    EXPECT_EQ(not_run_at_16, int(registered_forms().size()) - 1);
+    EXPECT_EQ(not_run_at_16, int(registered_forms().size()) - 1 - sparse_at_16);
+    EXPECT_EQ(sparse_at_16, 2);
     EXPECT_TRUE(report.pass);
   }
-  // A P where nothing runs, laga-ulysses with its --ulysses included, is still refused as a whole.
+  // A P where nothing runs, laga-ulysses with its --ulysses included (and no sparse form: a model
+  // without an indexer), is still refused as a whole.
   launch(LaunchKind::threads, [&](Launcher& l) {
     verify::FormsOptions opt;
     opt.ulysses = 3;  // 3 ∤ 8
-    EXPECT_THROW(verify::check_forms(k.config(), {1, 16}, l, opt), Error);
+    const Config dense = k.config().with(
+        [](MlaConfig& m) { m.index_n_heads = m.index_head_dim = m.index_topk = 0; });
+    EXPECT_THROW(verify::check_forms(dense, {1, 16}, l, opt), Error);
   });
 }
 

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <ostream>
@@ -106,6 +107,11 @@ TEST_P(BlockRefGradients, MatchFiniteDifferences) {
     SCOPED_TRACE(name);
     const Array& grad = name == "x" ? grads.dx : grads.dw.at(name);
     ASSERT_EQ(grad.shape, p->shape);
+    if (name.find(".indexer.") != std::string::npos) {
+      // the dense block ignores the indexer: no gradient at all (the sparse block's below)
+      for (int64_t i = 0; i < grad.numel(); ++i) ASSERT_EQ(grad[i], 0.0);
+      continue;
+    }
     double rms = 0;
     for (int64_t i = 0; i < grad.numel(); ++i) rms += grad[i] * grad[i];
     rms = std::sqrt(rms / double(grad.numel()));
@@ -359,3 +365,75 @@ TEST(BlockRef, OtherAssociationOrdersAreTheSameFunction) {
 }
 
 }  // namespace
+
+// The sparse forms' block (a selection given; docs/sparse.md) by finite differences, in both
+// stages: x and the MLA's weights through L = ⟨g, y⟩, the indexer's weights through
+// indexer_loss_scale · Σ_l L_I,l — the indexer's inputs are detached and its target carries no
+// gradient, so each weight's gradient is that of its own loss alone.
+TEST(BlockRefGradients, TheSparseBlockMatchesFiniteDifferences) {
+  for (IndexerStage stage : {IndexerStage::sparse, IndexerStage::warmup}) {
+    MlaConfig c = MlaConfig::preset("tiny");
+    c.dtype = DType::f32, c.num_layers = 2, c.batch = 2, c.seq_len = 24;
+    c.indexer_stage = stage, c.indexer_loss_scale = 0.7;
+    SCOPED_TRACE(indexer_stage_name(stage));
+    ref::RefWeights w = ref_weights(c);
+    Array x = input(c);
+    const Array g = random_array(x.shape, "g");
+    // a selection of min(k, t + 1) distinct earlier positions per row, ascending, −1 padded
+    std::vector<Array> sel;
+    const int64_t T = c.seq_len, B = c.batch, k = c.index_topk;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      Array s({T, B, k});
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t b = 0; b < B; ++b) {
+          std::vector<std::pair<double, int64_t>> order;
+          for (int64_t p = 0; p <= t; ++p)
+            order.push_back(
+                {normal(7, stream_id("sel"), uint64_t(((l * T + t) * B + b) * T + p)), p});
+          std::sort(order.begin(), order.end());
+          std::vector<int64_t> keep;
+          for (int64_t i = 0; i < std::min<int64_t>(k, t + 1); ++i)
+            keep.push_back(order[size_t(i)].second);
+          std::sort(keep.begin(), keep.end());
+          for (int64_t i = 0; i < k; ++i)
+            s[(t * B + b) * k + i] = i < int64_t(keep.size()) ? double(keep[size_t(i)]) : -1.0;
+        }
+      sel.push_back(std::move(s));
+    }
+    const ref::BlockGrads grads =
+        ref::block_backward(c, w, x, g, std::nullopt, ref::Core::absorbed, &sel);
+    auto main_loss = [&] {
+      return dot(g, ref::block_forward(c, w, x, std::nullopt, ref::Core::absorbed, &sel));
+    };
+    auto index_loss = [&] {
+      const ref::BlockGrads b =
+          ref::block_backward(c, w, x, g, std::nullopt, ref::Core::absorbed, &sel);
+      double sum = 0;
+      for (double v : b.indexer_loss) sum += v;
+      return c.indexer_loss_scale * sum;
+    };
+    std::vector<std::pair<std::string, Array*>> params{{"x", &x}};
+    for (auto& [name, t] : w) params.push_back({name, &t});
+    for (const auto& [name, p] : params) {
+      SCOPED_TRACE(name);
+      const bool indexer = name.find(".indexer.") != std::string::npos;
+      const Array& grad = name == "x" ? grads.dx : grads.dw.at(name);
+      double rms = 0;
+      for (int64_t i = 0; i < grad.numel(); ++i) rms += grad[i] * grad[i];
+      rms = std::sqrt(rms / double(grad.numel()));
+      ASSERT_GT(rms, 0.0);
+      Array v = random_array(p->shape, "dir." + name, 3);
+      const double norm = std::sqrt(dot(v, v));
+      for (int64_t i = 0; i < v.numel(); ++i) v[i] /= norm;
+      const Array p0 = *p;
+      for (int64_t i = 0; i < v.numel(); ++i) (*p)[i] = p0[i] + kEps * v[i];
+      const double up = indexer ? index_loss() : main_loss();
+      for (int64_t i = 0; i < v.numel(); ++i) (*p)[i] = p0[i] - kEps * v[i];
+      const double down = indexer ? index_loss() : main_loss();
+      *p = p0;
+      const double fd = (up - down) / (2 * kEps), analytic = dot(grad, v);
+      EXPECT_LT(std::abs(fd - analytic) / std::max(std::abs(analytic), rms), kFdTolerance)
+          << "finite difference " << fd << ", analytic " << analytic;
+    }
+  }
+}

@@ -216,9 +216,10 @@ TEST(Config, FormsAtReportsEachRefusingFormAndRefusesWhatNoFormCanRun) {
   const FormsAt at = forms_at(c);
   std::vector<std::string> runnable;
   for (const Form* f : at.runnable) runnable.emplace_back(f->name());
-  // laga-ulysses at its default Pu, 8: a ring of 2 groups
-  EXPECT_EQ(runnable, (std::vector<std::string>{"ring-kv", "ring-latent", "laga-ulysses"}));
-  EXPECT_EQ(at.refused.size(), registered_forms().size() - 3);
+  // laga-ulysses at its default Pu, 8: a ring of 2 groups; the sparse forms keep their queries
+  EXPECT_EQ(runnable, (std::vector<std::string>{"ring-kv", "ring-latent", "laga-ulysses",
+                                                "dsa-gather", "dsa-regather"}));
+  EXPECT_EQ(at.refused.size(), registered_forms().size() - 5);
   EXPECT_NE(at.refusal(find_form("laga"))
                 .find("--sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8"),
             std::string::npos);
@@ -231,10 +232,16 @@ TEST(Config, FormsAtReportsEachRefusingFormAndRefusesWhatNoFormCanRun) {
   c.seq_len = 36, c.sp = 8;  // apart from any form: P ∤ T
   EXPECT_NE(usage_error([&] { (void)forms_at(c); }).find("--sp 8 does not divide --seq 36"),
             std::string::npos);
-  // P ∤ H for the head-scatter forms, 2P ∤ T for the rings and for laga-ulysses (Pu 1 at odd P)
+  // P ∤ H for the head-scatter forms, 2P ∤ T for the rings and for laga-ulysses (Pu 1 at odd P),
+  // and a model without an indexer for the sparse forms
   c.seq_len = 9, c.sp = 3;
+  c.index_n_heads = c.index_head_dim = c.index_topk = 0;
   const std::string m = usage_error([&] { (void)forms_at(c); });
   EXPECT_NE(m.find("no form can run it"), std::string::npos) << m;
+  EXPECT_NE(
+      m.find("dsa-gather: form dsa-gather runs DeepSeek Sparse Attention's lightning indexer"),
+      std::string::npos)
+      << m;
   EXPECT_NE(m.find("ring-kv: --seq 9 is not a multiple of 2 × --sp 3"), std::string::npos) << m;
   EXPECT_NE(m.find("laga-ulysses: --seq 9 is not a multiple of 2 × (--sp 3 / --ulysses 1) = 6"),
             std::string::npos)

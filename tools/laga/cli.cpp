@@ -63,6 +63,17 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
                   "collectives behind compute (the latent all-gather behind the query path, ...): "
                   "on, off")
       ->capture_default_str();
+  app->add_option("--index-heads", f.index_heads,
+                  "the lightning indexer's heads H_I (DeepSeek Sparse Attention; default: the "
+                  "model's)");
+  app->add_option("--index-dim", f.index_dim, "the indexer's head dim D_I (≥ qk_rope_head_dim)");
+  app->add_option("--index-topk", f.index_topk, "keys each query selects, k");
+  app->add_option("--indexer-stage", f.indexer_stage,
+                  "the sparse forms' training stage: sparse (attention over the top-k, the "
+                  "indexer's KL over them), warmup (dense attention, KL over every earlier key); "
+                  "default sparse");
+  app->add_option("--indexer-loss-scale", f.indexer_loss_scale,
+                  "the indexer loss's weight in the differentiated loss (sparse forms; default 1)");
   app->add_option("--json", f.json_path, "write results as JSON to this file");
   app->add_option("--seed", f.seed, "seed of weights and inputs")
       ->check(kSeed)
@@ -150,6 +161,11 @@ MlaConfig build_spec(const CommonFlags& f) {
     c = MlaConfig::from_json(j);
   }
   c.seq_len = f.seq, c.sp = f.sp, c.batch = f.batch, c.num_layers = f.layers, c.ulysses = f.ulysses;
+  if (f.index_heads) c.index_n_heads = *f.index_heads;
+  if (f.index_dim) c.index_head_dim = *f.index_dim;
+  if (f.index_topk) c.index_topk = *f.index_topk;
+  if (!f.indexer_stage.empty()) c.indexer_stage = parse_indexer_stage(f.indexer_stage);
+  if (f.indexer_loss_scale) c.indexer_loss_scale = *f.indexer_loss_scale;
   c.form = form_label(f.form, f);
   c.kernel = parse_kernel(f.kernel);
   c.dtype = parse_dtype(f.dtype);
@@ -266,29 +282,32 @@ nlohmann::json rank_json(const RankResult& r, const PlannedMemory& plan) {
   Ledger attention, sync;
   for (const auto& rec : r.collectives) (is_grad_sync(rec) ? sync : attention).add(rec);
   const auto& m = r.memory;
-  return {{"rank", r.rank},
-          {"activation_peak_bytes", m.activation_peak_bytes},
-          {"planned_activation_peak_bytes", plan.activation_peak_bytes},
-          {"saved_bytes", m.saved_bytes},
-          {"planned_saved_bytes", plan.saved_bytes},
-          {"forward_peak_bytes", m.forward_peak_bytes},
-          {"backward_peak_bytes", m.backward_peak_bytes},
-          {"baseline_bytes", m.baseline_bytes},
-          {"peak_breakdown", m.peak_breakdown},
-          {"comm",
-           {{"tensor_bytes", attention.tensor_bytes()},
-            {"wire_bytes", attention.wire_bytes()},
-            {"seconds", attention.seconds()},
-            {"wait_s", attention.wait_seconds()},
-            {"hidden_s", std::max(0.0, attention.seconds() - attention.wait_seconds())},
-            {"collectives", collectives_json(attention.records())}}},
-          {"grad_sync",
-           {{"tensor_bytes", sync.tensor_bytes()},
-            {"wire_bytes", sync.wire_bytes()},
-            {"seconds", r.grad_sync_s}}},
-          {"fwd_s", r.forward_s},
-          {"bwd_s", r.backward_s},
-          {"time_s", r.forward_s + r.backward_s}};
+  nlohmann::json j = {{"rank", r.rank},
+                      {"activation_peak_bytes", m.activation_peak_bytes},
+                      {"planned_activation_peak_bytes", plan.activation_peak_bytes},
+                      {"saved_bytes", m.saved_bytes},
+                      {"planned_saved_bytes", plan.saved_bytes},
+                      {"forward_peak_bytes", m.forward_peak_bytes},
+                      {"backward_peak_bytes", m.backward_peak_bytes},
+                      {"baseline_bytes", m.baseline_bytes},
+                      {"peak_breakdown", m.peak_breakdown},
+                      {"comm",
+                       {{"tensor_bytes", attention.tensor_bytes()},
+                        {"wire_bytes", attention.wire_bytes()},
+                        {"seconds", attention.seconds()},
+                        {"wait_s", attention.wait_seconds()},
+                        {"hidden_s", std::max(0.0, attention.seconds() - attention.wait_seconds())},
+                        {"collectives", collectives_json(attention.records())}}},
+                      {"grad_sync",
+                       {{"tensor_bytes", sync.tensor_bytes()},
+                        {"wire_bytes", sync.wire_bytes()},
+                        {"seconds", r.grad_sync_s}}},
+                      {"fwd_s", r.forward_s},
+                      {"bwd_s", r.backward_s},
+                      {"time_s", r.forward_s + r.backward_s}};
+  // the sparse forms: the indexer's loss per layer over this rank's queries
+  if (!r.indexer_loss.empty()) j["indexer_loss"] = r.indexer_loss;
+  return j;
 }
 
 std::vector<nlohmann::json> gather_json(Communicator& comm, const nlohmann::json& mine) {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,10 +42,16 @@ struct CommonFlags {
   double mpi_progress_us = 500;  // set_mpi_progress_interval
   bool check_finite = false;
   uint64_t seed = 1234;
+  // The lightning indexer's dimensions (none: the model's), the sparse forms' stage and loss scale
+  // (none: the defaults)
+  std::optional<int64_t> index_heads, index_dim, index_topk;
+  std::string indexer_stage;
+  std::optional<double> indexer_loss_scale;
 };
 
 // --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --dlatent-sum
-// --rope-layout --overlap --json --seed; with_comm adds --comm, --timeout and --mpi-progress.
+// --rope-layout --overlap --index-heads --index-dim --index-topk --indexer-stage
+// --indexer-loss-scale --json --seed; with_comm adds --comm, --timeout and --mpi-progress.
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
 Config build_config(const CommonFlags& f);
 // The flags' configuration, not yet validated (for the commands that run every form: forms_at).

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <set>
 
 #include "cli.hpp"
 #include "commands.hpp"
@@ -205,6 +206,40 @@ void print_table_row(std::string_view label, const nlohmann::json& j) {
              j["comm"]["tensor_bytes"].get<int64_t>(), j["comm"]["wire_bytes"].get<int64_t>());
 }
 
+// Where a sparse form runs: what each tensor holds, saved for backward and at the activation
+// peak, per rank, the sparse forms beside the dense ones that run (docs/sparse.md's memory
+// analysis, measured by the planner).
+void print_sparse_tensors(const FormsAt& at, const nlohmann::json& forms,
+                          const std::function<std::string(std::string_view)>& shown) {
+  std::vector<std::string> cols;
+  bool any_sparse = false;
+  for (const Form* fm : at.runnable) {
+    any_sparse = any_sparse || fm->sparse();
+    if (fm->sparse() || fm->name() == kBaselineForm || fm->name() == "absorbed-shared" ||
+        fm->name() == "laga")
+      cols.emplace_back(fm->name());
+  }
+  if (!any_sparse) return;
+  for (const char* what : {"saved_breakdown", "peak_breakdown"}) {
+    std::set<std::string> tags;
+    for (const auto& c : cols)
+      for (const auto& [tag, bytes] : forms[c][what].items()) tags.insert(tag);
+    fmt::print("# {} per tensor, bytes per rank ({})\n",
+               what == std::string("saved_breakdown") ? "saved for backward"
+                                                      : "held at the activation peak",
+               "0: not held");
+    std::string header = fmt::format("# {:<24}", "tensor");
+    for (const auto& c : cols) header += fmt::format(" {:>16}", shown(c).substr(0, 16));
+    fmt::print("{}\n", header);
+    for (const auto& tag : tags) {
+      std::string line = fmt::format("  {:<24}", tag);
+      for (const auto& c : cols)
+        line += fmt::format(" {:>16}", forms[c][what].value(tag, int64_t(0)));
+      fmt::print("{}\n", line);
+    }
+  }
+}
+
 }  // namespace
 
 int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) {
@@ -249,6 +284,7 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
       forms[std::string(fm->family())] = j;
   }
   const auto runs = [&](std::string_view name) { return at.refusal(find_form(name)).empty(); };
+  print_sparse_tensors(at, forms, shown);
   // A form's config with one more setting changed.
   auto edited = [&](std::string_view name, const std::function<void(MlaConfig&)>& edit) {
     MlaConfig m = as_form(base, name);

@@ -79,8 +79,22 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
   else
     fmt::print("  caching allocator: off (LAGA_ALLOC_CACHE=off)\n");
   if (!ranks.empty()) print_collectives(ranks.front(), c.overlap);
+  // The sparse forms: the indexer's loss per layer, summed over the ranks' queries
+  nlohmann::json indexer_loss;
+  if (!ranks.empty() && ranks.front().contains("indexer_loss")) {
+    indexer_loss = nlohmann::json::array();
+    for (size_t l = 0; l < ranks.front()["indexer_loss"].size(); ++l) {
+      double sum = 0;
+      for (const auto& r : ranks) sum += r["indexer_loss"][l].get<double>();
+      indexer_loss.push_back(sum);
+    }
+    std::string list;
+    for (const auto& v : indexer_loss) list += fmt::format(" {:.6g}", v.get<double>());
+    fmt::print("  indexer loss L_I per layer (stage {}, scale {:g}):{}\n",
+               indexer_stage_name(c.indexer_stage), c.indexer_loss_scale, list);
+  }
   if (!dump_dir.empty()) {
-    write_dump(dump_dir, c, r0.x, r0.dy, r0.y, r0.dx, r0.weights, r0.grads);
+    write_dump(dump_dir, c, r0.x, r0.dy, r0.y, r0.dx, r0.weights, r0.grads, r0.topk);
     fmt::print("  dumped whole tensors to {}\n", dump_dir);
   }
   if (json_out) {
@@ -91,6 +105,7 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
                         {"backend", backend},
                         {"config", c.to_json()},
                         {"ranks", ranks},
+                        {"indexer_loss", indexer_loss},
                         {"allocator",
                          {{"cache", pool.enabled},
                           {"process", backend == "mpi" ? "rank 0's" : "all ranks'"},
@@ -108,6 +123,18 @@ int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string
             const std::string& mem_limit, int64_t stand_in) {
   const Config cfg = build_config(f);
   const MlaConfig& c = *cfg;
+  // The indexer's stage and loss are the sparse forms' alone: refused rather than ignored.
+  if (!form_of(c).sparse() && (!f.indexer_stage.empty() || f.indexer_loss_scale)) {
+    std::string sparse;
+    for (const Form* s : registered_forms())
+      if (s->sparse()) sparse += (sparse.empty() ? "" : ", ") + std::string(s->name());
+    LAGA_FAIL_USAGE(
+        "--{} applies to the sparse forms ({}), not to form '{}', which ignores the indexer; "
+        "try --form {}, or drop --{}",
+        f.indexer_stage.empty() ? "indexer-loss-scale" : "indexer-stage", sparse, c.form,
+        sparse.substr(0, sparse.find(',')),
+        f.indexer_stage.empty() ? "indexer-loss-scale" : "indexer-stage");
+  }
   const LaunchKind kind = stand_in >= 0 ? LaunchKind::stand_in : launch_kind(f.comm);
   // Refused before anything is allocated: this process holds every rank (threads) or one.
   const PlannedMemory plan = plan_memory(cfg);

@@ -53,6 +53,11 @@ struct RankResult {
   // With gather_tensors: whole tensors [T, B, D] and the synced gradients, on every rank.
   Tensor x, dy, y, dx;
   Weights weights, grads;
+  // The sparse forms (Form::sparse), per layer: the indexer's loss L_I over this rank's queries
+  // (the run's is the sum over ranks), and with gather_tensors the whole selection [T, B, k] (int32
+  // key positions, ascending, −1 padded), on every rank. Empty for a dense form.
+  std::vector<double> indexer_loss;
+  std::vector<Tensor> topk;
 };
 
 // This rank's shard of input `name` ("x" or "dy"): the rows of its token segments (token_segments:

@@ -47,9 +47,11 @@ void check_writable_dir(const std::string& dir);
 // The --dump of a run: dir/config.json (c.to_json(), pretty-printed) and dir/tensors.safetensors
 // holding x, dy, y, dx [T, B, D], then "layers.{l}.<name>" for every weight and
 // "layers.{l}.<name>.grad" for every gradient, all converted to F32 whatever c.dtype is
-// (metadata: format "pt", producer "laga", dtype = c.dtype's name). The file loads back with
-// load_weights. Creates dir if missing.
+// (metadata: format "pt", producer "laga", dtype = c.dtype's name), and for a sparse form
+// "layers.{l}.topk" (I32 [T, B, k]: the selection's positions, ascending, −1 padded). The file
+// loads back with load_weights. Creates dir if missing.
 void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, const Tensor& dy,
-                const Tensor& y, const Tensor& dx, const Weights& w, const Weights& grads);
+                const Tensor& y, const Tensor& dx, const Weights& w, const Weights& grads,
+                const std::vector<Tensor>& topk = {});
 
 }  // namespace laga

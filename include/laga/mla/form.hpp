@@ -147,6 +147,14 @@ class Form {
     Tensor topk;
   };
   virtual Sparse sparse_of(const CoreSaved& saved) const { return {}; }
+  // True when every rank runs the same shapes, so that one rank's plan stands for all (the model
+  // plans rank 0 alone): the head-scatter forms. Not the ring forms (each rank its own chunks) nor
+  // the sparse forms (a query's causal keys, and so the indexer's work, grow with its position).
+  virtual bool ranks_alike() const { return layout() == TokenLayout::contiguous && !sparse(); }
+  // A sparse form that at P = 1 runs another sparse form's operations exactly (dsa-regather:
+  // dsa-gather's; a gather of one rank is a copy) names it: their results must then be
+  // bit-identical. Empty otherwise.
+  virtual std::string_view bitwise_at_one_rank_with() const { return {}; }
   // True when at P = 1 the form runs explicit's operations exactly (its collectives are
   // identities): its results must then be bit-identical to explicit's (laga and its variants).
   virtual bool exact_at_one_rank() const { return false; }

@@ -18,6 +18,8 @@ const Form& laga_fused_form();
 const Form& ring_kv_form();
 const Form& ring_latent_form();
 const Form& laga_ulysses_form();
+const Form& dsa_gather_form();
+const Form& dsa_regather_form();
 }  // namespace forms
 
 const std::vector<const Form*>& registered_forms() {
@@ -27,6 +29,7 @@ const std::vector<const Form*>& registered_forms() {
       &forms::explicit_recompute_form(), &forms::laga_recompute_form(),
       &forms::laga_fused_form(),         &forms::ring_kv_form(),
       &forms::ring_latent_form(),        &forms::laga_ulysses_form(),
+      &forms::dsa_gather_form(),         &forms::dsa_regather_form(),
   };
   return all;
 }
