@@ -30,8 +30,8 @@ else fail "cmake --install: $(tail -3 "$d/install.log")"; exit 1; fi
 bin=$prefix/bin/laga
 [ -x "$bin" ] && ok "installed $bin" || fail "no executable $bin"
 for f in scripts/report.py scripts/report_common.py scripts/report_model.py scripts/report_published.py \
-  scripts/link.sh tests/torch/mla_block_torch.py docs/hw/ascend-910b.json docs/hw/h100-class.json \
-  docs/published.json; do
+  scripts/link.sh tests/torch/mla_block_torch.py tests/torch/dsa_block_torch.py docs/hw/ascend-910b.json \
+  docs/hw/h100-class.json docs/published.json; do
   [ -f "$prefix/share/laga/$f" ] || fail "not installed: share/laga/$f"
 done
 

@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
 # CTest script: laga's whole block stack, forward and every gradient, checked against an
-# independent PyTorch autograd implementation (tests/torch/mla_block_torch.py, Debian's
-# python3-torch under /usr/bin/python3) on the tensors of `laga run --dump DIR`; and a round trip:
-# a run loading the dumped weights back (--weights) reproduces y, dx and every gradient bit for bit.
+# independent PyTorch autograd implementation (tests/torch/mla_block_torch.py and, for DeepSeek
+# Sparse Attention's forms, tests/torch/dsa_block_torch.py; Debian's python3-torch under
+# /usr/bin/python3) on the tensors of `laga run --dump DIR` and the indexer loss of its --json; and
+# round trips: a run loading the dumped weights back (--weights) reproduces y, dx, every gradient
+# and every selection bit for bit.
 #
-#   bash tests/torch/check_block_torch.sh <path-to-laga-binary> <source-dir>
+#   bash tests/torch/check_block_torch.sh <path-to-laga-binary> <source-dir> [CASE...]
 #
-# Cases: fp32, batch 2, bf16, eager kernel, deepseek-v2-lite (q_lora_rank 0), laga and absorbed at
-# sp 2, rotate-half RoPE, and the two round trips. A missing torch is a failure, never a skip.
+# Cases (all, or the CASEs named; a round trip needs the case it loads): the sparse model's
+# self-test (finite differences, the dense model, synthetic dumps; no laga needed); dense: fp32,
+# batch 2, bf16, eager kernel, deepseek-v2-lite (q_lora_rank 0), laga and absorbed at sp 2,
+# rotate-half RoPE; sparse, tiny at T 48 so that its top-16 selects: dsa-gather fp32 and bf16,
+# dsa-regather at sp 2, the warmup stage, indexer loss scale 0.5; and three round trips. A missing
+# torch is a failure, never a skip.
 set -u
 
-if [ $# -ne 2 ]; then
-  echo "usage: bash $0 <path-to-laga-binary> <source-dir>" >&2
+if [ $# -lt 2 ]; then
+  echo "usage: bash $0 <path-to-laga-binary> <source-dir> [CASE...]" >&2
   exit 2
 fi
 LAGA=$1
 SRC=$2
+shift 2
+ONLY=" $* "
 PY=/usr/bin/python3
 CHECK="$SRC/tests/torch/mla_block_torch.py"
 
@@ -39,6 +47,22 @@ grep -q -- "--dump" <<<"$HELP" || fail "'laga run' has no --dump option; the che
 failures=0
 cases=0
 
+# wanted NAME: the case is to run (no CASE given, or NAME among them).
+wanted() {
+  [ "$ONLY" = "  " ] || [[ "$ONLY" == *" $1 "* ]]
+}
+
+# The sparse model checked on its own first: a wrong model would fail every sparse case below.
+if wanted dsa_model; then
+  cases=$((cases + 1))
+  echo "== dsa_model: $PY $CHECK --self-test"
+  if ! "$PY" "$CHECK" --self-test >"$TMP/dsa_model.log" 2>&1; then
+    echo "FAIL: dsa_model: the sparse model's self-test failed:"
+    tail -n 20 "$TMP/dsa_model.log"
+    failures=$((failures + 1))
+  fi
+fi
+
 # expect_config DIR key=value ...: the dump's config.json says what the case asked for.
 expect_config() {
   local dir=$1
@@ -58,14 +82,16 @@ if bad:
 EOF
 }
 
-# run_case NAME "key=value ..." laga-run-args...: run laga with --dump, check config and tensors.
+# run_case NAME "key=value ..." laga-run-args...: run laga with --dump and --json, check config,
+# tensors and the reported indexer loss (a dense form's: none).
 run_case() {
   local name=$1 expect=$2
   shift 2
+  wanted "$name" || return 0
   local dir="$TMP/$name"
   cases=$((cases + 1))
-  echo "== $name: laga run $* --dump $dir"
-  "$LAGA" run "$@" --dump "$dir" >"$TMP/$name.log" 2>&1
+  echo "== $name: laga run $* --dump $dir --json $dir.json"
+  "$LAGA" run "$@" --dump "$dir" --json "$dir.json" >"$TMP/$name.log" 2>&1
   local rc=$?
   if [ $rc -ne 0 ]; then
     echo "FAIL: $name: laga run exited $rc:"
@@ -79,7 +105,7 @@ run_case() {
     failures=$((failures + 1))
     return
   fi
-  if ! "$PY" "$CHECK" "$dir"; then
+  if ! "$PY" "$CHECK" "$dir" --json "$dir.json"; then
     echo "FAIL: $name: the PyTorch check failed"
     failures=$((failures + 1))
   fi
@@ -99,10 +125,26 @@ run_case absorbed_sp2 "form=absorbed-expanded sp=2" --model tiny --seq 16 --sp 2
 # Rotate-half RoPE.
 run_case rotate_half "rope_interleaved=false" $TINY --dtype fp32 --batch 2 --rope-layout rotate-half
 
-# Round trip: the dumped weights (fp32 and bf16 dumps) loaded back reproduce the run exactly.
+# DeepSeek Sparse Attention: tiny's indexer (4 heads of 32 dims) selects 16 keys of up to 48.
+SPARSE="--model tiny --seq 48 --layers 2"
+DSA="seq_len=48 num_layers=2 index_n_heads=4 index_head_dim=32 index_topk=16"
+run_case dsa_gather_fp32 "form=dsa-gather indexer_stage=sparse batch=2 dtype=fp32 $DSA" \
+  $SPARSE --sp 1 --form dsa-gather --dtype fp32 --batch 2
+run_case dsa_gather_bf16 "form=dsa-gather batch=2 dtype=bf16 $DSA" \
+  $SPARSE --sp 1 --form dsa-gather --dtype bf16 --batch 2
+run_case dsa_regather_sp2 "form=dsa-regather sp=2 dtype=fp32 $DSA" \
+  $SPARSE --sp 2 --form dsa-regather --dtype fp32 --batch 2
+run_case dsa_warmup "form=dsa-gather indexer_stage=warmup dtype=fp32 $DSA" \
+  $SPARSE --sp 1 --form dsa-gather --dtype fp32 --indexer-stage warmup
+run_case dsa_loss_scale "form=dsa-gather indexer_loss_scale=0.5 dtype=fp32 $DSA" \
+  $SPARSE --sp 1 --form dsa-gather --dtype fp32 --indexer-loss-scale 0.5
+
+# Round trip: the dumped weights (fp32, bf16 and sparse dumps) loaded back reproduce the run exactly,
+# the sparse one its selections too.
 round_trip() {
   local name=$1 from=$2
   shift 2
+  wanted "$name" || return 0
   cases=$((cases + 1))
   echo "== $name: laga run $* --weights $from/tensors.safetensors"
   if [ ! -f "$from/tensors.safetensors" ]; then
@@ -125,6 +167,7 @@ round_trip() {
 }
 round_trip round_trip_fp32 "$TMP/fp32" $TINY --dtype fp32
 round_trip round_trip_bf16 "$TMP/bf16" $TINY --dtype bf16 --batch 2
+round_trip round_trip_dsa "$TMP/dsa_gather_fp32" $SPARSE --sp 1 --form dsa-gather --dtype fp32 --batch 2
 
 echo "# $cases cases, $failures failed"
 [ "$failures" -eq 0 ] || exit 1

@@ -15,12 +15,22 @@ dy and weights, and compares y, dx and every weight gradient with laga's.
 
 Tolerance, per tensor, derived rather than picked: the same torch model is run again in the dump's
 precision (float32 for fp32 dumps; for bf16 dumps, fp32 arithmetic with every stored tensor --
-op outputs, activation gradients, weight gradients -- rounded to bf16, the dtype model of docs/design.md), and laga's max abs error against float64 must be at most FACTOR (4) times that model's
-error plus a floor of one machine epsilon of the precision times the tensor's max abs value.
+op outputs, activation gradients, weight gradients -- rounded to bf16, the dtype model of
+docs/design.md), and laga's max abs error against float64 must be at most FACTOR (4) times that
+model's error plus a floor of one machine epsilon of the precision times the tensor's max abs value.
+
+A model with a lightning indexer (config index_n_heads > 0) has its weights in every dump. The dense
+forms ignore it: their dumps' indexer gradients must be exactly zero. The sparse forms (DeepSeek
+Sparse Attention, form dsa-*) are modelled in the sibling module dsa_block_torch.py, imported only
+for their dumps: the same bound rule over y, dx and every gradient, the indexer's included, plus the
+dumped selection (layers.{l}.topk) against float64 index scores and, with --json, the run's indexer
+loss against float64's.
 
 Usage:
-  mla_block_torch.py DIR [--factor F]     check a dump; prints a table
-  mla_block_torch.py --same DIR1 DIR2     every tensor of two dumps bit-identical
+  mla_block_torch.py DIR [--factor F] [--json FILE]   check a dump (FILE: the run's laga run --json)
+  mla_block_torch.py --same DIR1 DIR2                 every tensor of two dumps bit-identical
+  mla_block_torch.py --self-test                      the sparse model against finite differences,
+                                                      the dense model, and a synthetic dump
 Exit status: 0 pass, 1 a check failed (or torch is missing), 2 bad usage (missing files).
 """
 import json
@@ -49,11 +59,12 @@ class Usage(Exception):
 # --------------------------------------------------------------------------------------------
 # .safetensors, from the format: u64 little-endian header length, JSON header, raw data.
 
-_NP_DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2"}
+_NP_DTYPES = {"F32": "<f4", "F64": "<f8", "F16": "<f2", "I32": "<i4"}
 
 
 def read_safetensors(path):
-    """name -> float64 numpy array (float32, bfloat16, float16 and float64 entries)."""
+    """name -> numpy array: float64 for float32, bfloat16, float16 and float64 entries; int64 for
+    int32 ones (a sparse form's selections), kept integral so positions compare exactly."""
     with open(path, "rb") as f:
         blob = f.read()
     if len(blob) < 8:
@@ -71,7 +82,7 @@ def read_safetensors(path):
         if name == "__metadata__":
             continue
         dtype, shape, (begin, end) = e["dtype"], list(e["shape"]), e["data_offsets"]
-        size = {"F32": 4, "F64": 8, "F16": 2, "BF16": 2}.get(dtype)
+        size = {"F32": 4, "F64": 8, "F16": 2, "BF16": 2, "I32": 4}.get(dtype)
         if size is None:
             raise CheckFailed(f"{path}: tensor {name} has dtype {dtype}, not one this checker reads")
         if not (0 <= begin <= end <= len(data)) or end - begin != size * math.prod(shape):
@@ -81,7 +92,7 @@ def read_safetensors(path):
             a = (np.frombuffer(raw, "<u2").astype(np.uint32) << 16).view(np.float32)
         else:
             a = np.frombuffer(raw, _NP_DTYPES[dtype])
-        out[name] = a.astype(np.float64).reshape(shape)
+        out[name] = a.astype(np.int64 if dtype == "I32" else np.float64).reshape(shape)
     return out
 
 
@@ -101,6 +112,22 @@ def layer_shapes(cfg):
         s["wq"] = [H * (Dn + Dr), D]
     s.update(wkv_a=[Lkv + Dr, D], kv_norm=[Lkv], wkv_b=[H * (Dn + Dv), Lkv], wo=[D, H * Dv])
     return s
+
+
+def indexer_shapes(cfg):
+    """The lightning indexer's weight names and shapes (none without index_n_heads): its index
+    queries read c^Q after q_norm, its key and head weights read RMSNorm(x)."""
+    HI, DI = cfg.get("index_n_heads", 0) or 0, cfg.get("index_head_dim", 0) or 0
+    if HI <= 0:
+        return {}
+    D, Lq = cfg["hidden_size"], cfg["q_lora_rank"] or 0
+    return {"indexer.wq_b": [HI * DI, Lq], "indexer.wk": [DI, D], "indexer.k_norm": [DI],
+            "indexer.k_norm_bias": [DI], "indexer.weights_proj": [HI, D]}
+
+
+def is_sparse(cfg):
+    """DeepSeek Sparse Attention's forms (dsa-gather, dsa-regather) run the indexer; others ignore it."""
+    return str(cfg.get("form", "")).startswith("dsa-")
 
 
 def yarn_mscale(f, m):
@@ -225,26 +252,48 @@ class Block:
 
 
 def run_model(cfg, t, precision):
-    """Forward and backward from the dumped tensors; returns name -> float64 array.
+    """Forward and backward from the dumped tensors; returns (name -> float64 array, aux).
 
     precision: "float64" (the reference), "float32", or "bf16-storage": fp32 arithmetic with every
     tensor an implementation stores (op outputs, activation gradients, weight gradients) rounded
     to bf16 -- the dtype model of docs/design.md, bf16 storage with fp32 accumulation.
+    A sparse form's dump runs dsa_block_torch's block over the dumped selections; aux then holds
+    its indexer loss per layer ("indexer_loss") and index scores ("index_scores", [B, T, T] per
+    layer); empty for a dense form.
     """
     L, T = cfg["num_layers"], cfg["seq_len"]
+    sparse = is_sparse(cfg)
     dtype = torch.float64 if precision == "float64" else torch.float32
     st = _StoreBf16.apply if precision == "bf16-storage" else _keep
     leaf = lambda a: torch.tensor(a, dtype=torch.float64).to(dtype).requires_grad_(True)
     x = leaf(t["x"])
-    weights = [{n: leaf(t[f"layers.{l}.{n}"]) for n in layer_shapes(cfg)} for l in range(L)]
-    h = Block(cfg, T, dtype).forward(x, weights, st)
-    torch.autograd.backward(h, torch.tensor(t["dy"], dtype=torch.float64).to(dtype))
+    names = {**layer_shapes(cfg), **(indexer_shapes(cfg) if sparse else {})}
+    weights = [{n: leaf(t[f"layers.{l}.{n}"]) for n in names} for l in range(L)]
+    dy = torch.tensor(t["dy"], dtype=torch.float64).to(dtype)
+    aux = {}
+    if sparse:
+        dsa = _dsa()
+        topk = [t.get(f"layers.{l}.topk") for l in range(L)]
+        h, losses, scores = dsa.SparseBlock(cfg, T, dtype, topk).forward(x, weights, st)
+        # <dy, y> + indexer_loss_scale * sum_l L_I,l; the indexer's inputs and target are detached
+        torch.autograd.backward([h, sum(losses)], [dy, torch.tensor(float(cfg["indexer_loss_scale"]), dtype=dtype)])
+        aux = {"indexer_loss": [float(v.detach()) for v in losses], "index_scores": scores}
+    else:
+        h = Block(cfg, T, dtype).forward(x, weights, st)
+        torch.autograd.backward(h, dy)
     out = {"y": h, "dx": x.grad}
     for l in range(L):
         for n, p in weights[l].items():
-            out[f"layers.{l}.{n}.grad"] = p.grad
+            out[f"layers.{l}.{n}.grad"] = p.grad if p.grad is not None else torch.zeros_like(p)
     final = (lambda v: v.to(torch.bfloat16)) if precision == "bf16-storage" else _keep
-    return {k: final(v.detach()).to(torch.float64).numpy() for k, v in out.items()}
+    return {k: final(v.detach()).to(torch.float64).numpy() for k, v in out.items()}, aux
+
+
+def _dsa():
+    """The sparse forms' model, imported only for their dumps (it imports this module back)."""
+    import dsa_block_torch
+
+    return dsa_block_torch
 
 
 # --------------------------------------------------------------------------------------------
@@ -265,17 +314,22 @@ def load_dump(d):
 
 
 def expected_names(cfg):
-    """Every dumped tensor this checker needs, with its shape."""
-    act = [cfg["seq_len"], cfg["batch"], cfg["hidden_size"]]
+    """Every dumped tensor this checker needs, with its shape: the indexer's weights and gradients
+    whenever the model has one, a sparse form's selections at the sparse stage (at warmup the
+    main attention is dense and a dump may leave them out)."""
+    T, B = cfg["seq_len"], cfg["batch"]
+    act = [T, B, cfg["hidden_size"]]
     names = {n: act for n in ("x", "dy", "y", "dx")}
     for l in range(cfg["num_layers"]):
-        for n, s in layer_shapes(cfg).items():
+        for n, s in {**layer_shapes(cfg), **indexer_shapes(cfg)}.items():
             names[f"layers.{l}.{n}"] = s
             names[f"layers.{l}.{n}.grad"] = s
+        if is_sparse(cfg) and cfg.get("indexer_stage") == "sparse":
+            names[f"layers.{l}.topk"] = [T, B, cfg["index_topk"]]
     return names
 
 
-def check_dump(d, factor):
+def check_dump(d, factor, json_path=None):
     cfg, t = load_dump(d)
     for n, s in expected_names(cfg).items():
         if n not in t:
@@ -285,14 +339,26 @@ def check_dump(d, factor):
     scale = softmax_scale(cfg)
     if not math.isclose(scale, cfg["softmax_scale"], rel_tol=1e-12):
         raise CheckFailed(f"{d}: config softmax_scale {cfg['softmax_scale']!r} differs from the formula's {scale!r}")
+    sparse = is_sparse(cfg)
+    if sparse:
+        # the selections index the models' attention: their structure is checked before they run
+        _dsa().check_sparse_dump(cfg, t)
 
     bf16 = cfg["dtype"] in ("bf16", "bfloat16")
     precision = "bf16-storage" if bf16 else "float32"
     eps = 2.0**-7 if bf16 else 2.0**-23
-    ref = run_model(cfg, t, "float64")
-    base = run_model(cfg, t, precision)
+    ref, ref_aux = run_model(cfg, t, "float64")
+    base, base_aux = run_model(cfg, t, precision)
 
     rows, wrong = [], 0
+    if not sparse:
+        # a dense form ignores the indexer: its gradients are exact zeros, whatever the precision
+        for l in range(cfg["num_layers"]):
+            for n in indexer_shapes(cfg):
+                g = t[f"layers.{l}.{n}.grad"]
+                diff = float(np.max(np.abs(g))) if np.all(np.isfinite(g)) else float("inf")
+                wrong += diff != 0
+                rows.append((f"layers.{l}.{n}.grad", diff, 0.0, 0.0, 0.0, 0.0 if diff == 0 else float("inf"), diff == 0))
     for n in ["y", "dx"] + sorted(k for k in ref if k.startswith("layers.")):
         got = t[n]
         diff = float(np.max(np.abs(got - ref[n]))) if got.size else 0.0
@@ -310,13 +376,47 @@ def check_dump(d, factor):
           f"rope_interleaved {cfg['rope_interleaved']}")
     print(f"# reference: torch {torch.__version__} float64 autograd; baseline: the same model in {precision}; "
           f"bound = {factor:g} * baseline_diff + {eps:.3g} * max_abs_ref")
-    print(f"# {'tensor':<24} {'max_abs_diff':>12} {'max_abs_ref':>12} {'baseline_diff':>13} "
+    if cfg.get("index_n_heads"):
+        print(f"# indexer: heads {cfg['index_n_heads']}, dim {cfg['index_head_dim']}, top-k {cfg['index_topk']}"
+              + (f", stage {cfg['indexer_stage']}, loss scale {cfg['indexer_loss_scale']:g}" if sparse
+                 else "; a dense form ignores it: its gradients must be exactly 0"))
+    print(f"# {'tensor':<34} {'max_abs_diff':>12} {'max_abs_ref':>12} {'baseline_diff':>13} "
           f"{'bound':>11} {'ratio':>7}  ok")
     for n, diff, mref, bdiff, bound, ratio, ok in rows:
-        print(f"  {n:<24} {diff:12.4e} {mref:12.4e} {bdiff:13.4e} {bound:11.4e} {ratio:7.3f}  {'yes' if ok else 'NO'}")
-    print(f"# wrong: {wrong} of {len(rows)}")
+        print(f"  {n:<34} {diff:12.4e} {mref:12.4e} {bdiff:13.4e} {bound:11.4e} {ratio:7.3f}  {'yes' if ok else 'NO'}")
+    checks = len(rows)
+    if sparse:
+        dsa = _dsa()
+        bad, n = dsa.report_selection(cfg, t, ref_aux["index_scores"], eps)
+        wrong, checks = wrong + bad, checks + n
+        if json_path is not None:
+            bad, n = dsa.report_indexer_loss(json_path, cfg, ref_aux["indexer_loss"], base_aux["indexer_loss"], bf16)
+            wrong, checks = wrong + bad, checks + n
+    elif json_path is not None:
+        wrong += _dense_json_has_no_indexer_loss(json_path)
+        checks += 1
+    print(f"# wrong: {wrong} of {checks}")
     if wrong:
-        raise CheckFailed(f"{wrong} tensor(s) outside the bound")
+        raise CheckFailed(f"{wrong} check(s) outside the bound")
+
+
+def load_run_json(path):
+    """The JSON a run wrote with --json FILE."""
+    if not os.path.isfile(path):
+        raise Usage(f"{path}: no such file; give the file of laga run --json FILE")
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise CheckFailed(f"{path}: not JSON: {e}")
+
+
+def _dense_json_has_no_indexer_loss(path):
+    """A dense form runs no indexer: its run reports no indexer loss (null, empty or absent)."""
+    got = load_run_json(path).get("indexer_loss")
+    ok = got is None or got == []
+    print(f"  indexer_loss in {path}: {got!r}, expected none from a dense form  {'yes' if ok else 'NO'}")
+    return 0 if ok else 1
 
 
 def check_same(d1, d2):
@@ -333,18 +433,20 @@ def main(argv):
     try:
         if len(argv) == 3 and argv[0] == "--same":
             check_same(argv[1], argv[2])
-        elif len(argv) in (1, 3) and not argv[0].startswith("-"):
-            factor = 4.0
-            if len(argv) == 3:
-                if argv[1] != "--factor":
-                    raise Usage(f"unknown option {argv[1]}; valid: --factor F")
-                try:
-                    factor = float(argv[2])
-                except ValueError:
-                    raise Usage(f"--factor {argv[2]} is not a number; try 4")
-            check_dump(argv[0], factor)
+        elif argv == ["--self-test"]:
+            _dsa().self_test()
+        elif len(argv) in (1, 3, 5) and not argv[0].startswith("-"):
+            opts = dict(zip(argv[1::2], argv[2::2]))
+            for o in opts:
+                if o not in ("--factor", "--json"):
+                    raise Usage(f"unknown option {o}; valid: --factor F, --json FILE")
+            try:
+                factor = float(opts.get("--factor", 4.0))
+            except ValueError:
+                raise Usage(f"--factor {opts['--factor']} is not a number; try 4")
+            check_dump(argv[0], factor, opts.get("--json"))
         else:
-            raise Usage("usage: mla_block_torch.py DIR [--factor F] | --same DIR1 DIR2")
+            raise Usage("usage: mla_block_torch.py DIR [--factor F] [--json FILE] | --same DIR1 DIR2 | --self-test")
     except Usage as e:
         print(f"mla_block_torch.py: {e}", file=sys.stderr)
         return 2
@@ -359,5 +461,7 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    # dsa_block_torch imports this module by name: it gets this running one (one CheckFailed class)
+    sys.modules.setdefault("mla_block_torch", sys.modules[__name__])
     torch.set_grad_enabled(True)
     sys.exit(main(sys.argv[1:]))
