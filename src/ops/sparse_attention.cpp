@@ -234,9 +234,9 @@ AttentionSaved forward(const SparseAttentionParams& p) {
 
 // ---- backward -----------------------------------------------------------------------------------
 
-// Keys per range of the backward's key-major pass: the range's fp32 dkv sums (576 KiB at Dqk 576)
+// Keys per range of the backward's key-major pass: the range's fp32 dkv sums (288 KiB at Dqk 576)
 // and its gathered keys stay in a core's L2 cache while the task walks every query row.
-constexpr int64_t kRange = 256;
+constexpr int64_t kRange = 128;
 
 template <class T>
 void backward(const SparseAttentionBwdParams& p, const AttentionSaved& saved) {

@@ -336,12 +336,12 @@ TEST(SparseAttention, ChecksNameTheOffendingParameter) {
   EXPECT_THROW(sparse_attention_backward(p, saved), Error);
 }
 
-// The backward's workspace is per-thread tiles (at most 16 slots, key tiles of at most 256 rows),
+// The backward's workspace is per-thread tiles (at most 16 slots, key tiles of at most 128 rows),
 // delta [B, H, Tq] and the sorted selection [Tq, B, topk]: the same at Tk 8192 and 131072, and far
 // below one fp32 copy of dkv per row group (16 · Tk · Dqk · 4 bytes: 302 MB at Tk 8192). Planned
 // on a meta tracker, which sizes what a real run allocates (the test above).
 TEST(SparseAttention, BackwardWorkspaceDoesNotGrowWithKeyRows) {
-  const int64_t Tq = 64, B = 1, H = 64, Dqk = 576, Dv = 512, topk = 2048, slots = 16, tile = 256;
+  const int64_t Tq = 64, B = 1, H = 64, Dqk = 576, Dv = 512, topk = 2048, slots = 16, tile = 128;
   int32_t never_read = 0;
   for (DType dt : {DType::f32, DType::bf16}) {
     int64_t peak[2];
