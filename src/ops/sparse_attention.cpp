@@ -7,14 +7,16 @@
 // dense tiles K [n, Dqk] and V [n, Dv]; S [H, n] = q_t · Kᵀ (the H heads share the keys: they are
 // the product's M), an exp2 online softmax per head, acc [H, Dv] += P · V; o = acc / l and
 // lse = (m + log2 l) · ln 2.
-// Backward, one pass, task g of G = min(kAttentionMaxThreads, Tq) fixed row groups (rows t ≡ g mod
-// G, ascending, each with every b): per row and chunk, Sᵀ [n, H] = K · q_tᵀ, dPᵀ = V · dO_tᵀ, Pᵀ
-// and dSᵀ by span_grad, dq_t += dS · K (the task owns the row), and the row's contribution to its
-// keys, scale · dSᵀ q_t + Pᵀ dO_t [n, Dqk], added to the group's own fp32 partial of dkv. dkv is
-// the sum of the G partials in group order, rounded once. Every sum has one order fixed by the
-// params, so results are bitwise independent of the thread count; no atomics. The price is G fp32
-// partials of dkv ([G, Tk, B, Dqk], tag attn.dkv_partial) instead of a key-major second pass that
-// recomputes S and dP (7 products per pair instead of 5). Not here: strided q, kv, o (the layout is
+// Backward, two passes over delta = rowsum(dO∘O) per (row, head), fp32 [B, H, Tq]. Pass B,
+// query-major, task (t, b): per chunk Sᵀ [n, H] = K · q_tᵀ, dPᵀ = V · dO_tᵀ, Pᵀ and dSᵀ by
+// span_grad, dq_t += dS · K (the task owns the row). Pass A, key-major, task (range of kRange key
+// rows, b): the query rows t = 0 .. Tq − 1 in ascending order, each against the span of its
+// candidates inside the range (a binary search in its ascending selection; without idx the range's
+// keys ≤ q_pos0 + t), recomputing Sᵀ, dPᵀ, Pᵀ, dSᵀ over the span and adding scale · dSᵀ q_t and
+// Pᵀ dO_t into the range's own fp32 rows of dkv, written once in dkv_dtype. Every sum has one order
+// fixed by the params, so results are bitwise independent of the thread count; no atomics, and no
+// workspace grows with Tk (per-slot tiles, delta, the sorted selection [Tq, B, topk]). Seven tile
+// products per pair against the one-pass form's five. Not here: strided q, kv, o (the layout is
 // dense, as the header says), fp32 o or fp32 partial gradients (the ring forms' modes of the dense
 // kernel).
 #include "laga/ops/sparse_attention.hpp"
@@ -232,104 +234,188 @@ AttentionSaved forward(const SparseAttentionParams& p) {
 
 // ---- backward -----------------------------------------------------------------------------------
 
-// Row groups of the backward: G = min(kAttentionMaxThreads, Tq), a function of the params.
-int64_t backward_groups(const SparseAttentionParams& p) {
-  return std::min(kAttentionMaxThreads, p.Tq);
-}
+// Keys per range of the backward's key-major pass: the range's fp32 dkv sums (288 KiB at Dqk 576)
+// and its gathered keys stay in a core's L2 cache while the task walks every query row.
+constexpr int64_t kRange = 128;
 
 template <class T>
 void backward(const SparseAttentionBwdParams& p, const AttentionSaved& saved) {
-  const int64_t G = backward_groups(p), kc = kChunk, H = p.H;
-  Tensor partial = Tensor::empty({G, p.Tk, p.B, p.Dqk}, DType::f32, "attn.dkv_partial");
-  Tensor kv_tile = Tensor::empty({G, kc, p.Dqk + p.Dv}, p.dtype, "attn.kv_tile");
-  Tensor s_tile = Tensor::empty({G, kc, H}, DType::f32, "attn.s_tile");    // Sᵀ, then Pᵀ (fp32)
-  Tensor dp_tile = Tensor::empty({G, kc, H}, DType::f32, "attn.dp_tile");  // dPᵀ, then dSᵀ (fp32)
-  Tensor p_tile, ds_tile;  // [slots, kc, H] Pᵀ and dSᵀ in bf16
-  if (SparseKernel<T>::low) {
-    p_tile = Tensor::empty({G, kc, H}, p.dtype, "attn.p_tile");
-    ds_tile = Tensor::empty({G, kc, H}, p.dtype, "attn.ds_tile");
+  const int64_t H = p.H, kc = kChunk, R = std::min(kRange, p.Tk);
+  const int64_t ranges = (p.Tk + R - 1) / R, rows = p.Tq * p.B;
+  const int64_t tiles = std::max(kc, R);  // rows of a gathered key tile, either pass
+  const int64_t slots =
+      std::max(std::min(kAttentionMaxThreads, rows), std::min(kAttentionMaxThreads, p.B * ranges));
+  Tensor delta_all = Tensor::empty({p.B, H, p.Tq}, DType::f32, "attn.delta");
+  Tensor list, count;  // [Tq, B, topk], [Tq, B]: each row's valid keys, ascending, and their number
+  if (p.idx) {
+    list = Tensor::empty({p.Tq, p.B, p.topk}, DType::i32, "attn.key_list");
+    count = Tensor::empty({p.Tq, p.B}, DType::i32, "attn.key_count");
   }
-  Tensor stats = Tensor::empty({G, 2, H}, DType::f32, "attn.row_stats");  // lse2, delta
-  // [slots, H·Dqk + kc·Dqk]: dq sums of the row, then the row's contribution to its keys
-  Tensor acc = Tensor::empty({G, (H + kc) * p.Dqk}, DType::f32, "attn.grad_acc");
-  Tensor list;  // [slots, topk] the compacted selection of a row
-  if (p.idx) list = Tensor::empty({G, p.topk}, DType::i32, "attn.key_list");
+  Tensor kv_tile = Tensor::empty({slots, tiles, p.Dqk}, p.dtype, "attn.kv_tile");
+  Tensor s_tile = Tensor::empty({slots, tiles, H}, DType::f32, "attn.s_tile");    // Sᵀ, then Pᵀ
+  Tensor dp_tile = Tensor::empty({slots, tiles, H}, DType::f32, "attn.dp_tile");  // dPᵀ, then dSᵀ
+  Tensor p_tile, ds_tile;  // [slots, tiles, H] Pᵀ and dSᵀ in bf16
+  if (SparseKernel<T>::low) {
+    p_tile = Tensor::empty({slots, tiles, H}, p.dtype, "attn.p_tile");
+    ds_tile = Tensor::empty({slots, tiles, H}, p.dtype, "attn.ds_tile");
+  }
+  Tensor stats = Tensor::empty({slots, 2, H}, DType::f32, "attn.row_stats");  // lse2, delta
+  // per slot: pass B's dq sums [H, Dqk]; pass A's range sums [R, Dqk] and a row's contribution to
+  // its keys [tiles, Dqk]
+  const int64_t acc_rows = std::max(H, R + tiles);
+  Tensor acc = Tensor::empty({slots, acc_rows * p.Dqk}, DType::f32, "attn.grad_acc");
   if (meta_mode()) return;
 
   const SparseKernel<T> k{p, p.scale * kLog2e};
   const float* lse = saved.lse.data<float>();
-  parallel_tasks(G, G, [&](int64_t slot, int64_t g) {
-    float* part = partial.data<float>() + g * p.Tk * p.B * p.Dqk;  // [Tk, B, Dqk]
-    std::fill(part, part + p.Tk * p.B * p.Dqk, 0.0f);
-    T* kt = kv_tile.data<T>() + slot * kc * (p.Dqk + p.Dv);
-    T* vt = kt + kc * p.Dqk;
-    float* st = s_tile.data<float>() + slot * kc * H;
-    float* dpt = dp_tile.data<float>() + slot * kc * H;
-    T* pt = SparseKernel<T>::low ? p_tile.data<T>() + slot * kc * H : reinterpret_cast<T*>(st);
-    T* dst = SparseKernel<T>::low ? ds_tile.data<T>() + slot * kc * H : reinterpret_cast<T*>(dpt);
-    float *lse2 = stats.data<float>() + slot * 2 * H, *delta = lse2 + H;
-    float* dq_acc = acc.data<float>() + slot * (H + kc) * p.Dqk;  // [H, Dqk]
-    float* contrib = dq_acc + H * p.Dqk;                          // [kc, Dqk]
-    int32_t* keys = p.idx ? list.data<int32_t>() + slot * p.topk : nullptr;
-    for (int64_t t = g; t < p.Tq; t += G)
-      for (int64_t b = 0; b < p.B; ++b) {
-        const Candidates cand = candidates(p, t, b, keys);
-        const T* q = k.q_row(t, b);
-        const T* dout = static_cast<const T*>(p.dout) + (t * p.B + b) * H * p.Dv;
-        const T* o = static_cast<const T*>(p.o) + (t * p.B + b) * H * p.Dv;
-        for (int64_t h = 0; h < H; ++h) {
-          lse2[h] = lse[(b * H + h) * p.Tq + t] * kLog2e;
-          delta[h] = attn::dot_row_f64(dout + h * p.Dv, o + h * p.Dv, p.Dv);
-        }
-        std::fill(dq_acc, dq_acc + H * p.Dqk, 0.0f);
-        for (int64_t c0 = 0; c0 < cand.n; c0 += kc) {
-          const int64_t n = std::min(kc, cand.n - c0);
-          k.gather(cand, c0, n, b, kt, vt);
-          // st [n, H] = K · q_tᵀ;  dpt [n, H] = V · dO_tᵀ
-          matmul(product(n, H, p.Dqk, p.dtype, kt, p.Dqk, 1, q, 1, p.Dqk, st, H, false));
-          matmul(product(n, H, p.Dv, p.dtype, vt, p.Dv, 1, dout, 1, p.Dv, dpt, H, false));
-          // A row whose every candidate is in this one tile takes delta = ΣP∘dP / ΣP of the tile
-          // (the fused kernel's first-tile rows, docs/attention.md §2): dS then cancels dP's
-          // rounding, as a plain implementation's does.
-          if (c0 == 0 && cand.n <= kc) tile_delta(st, dpt, n, H, lse2, delta, k.c);
-          for (int64_t i = 0; i < n; ++i)
-            attn::span_grad(st + i * H, dpt + i * H, pt + i * H, dst + i * H, H, k.c, lse2, delta);
-          // dq_acc [H, Dqk] += dS [H, n] · K (dS read through the transpose of dSᵀ)
-          matmul(product(H, p.Dqk, n, p.dtype, dst, 1, H, kt, p.Dqk, 1, dq_acc, p.Dqk, true));
-          // contrib [n, Dqk] = scale · dSᵀ q_t;  contrib[:, :Dv] += Pᵀ dO_t
-          matmul(product(n, p.Dqk, H, p.dtype, dst, H, 1, q, p.Dqk, 1, contrib, p.Dqk, false,
-                         p.scale));
-          matmul(product(n, p.Dv, H, p.dtype, pt, H, 1, dout, p.Dv, 1, contrib, p.Dqk, true));
-          for (int64_t i = 0; i < n; ++i) {
-            float* dst_row = part + (cand[c0 + i] * p.B + b) * p.Dqk;
-            const float* src = contrib + i * p.Dqk;
-            for (int64_t d = 0; d < p.Dqk; ++d) dst_row[d] += src[d];
-          }
-        }
-        T* dq = static_cast<T*>(p.dq) + (t * p.B + b) * H * p.Dqk;
-        for (int64_t h = 0; h < H; ++h)
-          attn::scale_row(dq_acc + h * p.Dqk, dq + h * p.Dqk, p.Dqk, p.scale);
-      }
-  });
-  // dkv = Σ_g partial[g] in group order, rounded once to dkv_dtype
-  const float* part = partial.data<float>();
-  const int64_t rows = p.Tk * p.B, stride = rows * p.Dqk;
+  float* delta_of = delta_all.data<float>();  // [B, H, Tq]
+  int32_t* keys = p.idx ? list.data<int32_t>() : nullptr;
+  int32_t* counts = p.idx ? count.data<int32_t>() : nullptr;
+  if (p.idx) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    float sum[1024];
-    for (int64_t d0 = 0; d0 < p.Dqk; d0 += 1024) {
-      const int64_t w = std::min<int64_t>(1024, p.Dqk - d0);
-      std::copy_n(part + r * p.Dqk + d0, w, sum);
-      for (int64_t g = 1; g < G; ++g) {
-        const float* x = part + g * stride + r * p.Dqk + d0;
-        for (int64_t d = 0; d < w; ++d) sum[d] += x[d];
-      }
-      if (p.dkv_dtype == DType::f32)
-        std::copy_n(sum, w, static_cast<float*>(p.dkv) + r * p.Dqk + d0);
-      else
-        attn::scale_row(sum, static_cast<bf16*>(p.dkv) + r * p.Dqk + d0, w, 1.0f);
+    for (int64_t row = 0; row < rows; ++row) {
+      const int32_t* sel = p.idx + row * p.topk;
+      int32_t* out = keys + row * p.topk;
+      int64_t n = 0;
+      for (int64_t j = 0; j < p.topk; ++j)
+        if (sel[j] >= 0) out[n++] = sel[j];
+      std::sort(out, out + n);
+      std::fill(out + n, out + p.topk, -1);
+      counts[row] = int32_t(n);
     }
   }
+  auto candidates_of = [&](int64_t t, int64_t b) -> Candidates {
+    if (!p.idx) return {nullptr, std::min(p.q_pos0 + t + 1, p.Tk)};
+    return {keys + (t * p.B + b) * p.topk, counts[t * p.B + b]};
+  };
+  struct Slot {
+    T* kt;
+    float *st, *dpt;
+    T *pt, *dst;
+    float *lse2, *delta, *acc;
+  };
+  auto slot_of = [&](int64_t slot) {
+    Slot s;
+    s.kt = kv_tile.data<T>() + slot * tiles * p.Dqk;
+    s.st = s_tile.data<float>() + slot * tiles * H;
+    s.dpt = dp_tile.data<float>() + slot * tiles * H;
+    s.pt = SparseKernel<T>::low ? p_tile.data<T>() + slot * tiles * H : reinterpret_cast<T*>(s.st);
+    s.dst =
+        SparseKernel<T>::low ? ds_tile.data<T>() + slot * tiles * H : reinterpret_cast<T*>(s.dpt);
+    s.lse2 = stats.data<float>() + slot * 2 * H, s.delta = s.lse2 + H;
+    s.acc = acc.data<float>() + slot * acc_rows * p.Dqk;
+    return s;
+  };
+  // Sᵀ, dPᵀ [n, H] of a query row over the n keys of K [n, Dqk] (row stride ldk; V its first Dv
+  // columns); span_grads then makes Pᵀ, dSᵀ from the row's lse2 and delta in the slot.
+  auto scores = [&](const Slot& s, const T* kt, int64_t ldk, int64_t n, const T* q, const T* dout) {
+    // st [n, H] = K · q_tᵀ;  dpt [n, H] = V · dO_tᵀ
+    matmul(product(n, H, p.Dqk, p.dtype, kt, ldk, 1, q, 1, p.Dqk, s.st, H, false));
+    matmul(product(n, H, p.Dv, p.dtype, kt, ldk, 1, dout, 1, p.Dv, s.dpt, H, false));
+  };
+  auto span_grads = [&](const Slot& s, int64_t n) {
+    for (int64_t i = 0; i < n; ++i)
+      attn::span_grad(s.st + i * H, s.dpt + i * H, s.pt + i * H, s.dst + i * H, H, k.c, s.lse2,
+                      s.delta);
+  };
+  const T* q_all = static_cast<const T*>(p.q);
+  const T* dout_all = static_cast<const T*>(p.dout);
+
+  // Pass B, query-major, task (t, b): delta, then per chunk of candidates Pᵀ, dSᵀ and dq_t += dS·K.
+  parallel_tasks(rows, std::min(kAttentionMaxThreads, rows), [&](int64_t slot, int64_t task) {
+    const int64_t t = p.Tq - 1 - task / p.B, b = task % p.B;
+    const Slot s = slot_of(slot);
+    const Candidates cand = candidates_of(t, b);
+    const T* q = k.q_row(t, b);
+    const T* dout = dout_all + (t * p.B + b) * H * p.Dv;
+    const T* o = static_cast<const T*>(p.o) + (t * p.B + b) * H * p.Dv;
+    for (int64_t h = 0; h < H; ++h) {
+      s.lse2[h] = lse[(b * H + h) * p.Tq + t] * kLog2e;
+      s.delta[h] = attn::dot_row_f64(dout + h * p.Dv, o + h * p.Dv, p.Dv);
+    }
+    float* dq_acc = s.acc;  // [H, Dqk]
+    std::fill(dq_acc, dq_acc + H * p.Dqk, 0.0f);
+    for (int64_t c0 = 0; c0 < cand.n; c0 += kc) {
+      const int64_t n = std::min(kc, cand.n - c0);
+      k.gather(cand, c0, n, b, s.kt, nullptr);
+      scores(s, s.kt, p.Dqk, n, q, dout);
+      // A row whose every candidate is in this one tile takes delta = ΣP∘dP / ΣP of the tile (the
+      // fused kernel's first-tile rows, docs/attention.md §2): dS then cancels dP's rounding, as a
+      // plain implementation's does. Pass A reads the same delta.
+      if (c0 == 0 && cand.n <= kc) tile_delta(s.st, s.dpt, n, H, s.lse2, s.delta, k.c);
+      span_grads(s, n);
+      // dq_acc [H, Dqk] += dS [H, n] · K (dS read through the transpose of dSᵀ)
+      matmul(product(H, p.Dqk, n, p.dtype, s.dst, 1, H, s.kt, p.Dqk, 1, dq_acc, p.Dqk, true));
+    }
+    T* dq = static_cast<T*>(p.dq) + (t * p.B + b) * H * p.Dqk;
+    for (int64_t h = 0; h < H; ++h) {
+      attn::scale_row(dq_acc + h * p.Dqk, dq + h * p.Dqk, p.Dqk, p.scale);
+      delta_of[(b * H + h) * p.Tq + t] = s.delta[h];
+    }
+  });
+
+  // Pass A, key-major, task (range r, b): the query rows in ascending order, each against the span
+  // of its candidates inside the range; dK, dV summed in the range's own fp32 rows, written once.
+  const int64_t ld = p.B * p.Dqk;  // kv's row stride
+  parallel_tasks(
+      p.B * ranges, std::min(kAttentionMaxThreads, p.B * ranges), [&](int64_t slot, int64_t task) {
+        const int64_t r = task / p.B, b = task % p.B;
+        const int64_t r0 = r * R, r1 = std::min(r0 + R, p.Tk), nr = r1 - r0;
+        const Slot s = slot_of(slot);
+        float* sums = s.acc;                 // [nr, Dqk]: dkv rows r0 .. r1 − 1
+        float* contrib = s.acc + R * p.Dqk;  // [n, Dqk]: one row's contribution to its span
+        std::fill(sums, sums + nr * p.Dqk, 0.0f);
+        for (int64_t t = p.idx ? 0 : std::max<int64_t>(0, r0 - p.q_pos0); t < p.Tq; ++t) {
+          // the span: candidates in [r0, r1), ascending, first key s0
+          const int32_t* span = nullptr;
+          int64_t n = 0, s0 = r0;
+          if (p.idx) {
+            const Candidates cand = candidates_of(t, b);
+            const int32_t* lo = std::lower_bound(cand.keys, cand.keys + cand.n, int32_t(r0));
+            const int32_t* hi = std::lower_bound(lo, cand.keys + cand.n, int32_t(r1));
+            n = hi - lo, span = lo;
+            if (n == 0) continue;
+            s0 = lo[0];
+            if (lo[n - 1] - lo[0] == n - 1) span = nullptr;  // contiguous: read in place
+          } else {
+            n = std::min(r1, p.q_pos0 + t + 1) - r0;
+          }
+          const T* q = q_all + (t * p.B + b) * H * p.Dqk;
+          const T* dout = dout_all + (t * p.B + b) * H * p.Dv;
+          for (int64_t h = 0; h < H; ++h) {
+            s.lse2[h] = lse[(b * H + h) * p.Tq + t] * kLog2e;
+            s.delta[h] = delta_of[(b * H + h) * p.Tq + t];
+          }
+          const T* kt = k.kv_row(s0, b);
+          int64_t ldk = ld;
+          if (span) {
+            for (int64_t i = 0; i < n; ++i)
+              std::memcpy(s.kt + i * p.Dqk, k.kv_row(span[i], b), size_t(p.Dqk) * sizeof(T));
+            kt = s.kt, ldk = p.Dqk;
+          }
+          scores(s, kt, ldk, n, q, dout);
+          span_grads(s, n);
+          // dK_span [n, Dqk] += scale · dSᵀ q_t;  dV_span [n, :Dv] += Pᵀ dO_t: straight into the
+          // range's rows when the span is contiguous, else through contrib
+          float* c = span ? contrib : sums + (s0 - r0) * p.Dqk;
+          matmul(product(n, p.Dqk, H, p.dtype, s.dst, H, 1, q, p.Dqk, 1, c, p.Dqk, !span, p.scale));
+          matmul(product(n, p.Dv, H, p.dtype, s.pt, H, 1, dout, p.Dv, 1, c, p.Dqk, true));
+          if (span)
+            for (int64_t i = 0; i < n; ++i) {
+              float* dst_row = sums + (span[i] - r0) * p.Dqk;
+              const float* src = contrib + i * p.Dqk;
+              for (int64_t d = 0; d < p.Dqk; ++d) dst_row[d] += src[d];
+            }
+        }
+        for (int64_t i = 0; i < nr; ++i) {
+          const float* src = sums + i * p.Dqk;
+          const int64_t at = ((r0 + i) * p.B + b) * p.Dqk;
+          if (p.dkv_dtype == DType::f32)
+            std::copy_n(src, p.Dqk, static_cast<float*>(p.dkv) + at);
+          else
+            attn::scale_row(src, static_cast<bf16*>(p.dkv) + at, p.Dqk, 1.0f);
+        }
+      });
 }
 
 // ---- head probabilities -------------------------------------------------------------------------

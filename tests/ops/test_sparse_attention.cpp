@@ -335,3 +335,36 @@ TEST(SparseAttention, ChecksNameTheOffendingParameter) {
   const AttentionSaved saved = sparse_attention_forward(r.p);
   EXPECT_THROW(sparse_attention_backward(p, saved), Error);
 }
+
+// The backward's workspace is per-thread tiles (at most 16 slots, key tiles of at most 128 rows),
+// delta [B, H, Tq] and the sorted selection [Tq, B, topk]: the same at Tk 8192 and 131072, and far
+// below one fp32 copy of dkv per row group (16 · Tk · Dqk · 4 bytes: 302 MB at Tk 8192). Planned
+// on a meta tracker, which sizes what a real run allocates (the test above).
+TEST(SparseAttention, BackwardWorkspaceDoesNotGrowWithKeyRows) {
+  const int64_t Tq = 64, B = 1, H = 64, Dqk = 576, Dv = 512, topk = 2048, slots = 16, tile = 128;
+  int32_t never_read = 0;
+  for (DType dt : {DType::f32, DType::bf16}) {
+    int64_t peak[2];
+    const int64_t Tks[2] = {8192, 131072};
+    for (int i = 0; i < 2; ++i) {
+      MemoryTracker tracker(true);
+      TrackerScope scope(tracker);
+      SparseAttentionBwdParams p;
+      p.B = B, p.Tq = Tq, p.Tk = Tks[i], p.q_pos0 = Tks[i] - Tq, p.H = H, p.Dqk = Dqk, p.Dv = Dv;
+      p.topk = topk, p.dtype = dt, p.scale = 0.05f;
+      p.q = p.kv = p.dout = &never_read;
+      p.o = p.dq = p.dkv = &never_read;
+      p.idx = &never_read;
+      AttentionSaved saved;
+      saved.lse = Tensor::empty({B, H, Tq}, DType::f32, "attn.lse");
+      tracker.reset_peak();
+      sparse_attention_backward(p, saved);
+      peak[i] = tracker.peak_bytes();
+    }
+    EXPECT_EQ(peak[0], peak[1]) << dtype_name(dt);
+    const int64_t per_slot = (3 * tile * Dqk + 4 * tile * H + 2 * H) * 4;
+    const int64_t bound = slots * per_slot + 2 * B * H * Tq * 4 + Tq * B * (topk + 1) * 4;
+    EXPECT_LE(peak[0], bound) << dtype_name(dt);
+    EXPECT_LT(bound, slots * Tks[0] * Dqk * 4 / 8) << dtype_name(dt);
+  }
+}
