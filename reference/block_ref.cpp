@@ -35,6 +35,7 @@
 #include <fmt/format.h>
 
 #include "reference/attention_ref.hpp"
+#include "reference/indexer_ref.hpp"
 #include "reference/ops_ref.hpp"
 
 namespace laga::ref {
@@ -269,51 +270,8 @@ KeyMask key_mask(const MlaConfig& c, const Array& sel) {
   return m;
 }
 
-// LayerNorm over the last dim, y = (x − mean)·rstd·w + b, and its backward (dx; dw, db summed over
-// rows).
+// DeepSeek's LayerNorm ε, the indexer's k_norm.
 constexpr double kIndexNormEps = 1e-6;
-Array layernorm_forward(const Array& x, const Array& w, const Array& bias) {
-  const int64_t C = x.shape.back(), M = x.numel() / C;
-  Array y(x.shape);
-  for (int64_t m = 0; m < M; ++m) {
-    double mean = 0, var = 0;
-    for (int64_t j = 0; j < C; ++j) mean += x[m * C + j];
-    mean /= double(C);
-    for (int64_t j = 0; j < C; ++j) var += (x[m * C + j] - mean) * (x[m * C + j] - mean);
-    const double rstd = 1 / std::sqrt(var / double(C) + kIndexNormEps);
-    for (int64_t j = 0; j < C; ++j) y[m * C + j] = (x[m * C + j] - mean) * rstd * w[j] + bias[j];
-  }
-  return y;
-}
-struct LayerNormGrads {
-  Array dx, dw, db;
-};
-// x̂ = (x − mean)·rstd, y = x̂·w + b:  db = Σ dy,  dw = Σ dy·x̂,
-// dx = rstd · (g − mean(g) − x̂ · mean(g·x̂)) with g = dy·w
-LayerNormGrads layernorm_backward(const Array& x, const Array& w, const Array& dy) {
-  const int64_t C = x.shape.back(), M = x.numel() / C;
-  LayerNormGrads g{Array(x.shape), Array({C}), Array({C})};
-  std::vector<double> xh(static_cast<size_t>(C)), gw(static_cast<size_t>(C));
-  for (int64_t m = 0; m < M; ++m) {
-    double mean = 0, var = 0;
-    for (int64_t j = 0; j < C; ++j) mean += x[m * C + j];
-    mean /= double(C);
-    for (int64_t j = 0; j < C; ++j) var += (x[m * C + j] - mean) * (x[m * C + j] - mean);
-    const double rstd = 1 / std::sqrt(var / double(C) + kIndexNormEps);
-    double mg = 0, mgx = 0;
-    for (int64_t j = 0; j < C; ++j) {
-      xh[size_t(j)] = (x[m * C + j] - mean) * rstd;
-      gw[size_t(j)] = dy[m * C + j] * w[j];
-      g.db[j] += dy[m * C + j];
-      g.dw[j] += dy[m * C + j] * xh[size_t(j)];
-      mg += gw[size_t(j)], mgx += gw[size_t(j)] * xh[size_t(j)];
-    }
-    mg /= double(C), mgx /= double(C);
-    for (int64_t j = 0; j < C; ++j)
-      g.dx[m * C + j] = rstd * (gw[size_t(j)] - mg - xh[size_t(j)] * mgx);
-  }
-  return g;
-}
 
 // The indexer's RoPE: rotate-half pairs on the first Dr dims of every D_I-vector of x [T, ...,
 // D_I].
@@ -339,6 +297,8 @@ double indexer_layer(const MlaConfig& c, const RefWeights& w, int64_t l, const L
   const double wscale = 1 / std::sqrt(double(HI) * double(DI)), scale = softmax_scale(c);
   auto store = [&](Array& a) { round_in_place(a, st); };
   const Accum acc = st ? Accum::f32 : Accum::exact;
+  // every sum in fp32 in the plain implementation (st set), as the fast kernels sum
+  auto add = [&](double& sum, double v) { sum = st ? F32Sum::add(sum, v) : sum + v; };
   const std::optional<DType> grad_dtype = st ? std::optional<DType>(DType::f32) : std::nullopt;
   auto set_grad = [&](const char* name, Array&& g) {
     round_in_place(g, grad_dtype);
@@ -352,8 +312,8 @@ double indexer_layer(const MlaConfig& c, const RefWeights& w, int64_t l, const L
   store(qI);
   Array klin = linear_forward(f.xn, weight(w, l, "indexer.wk"), acc);
   store(klin);
-  Array kn =
-      layernorm_forward(klin, weight(w, l, "indexer.k_norm"), weight(w, l, "indexer.k_norm_bias"));
+  Array kn = layernorm_forward(klin, weight(w, l, "indexer.k_norm"),
+                               weight(w, l, "indexer.k_norm_bias"), kIndexNormEps);
   store(kn);
   Array kI = index_rope(kn, c, false);
   store(kI);
@@ -365,8 +325,8 @@ double indexer_layer(const MlaConfig& c, const RefWeights& w, int64_t l, const L
     for (int64_t j = 0; j < HI; ++j) {
       double d = 0;
       for (int64_t e = 0; e < DI; ++e)
-        d += qI[((t * B + b) * HI + j) * DI + e] * kI[(s * B + b) * DI + e];
-      sum += wscale * wI[(t * B + b) * HI + j] * std::max(d, 0.0);
+        add(d, qI[((t * B + b) * HI + j) * DI + e] * kI[(s * B + b) * DI + e]);
+      add(sum, wscale * wI[(t * B + b) * HI + j] * std::max(d, 0.0));
     }
     return sum;
   };
@@ -419,7 +379,7 @@ double indexer_layer(const MlaConfig& c, const RefWeights& w, int64_t l, const L
         for (size_t i = 0; i < n; ++i) {
           double sc = 0;
           for (int64_t j = 0; j < Dl; ++j)
-            sc += f.q_abs[((t * B + b) * H + h) * Dl + j] * f.latent[(cand[i] * B + b) * Dl + j];
+            add(sc, f.q_abs[((t * B + b) * H + h) * Dl + j] * f.latent[(cand[i] * B + b) * Dl + j]);
           lg[i] = scale * sc;
           mx = std::max(mx, lg[i]);
         }
@@ -443,13 +403,13 @@ double indexer_layer(const MlaConfig& c, const RefWeights& w, int64_t l, const L
         for (int64_t j = 0; j < HI; ++j) {
           const int64_t qo = ((t * B + b) * HI + j) * DI, ko = (cand[i] * B + b) * DI;
           double d = 0;
-          for (int64_t e = 0; e < DI; ++e) d += qI[qo + e] * kI[ko + e];
+          for (int64_t e = 0; e < DI; ++e) add(d, qI[qo + e] * kI[ko + e]);
           if (d <= 0) continue;
           const double wj = wscale * wI[(t * B + b) * HI + j];
-          dwI[(t * B + b) * HI + j] += dI * wscale * d;
+          add(dwI[(t * B + b) * HI + j], dI * wscale * d);
           for (int64_t e = 0; e < DI; ++e) {
-            dq[qo + e] += dI * wj * kI[ko + e];
-            dk[ko + e] += dI * wj * qI[qo + e];
+            add(dq[qo + e], dI * wj * kI[ko + e]);
+            add(dk[ko + e], dI * wj * qI[qo + e]);
           }
         }
       }
@@ -463,7 +423,7 @@ double indexer_layer(const MlaConfig& c, const RefWeights& w, int64_t l, const L
   set_grad("indexer.wq_b", std::move(gq.dw));
   Array dkn = index_rope(dk, c, true);
   store(dkn);
-  LayerNormGrads gln = layernorm_backward(klin, weight(w, l, "indexer.k_norm"), dkn);
+  LayerNormGrads gln = layernorm_backward(klin, weight(w, l, "indexer.k_norm"), dkn, kIndexNormEps);
   store(gln.dx);
   set_grad("indexer.k_norm", std::move(gln.dw));
   set_grad("indexer.k_norm_bias", std::move(gln.db));

@@ -106,7 +106,7 @@ expect 2 "one-pass is an order of the fused kernel's backward; use --kernel fuse
 expect 2 "\-\-sp 8 does not divide \-\-seq 36; try 1, 2, 3, 4, 6, 9, 12, 18, 36" -- "$laga" plan --model tiny --seq 36 --sp 8
 expect 2 "\-\-sp 3 does not divide \-\-seq 64" -- "$laga" verify --model tiny --seq 64 --sp 1,3
 expect 2 "no form can run it: explicit: \-\-sp 3 does not divide num_attention_heads 8.*ring-kv: \-\-seq 9 is not a multiple of 2 × \-\-sp 3.*laga-ulysses: \-\-seq 9 is not a multiple of 2 × (\-\-sp 3 / \-\-ulysses 1) = 6" \
-  -- "$laga" plan --model tiny --seq 9 --sp 3
+  -- "$laga" plan --model tiny --seq 9 --sp 3 --index-heads 0 --index-dim 0 --index-topk 0
 expect 2 "size '12 parsecs' is not a byte count" -- "$laga" run --model tiny --seq 16 --mem-limit "12 parsecs"
 # A run or plan over the memory limit is refused before anything is allocated, naming the planned peak.
 expect 2 "refused: the planned peak is .* over --mem-limit 1MiB" -- "$laga" run --model small --seq 2048 --mem-limit 1MiB
@@ -151,7 +151,7 @@ expect 2 "\-\-forms names laga-ulysses, which cannot run this configuration: \-\
   -- "$laga" bench --model tiny --seq 48 --sp 12 --forms laga,ring-kv --ulysses 6
 expect 2 "\-\-forms names laga-ulysses, which cannot run this configuration: \-\-ulysses 6 does not divide num_attention_heads 8; try \-\-ulysses 1, 2, 4" \
   -- "$laga" train --model tiny --seq 48 --sp 12 --forms laga-ulysses --ulysses 6
-expect 2 "\-\-forms names explicit, which cannot run this configuration: \-\-sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8; drop it from \-\-forms (forms that run it: ring-kv, ring-latent, laga-ulysses (ulysses 4))" \
+expect 2 "\-\-forms names explicit, which cannot run this configuration: \-\-sp 16 does not divide num_attention_heads 8; try 1, 2, 4, 8; drop it from \-\-forms (forms that run it: ring-kv, ring-latent, laga-ulysses (ulysses 4), dsa-gather, dsa-regather)" \
   -- "$laga" bench --model tiny --seq 64 --sp 16 --forms explicit,laga --ulysses 4
 expect 2 "\-\-forms names explicit, which cannot run this configuration: \-\-sp 16 does not divide" \
   -- "$laga" train --model tiny --seq 64 --sp 16 --forms laga,explicit --ulysses 4

@@ -111,6 +111,38 @@ TEST_F(Checkpoint, HuggingFaceNamesFollowDeepSeek) {
   EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 1, "wo"),
             "model.layers.1.self_attn.o_proj.weight");
   EXPECT_EQ(checkpoint_name(WeightNaming::laga, 1, "wkv_b"), "layers.1.wkv_b");
+  // DeepSeek-V3.2's lightning indexer
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 2, "indexer.wq_b"),
+            "model.layers.2.self_attn.indexer.wq_b.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "indexer.wk"),
+            "model.layers.0.self_attn.indexer.wk.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "indexer.k_norm"),
+            "model.layers.0.self_attn.indexer.k_norm.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "indexer.k_norm_bias"),
+            "model.layers.0.self_attn.indexer.k_norm.bias");
+  EXPECT_EQ(checkpoint_name(WeightNaming::hugging_face, 0, "indexer.weights_proj"),
+            "model.layers.0.self_attn.indexer.weights_proj.weight");
+  EXPECT_EQ(checkpoint_name(WeightNaming::laga, 1, "indexer.k_norm_bias"),
+            "layers.1.indexer.k_norm_bias");
+}
+
+// A DeepSeek-V3.2 shard: the MLA's and the indexer's tensors under Hugging Face names, beside
+// others, loads for a model with an indexer; one without the indexer's tensors is refused naming
+// the first missing one.
+TEST_F(Checkpoint, LoadsADeepSeekV32ShardWithItsIndexer) {
+  const MlaConfig c = tiny(2, DType::bf16);
+  ASSERT_TRUE(c.has_indexer());
+  Weights w = random_weights(c);
+  const std::vector<Tensor> extras = hf_extras();
+  write_safetensors(path("v32.safetensors"), hf_list(c, w, extras));
+  expect_same_weights(load_weights(path("v32.safetensors"), c), w);
+  std::vector<std::pair<std::string, const Tensor*>> without;
+  for (const auto& e : hf_list(c, w, extras))
+    if (e.first.find(".indexer.") == std::string::npos) without.push_back(e);
+  write_safetensors(path("v3.safetensors"), without);
+  const std::string m = usage_error_of([&] { (void)load_weights(path("v3.safetensors"), c); });
+  EXPECT_NE(m.find("no tensor model.layers.0.self_attn.indexer.wq_b.weight"), std::string::npos)
+      << m;
 }
 
 TEST_F(Checkpoint, LoadsItsOwnNamingBitExactly) {
