@@ -29,21 +29,6 @@ namespace laga::attn {
 
 namespace {
 
-// Runs body(slot, task) for task in [0, tasks) on at most `slots` threads; slot < slots is the
-// thread's own workspace. Inside, every product runs on its calling thread alone, even in a team of
-// one (which OpenMP does not count as a parallel region), so no result depends on the team size.
-template <class F>
-void parallel_tasks(int64_t tasks, int64_t slots, F&& body) {
-  const int nt = int(std::min<int64_t>(omp_get_max_threads(), slots));
-#pragma omp parallel num_threads(nt)
-  {
-    omp_set_num_threads(1);  // this thread's nested regions only: oneDNN runs sequentially
-    const int64_t slot = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) body(slot, task);
-  }
-}
-
 // C [M, N] fp32 (=, or += when accumulate) = A [M, K] · B [K, N], operands given by element
 // strides.
 MatmulParams product(int64_t M, int64_t N, int64_t K, DType ab, const void* a, int64_t a_m,

@@ -1,7 +1,8 @@
 // Internals shared by the attention kernels (attention.cpp, attention_eager.cpp,
-// attention_fused.cpp): the fused kernel's tile sizes, the vectorised row operations of the softmax
-// and its backward, and the copies of head rows between strided tensors and dense tiles. Not an
-// API: nothing outside src/ops/attention*.cpp includes it. The math these rows implement is derived
+// attention_fused.cpp, latent_attention.cpp, sparse_attention.cpp, indexer.cpp): their parallel
+// regions, the fused kernel's tile sizes, the vectorised row operations of the softmax and its
+// backward, and the copies of head rows between strided tensors and dense tiles. Not an API:
+// nothing outside those kernels includes it. The math these rows implement is derived
 // in docs/attention.md.
 //
 // The row operations are rows.hpp's (one Highway implementation, dispatched at run time); bf16 is
@@ -15,10 +16,30 @@
 #include <string_view>
 #include <vector>
 
+#include <omp.h>
+
 #include "laga/ops/attention.hpp"
 #include "src/ops/rows.hpp"
 
 namespace laga::attn {
+
+// Runs body(slot, task) for task in [0, tasks) on at most min(slots, tasks) threads; slot < slots
+// is the thread's own workspace. Inside, every product runs on its calling thread alone
+// (omp_set_num_threads(1) holds for the thread's nested regions: oneDNN runs sequentially), even in
+// a team of one (which OpenMP does not count as a parallel region), so no result depends on the
+// team size. Tasks are taken one at a time (dynamic): they differ in length.
+template <class F>
+void parallel_tasks(int64_t tasks, int64_t slots, F&& body) {
+  const int nt =
+      int(std::max<int64_t>(1, std::min<int64_t>({omp_get_max_threads(), slots, tasks})));
+#pragma omp parallel num_threads(nt)
+  {
+    omp_set_num_threads(1);
+    const int64_t slot = omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; ++task) body(slot, task);
+  }
+}
 
 inline constexpr float kLog2e = 1.44269504088896341f;
 inline constexpr float kLn2 = 0.693147180559945309f;

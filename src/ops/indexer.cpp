@@ -27,6 +27,7 @@
 #include "laga/core/work.hpp"
 #include "laga/ops/attention.hpp"
 #include "laga/ops/matmul.hpp"
+#include "src/ops/attention_internal.hpp"
 #include "src/ops/indexer_kernel.hpp"
 
 namespace laga {
@@ -39,19 +40,7 @@ constexpr int64_t kLossRows = 16;  // query rows of a loss task (pass 1)
 // Per-thread workspaces: a constant, not the thread count (memory depends on the params alone).
 constexpr int64_t kMaxSlots = kAttentionMaxThreads;
 
-// Runs body(slot, task) for task in [0, tasks) on at most `slots` threads (slot: the thread's
-// workspace), as attention_fused.cpp's parallel_tasks.
-template <class F>
-void parallel_tasks(int64_t tasks, int64_t slots, F&& body) {
-  const int nt = int(std::min<int64_t>(omp_get_max_threads(), slots));
-#pragma omp parallel num_threads(nt)
-  {
-    omp_set_num_threads(1);  // this thread's nested regions only: oneDNN runs sequentially
-    const int64_t slot = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) body(slot, task);
-  }
-}
+using attn::parallel_tasks;
 
 struct Cand {
   float score;

@@ -36,6 +36,8 @@ namespace laga {
 
 namespace {
 
+using attn::parallel_tasks;
+
 // default tokens per query tile, keys per key tile
 constexpr int64_t kLatentRows = 256, kLatentKeys = 256;
 constexpr int64_t kColBlock = 128;  // dlatent / dwkv columns per task
@@ -56,21 +58,6 @@ LatentTiles latent_tiles(const LatentAttentionParams& p, bool backward) {
   t.slots = std::min(kAttentionMaxThreads, p.B * p.H * (backward ? 1 : t.nqb));
   t.ncb = (p.Lkv + kColBlock - 1) / kColBlock;
   return t;
-}
-
-// body(slot, task) for task in [0, tasks) on at most `slots` threads, each product single-threaded
-// (as the fused kernel's parallel regions).
-template <class F>
-void parallel_tasks(int64_t tasks, int64_t slots, F&& body) {
-  const int nt =
-      int(std::max<int64_t>(1, std::min<int64_t>({omp_get_max_threads(), slots, tasks})));
-#pragma omp parallel num_threads(nt)
-  {
-    omp_set_num_threads(1);
-    const int64_t slot = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) body(slot, task);
-  }
 }
 
 // C [M, N] (=, or += when accumulate) = A [M, K] · B [K, N] by element strides; C of dtype c_dt.

@@ -38,19 +38,7 @@ using attn::kLog2e;
 // core's L2 cache beside S and the o sums.
 constexpr int64_t kChunk = 128;
 
-// Runs body(slot, task) for task in [0, tasks) on at most `slots` threads, every product on its
-// calling thread alone (attention_fused.cpp's parallel_tasks).
-template <class F>
-void parallel_tasks(int64_t tasks, int64_t slots, F&& body) {
-  const int nt = int(std::min<int64_t>(omp_get_max_threads(), slots));
-#pragma omp parallel num_threads(nt)
-  {
-    omp_set_num_threads(1);
-    const int64_t slot = omp_get_thread_num();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; ++task) body(slot, task);
-  }
-}
+using attn::parallel_tasks;
 
 MatmulParams product(int64_t M, int64_t N, int64_t K, DType ab, const void* a, int64_t a_m,
                      int64_t a_k, const void* b, int64_t b_k, int64_t b_n, float* c, int64_t c_m,
