@@ -37,7 +37,7 @@ const CLI::Validator kSeed(
 }  // namespace
 
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
-  app->add_option("--model", f.model, "preset: deepseek-v3, deepseek-v2-lite, small, tiny")
+  app->add_option("--model", f.model, "preset: deepseek-v3, deepseek-v3.2, deepseek-v2-lite, small, tiny")
       ->capture_default_str();
   app->add_option("--config", f.config_path,
                   "model dimensions from a JSON file (Hugging Face config.json keys); "
