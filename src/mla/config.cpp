@@ -249,7 +249,7 @@ std::vector<std::string> MlaConfig::problems_with(const Form* f, bool named) con
           "index_head_dim (--index-dim) = {} must be at least qk_rope_head_dim {} (RoPE "
           "rotates an index head's first {} dims) and at most {}; try {}",
           index_head_dim, qk_rope_head_dim, qk_rope_head_dim, kMaxModelDim,
-          std::max<int64_t>(qk_rope_head_dim, 1) * 2));
+          std::clamp<int64_t>(qk_rope_head_dim, 1, kMaxModelDim / 2) * 2));
     if (index_topk < 1 || index_topk > kMaxModelDim)
       p.push_back(fmt::format(
           "index_topk (--index-topk) = {} must be in [1, {}] (keys each query selects); try {}",
