@@ -3,6 +3,8 @@
 // blocking pairs are start + wait.
 #include "laga/comm/pairs.hpp"
 
+#include <cstring>
+
 #include "laga/ops/elementwise.hpp"
 
 namespace laga {
@@ -81,16 +83,62 @@ InFlight gather_heads_start(Communicator& comm, Tensor x, const std::string& nam
   return f;
 }
 
+namespace {
+
+// The zigzag layout's block order (pairs.hpp): the 2P chunks of C rows in rank order are rank r's
+// chunks r and 2P−1−r at places 2r and 2r + 1; in sequence order chunk j is at place j.
+int64_t zigzag_place(int64_t chunk, int64_t P) {
+  return chunk < P ? 2 * chunk : 2 * (2 * P - 1 - chunk) + 1;
+}
+
+// Reorders t's 2P blocks in place: afterwards block i holds what block source(i) held. Cycle by
+// cycle through a scratch of one block; nothing moves on a meta tensor.
+template <class Source>
+void permute_blocks(const Tensor& t, int64_t P, Source source) {
+  const int64_t n = 2 * P, block = t.numel() / n;
+  Tensor scratch = Tensor::empty({block}, t.dtype(), "comm.block");
+  if (t.is_meta()) return;
+  const size_t bytes = size_t(block) * size_t(dtype_size(t.dtype()));
+  auto* base = static_cast<char*>(t.raw());
+  std::vector<bool> moved(size_t(n), false);
+  for (int64_t start = 0; start < n; ++start) {
+    if (moved[size_t(start)] || source(start) == start) continue;
+    std::memcpy(scratch.raw(), base + start * bytes, bytes);
+    int64_t i = start;
+    for (int64_t from = source(i); from != start; i = from, from = source(i)) {
+      std::memcpy(base + i * bytes, base + from * bytes, bytes);
+      moved[size_t(i)] = true;
+    }
+    std::memcpy(base + i * bytes, scratch.raw(), bytes);
+    moved[size_t(i)] = true;
+  }
+}
+
+void check_zigzag(int64_t rows, const char* what, const std::string& name) {
+  LAGA_CHECK(rows % 2 == 0, "{} of '{}' over zigzag shards: {} local rows are not two chunks", what,
+             name, rows);
+}
+
+}  // namespace
+
 InFlight all_gather_tokens_start(Communicator& comm, Tensor x, const std::string& name,
-                                 const std::string& tag) {
+                                 const std::string& tag, Shards shards) {
   LAGA_CHECK(x.rank() == 3, "all_gather_tokens of '{}': {} is not [N, B, d]", name,
              shape_str(x.shape()));
-  Tensor out = Tensor::empty({comm.size() * x.dim(0), x.dim(1), x.dim(2)}, x.dtype(), tag);
+  if (shards == Shards::zigzag) check_zigzag(x.dim(0), "all_gather_tokens", name);
+  const int64_t P = comm.size();
+  Tensor out = Tensor::empty({P * x.dim(0), x.dim(1), x.dim(2)}, x.dtype(), tag);
   InFlight f;
   f.comm_ = &comm;
   f.handle_ = comm.all_gather_start(x.raw(), out.raw(), x.numel(), x.dtype(), name);
   f.keep_ = {std::move(x)};
-  f.finish_ = [out = std::move(out)] { return out; };
+  if (shards == Shards::contiguous)
+    f.finish_ = [out = std::move(out)] { return out; };
+  else  // rank order to sequence order
+    f.finish_ = [out = std::move(out), P] {
+      permute_blocks(out, P, [P](int64_t j) { return zigzag_place(j, P); });
+      return out;
+    };
   return f;
 }
 
@@ -101,7 +149,7 @@ InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::st
 }
 
 InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name,
-                                     const std::string& tag, DType out_dtype) {
+                                     const std::string& tag, DType out_dtype, Shards shards) {
   LAGA_CHECK(x.rank() == 3 && x.dim(0) % comm.size() == 0,
              "reduce_scatter_tokens of '{}': {} is not [T, B, d] with "
              "P = {} dividing T",
@@ -117,6 +165,11 @@ InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::st
                              round_after ? tag + "_sum" : tag);
   InFlight f;
   f.comm_ = &comm;
+  if (shards == Shards::zigzag) {  // sequence order to rank order: rank r's chunks side by side
+    check_zigzag(out.dim(0), "reduce_scatter_tokens", name);
+    const int64_t P = comm.size();
+    permute_blocks(x, P, [P](int64_t i) { return i % 2 == 0 ? i / 2 : 2 * P - 1 - i / 2; });
+  }
   f.handle_ = comm.reduce_scatter_start(x.raw(), out.raw(), out.numel(), x.dtype(), name);
   f.keep_ = {std::move(x)};
   if (round_after)
@@ -146,8 +199,8 @@ Tensor gather_heads(Communicator& comm, const Tensor& x, const std::string& name
   return gather_heads_start(comm, x, name, tag).wait();
 }
 Tensor all_gather_tokens(Communicator& comm, const Tensor& x, const std::string& name,
-                         const std::string& tag) {
-  return all_gather_tokens_start(comm, x, name, tag).wait();
+                         const std::string& tag, Shards shards) {
+  return all_gather_tokens_start(comm, x, name, tag, shards).wait();
 }
 Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name,
                              const std::string& tag) {
@@ -155,8 +208,8 @@ Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::str
 }
 
 Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name,
-                             const std::string& tag, DType out) {
-  return reduce_scatter_tokens_start(comm, x, name, tag, out).wait();
+                             const std::string& tag, DType out, Shards shards) {
+  return reduce_scatter_tokens_start(comm, x, name, tag, out, shards).wait();
 }
 
 }  // namespace laga

@@ -497,7 +497,7 @@ FormPrediction predict(const Config& c, const HardwareSpec& hw) {
   // Where every rank runs the same shapes (Form::ranks_alike: N consecutive tokens of a
   // head-scatter form) its plan is rank 0's (Model.AlikeRanksPlanTheSameWork); otherwise each rank
   // is planned.
-  const bool alike = form_of(m).ranks_alike();
+  const bool alike = form_of(m).ranks_alike(m);
   for (int64_t r = 0; r < P; ++r) {
     RankReplay& x = ranks[size_t(r)];
     x.plan = alike && r > 0 ? ranks[0].plan : std::make_shared<const Plan>(plan_run(c, int(r)));

@@ -32,7 +32,7 @@ Tensor gather_rows(const MlaConfig& c, Communicator& comm, const Tensor& shard,
   Shape s = shard.shape();
   s[0] *= comm.size();
   Tensor whole = Tensor::empty(s, shard.dtype(), tag);
-  if (form_of(c).layout() == TokenLayout::contiguous) {
+  if (form_of(c).layout(c) == TokenLayout::contiguous) {
     comm.all_gather(shard.raw(), whole.raw(), shard.numel(), shard.dtype(), "gather." + tag);
     return whole;
   }

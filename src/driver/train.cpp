@@ -44,7 +44,7 @@ nlohmann::json train_identity(const Config& cfg, const TrainOptions& opt) {
 }
 
 Config teacher_config(const Config& c) {
-  if (form_of(*c).layout() != TokenLayout::contiguous) return c;
+  if (form_of(*c).layout(*c) != TokenLayout::contiguous) return c;
   return c.with([](MlaConfig& t) { t = as_form(t, kBaselineForm); });
 }
 

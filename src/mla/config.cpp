@@ -47,6 +47,17 @@ IndexerStage parse_indexer_stage(std::string_view name) {
       name);
 }
 
+std::string_view cp_layout_name(CpLayout l) {
+  return l == CpLayout::zigzag ? "zigzag" : "contiguous";
+}
+
+CpLayout parse_cp_layout(std::string_view name) {
+  if (name == "zigzag") return CpLayout::zigzag;
+  if (name == "contiguous") return CpLayout::contiguous;
+  LAGA_FAIL_USAGE("unknown layout '{}' (--cp-layout, JSON cp_layout); valid: zigzag, contiguous",
+                  name);
+}
+
 std::vector<std::string> MlaConfig::preset_names() {
   return {"deepseek-v3", "deepseek-v3.2", "deepseek-v2-lite", "small", "tiny"};
 }
@@ -313,6 +324,7 @@ nlohmann::json MlaConfig::to_json() const {
   j["index_topk"] = index_topk;
   j["indexer_stage"] = indexer_stage_name(indexer_stage);
   j["indexer_loss_scale"] = indexer_loss_scale;
+  j["cp_layout"] = cp_layout_name(cp_layout);
   j["softmax_scale"] = softmax_scale();
   j["rms_norm_eps"] = rms_norm_eps;
   j["rope_theta"] = rope_theta;
@@ -369,6 +381,7 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     c.index_topk = json_int(j, "index_topk", 0);
     if (j.contains("indexer_stage"))
       c.indexer_stage = parse_indexer_stage(j["indexer_stage"].get<std::string>());
+    if (j.contains("cp_layout")) c.cp_layout = parse_cp_layout(j["cp_layout"].get<std::string>());
     if (j.contains("indexer_loss_scale")) {
       LAGA_CHECK(j["indexer_loss_scale"].is_number(),
                  "configuration JSON: indexer_loss_scale is {}, not a number",

@@ -352,7 +352,14 @@ void backward(const SparseAttentionBwdParams& p, const AttentionSaved& saved) {
         const Slot s = slot_of(slot);
         float* sums = s.acc;                 // [nr, Dqk]: dkv rows r0 .. r1 − 1
         float* contrib = s.acc + R * p.Dqk;  // [n, Dqk]: one row's contribution to its span
-        std::fill(sums, sums + nr * p.Dqk, 0.0f);
+        for (int64_t i = 0; i < nr; ++i) {
+          float* row = sums + i * p.Dqk;
+          if (p.dkv_accumulate)
+            std::copy_n(static_cast<const float*>(p.dkv) + ((r0 + i) * p.B + b) * p.Dqk, p.Dqk,
+                        row);
+          else
+            std::fill(row, row + p.Dqk, 0.0f);
+        }
         for (int64_t t = p.idx ? 0 : std::max<int64_t>(0, r0 - p.q_pos0); t < p.Tq; ++t) {
           // the span: candidates in [r0, r1), ascending, first key s0
           const int32_t* span = nullptr;
@@ -468,6 +475,9 @@ void check_sparse_attention_params(const SparseAttentionBwdParams& p) {
   LAGA_CHECK(p.dkv_dtype == DType::f32 || p.dkv_dtype == p.dtype,
              "sparse attention writes dkv in fp32 or the storage dtype {}; got {}",
              dtype_name(p.dtype), dtype_name(p.dkv_dtype));
+  LAGA_CHECK(!p.dkv_accumulate || p.dkv_dtype == DType::f32,
+             "sparse attention adds onto dkv's sums in fp32 only; got dkv in {}",
+             dtype_name(p.dkv_dtype));
 }
 
 AttentionSaved sparse_attention_forward(const SparseAttentionParams& p) {

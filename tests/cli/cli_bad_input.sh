@@ -49,7 +49,10 @@ expect 2 "\-\-ulysses 3 does not divide \-\-sp 8; try \-\-ulysses 1, 2, 4" -- "$
 # the lightning indexer (DeepSeek Sparse Attention)
 expect 2 "index_topk (\-\-index-topk) = 0 must be in \[1, .*\] (keys each query selects); try 8" -- "$laga" run --model tiny --seq 32 --form dsa-gather --index-topk 0
 expect 2 "index_head_dim (\-\-index-dim) = 4 must be at least qk_rope_head_dim 8" -- "$laga" run --model tiny --seq 32 --form dsa-gather --index-dim 4
-expect 2 "\-\-indexer-stage applies to the sparse forms (dsa-gather, dsa-regather), not to form 'laga', which ignores the indexer; try \-\-form dsa-gather, or drop \-\-indexer-stage" -- "$laga" run --model tiny --seq 32 --form laga --indexer-stage warmup
+expect 2 "\-\-indexer-stage applies to the sparse forms (dsa-gather, dsa-regather), not to form 'laga', which ignores the indexer and has its own layout; try \-\-form dsa-gather, or drop \-\-indexer-stage" -- "$laga" run --model tiny --seq 32 --form laga --indexer-stage warmup
+expect 2 "\-\-seq 36 is not a multiple of 2 × \-\-sp 4 = 8 (dsa-gather's zigzag layout .*; try \-\-seq 32 or 40, or \-\-cp-layout contiguous" -- "$laga" run --model tiny --seq 36 --sp 4 --form dsa-gather
+expect 2 "unknown layout 'spiral' (\-\-cp-layout, JSON cp_layout); valid: zigzag, contiguous" -- "$laga" run --model tiny --seq 32 --form dsa-gather --cp-layout spiral
+expect 2 "\-\-cp-layout applies to the sparse forms (dsa-gather, dsa-regather), not to form 'laga'" -- "$laga" run --model tiny --seq 32 --form laga --cp-layout zigzag
 expect 2 "unknown indexer stage 'cold' (\-\-indexer-stage, JSON indexer_stage); valid: warmup, sparse" -- "$laga" run --model tiny --seq 32 --form dsa-gather --indexer-stage cold
 expect 2 "form dsa-gather runs DeepSeek Sparse Attention's lightning indexer, and model 'deepseek-v3' has none; try \-\-model deepseek-v3.2" -- "$laga" run --model deepseek-v3 --seq 16 --form dsa-gather
 expect 2 "\-\-ulysses 3 does not divide \-\-sp 8; try \-\-ulysses 1, 2, 4" -- "$laga" run --model tiny --seq 32 --sp 8 --form laga-ulysses --ulysses 3
@@ -203,6 +206,15 @@ else
   echo "not checked: bench_attention's bad input (this build has LAGA_BUILD_BENCH off)"
 fi
 
+# A top-k above T is clamped to T with one note (a query has at most T keys), and the run goes on.
+out=$("$laga" run --model tiny --seq 8 --form dsa-gather 2>&1 >/dev/null); status=$?
+if [ "$status" -eq 0 ] && [ "$(wc -l <<<"$out")" -eq 1 ] \
+   && grep -q "^note: \-\-index-topk 16 exceeds \-\-seq 8: the sparse forms select every earlier key (top-k runs as 8)$" <<<"$out"; then
+  echo "ok: --index-topk 16 at --seq 8 runs as 8, said once"
+else
+  echo "FAIL: --index-topk above --seq: status $status: $out"; failures=$((failures + 1))
+fi
+
 [ "$failures" -eq 0 ] && echo "cli_bad_input: all cases pass" || echo "cli_bad_input: $failures failures"
 # The other side of the rule: exit 0, the refusing forms' rows say "not run" and why, the others have numbers.
 out=$("$laga" plan --model tiny --seq 64 --sp 16 2>&1); status=$?
@@ -233,6 +245,15 @@ if [ "$status" -eq 0 ] && grep -q "^    1 laga  *explicit@1 .* yes  *ok" <<<"$ou
   echo "ok: verify with --attn-backward one-pass"
 else
   echo "FAIL: verify --attn-backward one-pass: status $status: $out"; failures=$((failures + 1))
+fi
+
+# A top-k above T is clamped to T with one note (a query has at most T keys), and the run goes on.
+out=$("$laga" run --model tiny --seq 8 --form dsa-gather 2>&1 >/dev/null); status=$?
+if [ "$status" -eq 0 ] && [ "$(wc -l <<<"$out")" -eq 1 ] \
+   && grep -q "^note: \-\-index-topk 16 exceeds \-\-seq 8: the sparse forms select every earlier key (top-k runs as 8)$" <<<"$out"; then
+  echo "ok: --index-topk 16 at --seq 8 runs as 8, said once"
+else
+  echo "FAIL: --index-topk above --seq: status $status: $out"; failures=$((failures + 1))
 fi
 
 [ "$failures" -eq 0 ]

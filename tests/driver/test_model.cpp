@@ -231,7 +231,7 @@ TEST(Model, ComputeIsEachRecordedOpOverItsClassRate) {
 // plan records the same work and the same timeline.
 TEST(Model, AlikeRanksPlanTheSameWork) {
   for (const Form* f : registered_forms()) {
-    if (!f->ranks_alike()) continue;
+    if (!f->ranks_alike(MlaConfig{})) continue;
     const Config c = tiny(std::string(f->name()), 32, 4);
     const WorkLedger w0 = plan_run(c, 0).work;
     for (int r = 1; r < 4; ++r) {

@@ -51,7 +51,7 @@ std::vector<Case> sweep() {
         const int64_t P = Ps[(i / 2) % 4], H = Hs[i % 4];
         // A zigzag form needs T a multiple of 2P (over groups, of 2·Pr, which divides it): the next
         // one up.
-        const int64_t T = form->layout() != TokenLayout::contiguous
+        const int64_t T = form->layout(MlaConfig{}) != TokenLayout::contiguous
                               ? (Ts[i % 4] + 2 * P - 1) / (2 * P) * (2 * P)
                               : Ts[i % 4];
         cases.push_back({std::string(form->name()), kernel, dt, T, P, H, 1 + i % 2,

@@ -1,6 +1,7 @@
 // The sparse forms (dsa-gather, dsa-regather; docs/sparse.md) as blocks: judged by verify's rule
 // against the fp64 reference of the sparse block on their own selection (both stages, P 1–4, fp32
-// and bf16, the indexer's gradients included); bit-identical to each other at P 1; equal to the
+// and bf16, both layouts, the indexer's gradients included); bit-identical to each other at every
+// P; equal to the
 // dense absorbed-shared form within the rule when the selection holds every earlier key; their
 // indexer loss the reference's; their selection bitwise the same at every P; and the configurations
 // they refuse.
@@ -48,8 +49,13 @@ TEST(Dsa, BothFormsPassTheRuleOnTheirSelectionAtEveryP) {
   for (DType dt : {DType::f32, DType::bf16})
     for (IndexerStage stage : {IndexerStage::sparse, IndexerStage::warmup}) {
       // T 48 > k 16: every row from position 16 on selects 16 of its keys
+      // the zigzag layout at P 1, 2, 4 and the contiguous one at P 4
       const Config c = tiny("explicit", dt, 48, 1, 2, 2, stage);
-      const verify::FormsReport r = check(c, {1, 2, 4});
+      verify::FormsReport r = check(c, {1, 2, 4});
+      const verify::FormsReport contiguous =
+          check(c.with([](MlaConfig& m) { m.cp_layout = CpLayout::contiguous; }), {4});
+      for (const auto& k : contiguous.cases)
+        if (k.form.starts_with("dsa-")) r.cases.push_back(k), r.pass = r.pass && contiguous.pass;
       int sparse_cases = 0;
       for (const auto& k : r.cases) {
         fmt::print("[measured] {} {} P{} {} vs {}: worst {} at {:.3f} of allowed\n", dtype_name(dt),
@@ -62,38 +68,59 @@ TEST(Dsa, BothFormsPassTheRuleOnTheirSelectionAtEveryP) {
           EXPECT_TRUE(k.max_abs.count("dindexer_wq_b")) << k.form;
         }
       }
-      EXPECT_EQ(sparse_cases, 6);
+      EXPECT_EQ(sparse_cases, 8);
       EXPECT_TRUE(r.pass);
     }
 }
 
-TEST(Dsa, RegatherIsBitIdenticalToGatherAtOneRank) {
-  for (DType dt : {DType::f32, DType::bf16}) {
-    const RankResult a = gathered(tiny("dsa-gather", dt, 40, 1, 2, 2));
-    const RankResult b = gathered(tiny("dsa-regather", dt, 40, 1, 2, 2));
-    std::string where;
-    EXPECT_TRUE(verify::bitwise_equal(verify::tensors_of(a.y, a.dx, a.grads),
-                                      verify::tensors_of(b.y, b.dx, b.grads), &where))
-        << dtype_name(dt) << ": " << where;
-    ASSERT_EQ(a.topk.size(), 2u);
-    for (size_t l = 0; l < a.topk.size(); ++l)
-      EXPECT_EQ(a.topk[l].to_floats(), b.topk[l].to_floats()) << "layer " << l;
-    EXPECT_EQ(a.indexer_loss, b.indexer_loss);
-  }
+// dsa-regather gathers the latent again and rebuilds q_abs block by block on the blocks dsa-gather
+// ran in forward: the same operations on the same values at every P, in both layouts. T 1040 at
+// P 1 and T 2080 at P 2 (zigzag chunks of 520) cut a rank's rows into several row blocks.
+TEST(Dsa, RegatherIsBitIdenticalToGatherAtEveryP) {
+  struct Shape {
+    int64_t T, P, L, B;
+    CpLayout layout;
+  };
+  const Shape shapes[] = {{40, 1, 2, 2, CpLayout::zigzag},
+                          {48, 2, 2, 2, CpLayout::zigzag},
+                          {48, 4, 1, 1, CpLayout::contiguous},
+                          {1040, 1, 1, 1, CpLayout::zigzag},
+                          {2080, 2, 1, 1, CpLayout::zigzag}};
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const Shape& sh : shapes) {
+      auto cfg = [&](const char* form) {
+        return tiny(form, dt, sh.T, sh.P, sh.L, sh.B).with([&](MlaConfig& m) {
+          m.cp_layout = sh.layout;
+        });
+      };
+      const RankResult a = gathered(cfg("dsa-gather")), b = gathered(cfg("dsa-regather"));
+      const std::string what =
+          fmt::format("{} T {} P {} {}", dtype_name(dt), sh.T, sh.P, cp_layout_name(sh.layout));
+      std::string where;
+      EXPECT_TRUE(verify::bitwise_equal(verify::tensors_of(a.y, a.dx, a.grads),
+                                        verify::tensors_of(b.y, b.dx, b.grads), &where))
+          << what << ": " << where;
+      ASSERT_EQ(a.topk.size(), size_t(sh.L));
+      for (size_t l = 0; l < a.topk.size(); ++l)
+        EXPECT_EQ(a.topk[l].to_floats(), b.topk[l].to_floats()) << what << " layer " << l;
+      EXPECT_EQ(a.indexer_loss, b.indexer_loss) << what;
+    }
 }
 
-// The selection is the indexer's and the indexer runs on the same values at every P (each row's
-// scores in one fixed order): every P selects the same keys, bit for bit.
-TEST(Dsa, TheSelectionIsTheSameAtEveryP) {
+// The selection is the indexer's and the indexer runs on the same values at every P and in either
+// layout (each row's scores in one fixed order): every P selects the same keys, bit for bit.
+TEST(Dsa, TheSelectionIsTheSameAtEveryPInBothLayouts) {
   for (DType dt : {DType::f32, DType::bf16}) {
     const RankResult one = gathered(tiny("dsa-gather", dt, 64, 1, 2));
-    for (int64_t P : {2, 4, 8}) {
-      const RankResult r = gathered(tiny("dsa-gather", dt, 64, P, 2));
-      ASSERT_EQ(r.topk.size(), one.topk.size());
-      for (size_t l = 0; l < r.topk.size(); ++l)
-        EXPECT_EQ(r.topk[l].to_floats(), one.topk[l].to_floats())
-            << dtype_name(dt) << " P" << P << " layer " << l;
-    }
+    for (CpLayout layout : {CpLayout::zigzag, CpLayout::contiguous})
+      for (int64_t P : {2, 4, 8}) {
+        const RankResult r = gathered(
+            tiny("dsa-gather", dt, 64, P, 2).with([&](MlaConfig& m) { m.cp_layout = layout; }));
+        ASSERT_EQ(r.topk.size(), one.topk.size());
+        for (size_t l = 0; l < r.topk.size(); ++l)
+          EXPECT_EQ(r.topk[l].to_floats(), one.topk[l].to_floats())
+              << dtype_name(dt) << " " << cp_layout_name(layout) << " P" << P << " layer " << l;
+      }
   }
 }
 

@@ -263,6 +263,46 @@ TEST(SparseAttention, IsBitwiseIndependentOfThreadCount) {
     }
 }
 
+// The sparse forms run their rows in blocks: forward block by block gives the one call's o and lse
+// rows, and backward block by block, each adding onto the fp32 dkv of the blocks before it
+// (dkv_accumulate), gives the one call's dq and dkv, bit for bit.
+TEST(SparseAttention, RowBlocksGiveTheOneCallsBits) {
+  for (DType dt : {DType::f32, DType::bf16})
+    for (const Case& c : cases()) {
+      const std::string what = std::string(dtype_name(dt)) + " " + c.name;
+      SparseRun whole = setup(c, dt);
+      const AttentionSaved saved = sparse_attention_forward(whole.p);
+      sparse_attention_backward(whole.p, saved);
+      SparseRun r = setup(c, dt);  // the same inputs, outputs zeroed
+      const int64_t B = c.B, H = c.H, esz = dtype_size(dt);
+      const int64_t cuts[] = {0, c.Tq / 3, c.Tq / 3 + 1, c.Tq};  // one block of a single row
+      for (int i = 0; i < 3; ++i) {
+        const int64_t t0 = cuts[i], n = cuts[i + 1] - t0;
+        if (n == 0) continue;
+        SparseAttentionBwdParams p = r.p;
+        p.Tq = n, p.q_pos0 = c.q_pos0 + t0;
+        auto shift = [&](const void* base, int64_t per_row) {
+          return static_cast<const char*>(base) + t0 * B * per_row * esz;
+        };
+        p.q = shift(r.p.q, H * c.Dqk), p.o = const_cast<char*>(shift(r.p.o, H * c.Dv));
+        p.dout = shift(r.p.dout, H * c.Dv), p.dq = const_cast<char*>(shift(r.p.dq, H * c.Dqk));
+        if (p.idx) p.idx = r.p.idx + t0 * B * c.topk;
+        p.dkv_accumulate = i > 0;
+        const AttentionSaved block = sparse_attention_forward(p);
+        for (int64_t b = 0; b < B; ++b)
+          for (int64_t h = 0; h < H; ++h)
+            for (int64_t t = 0; t < n; ++t)
+              ASSERT_EQ(block.lse.get((b * H + h) * n + t),
+                        saved.lse.get((b * H + h) * c.Tq + t0 + t))
+                  << what << " lse row " << t0 + t;
+        sparse_attention_backward(p, block);
+      }
+      EXPECT_TRUE(bitwise_equal(r.o, whole.o)) << what << " o";
+      EXPECT_TRUE(bitwise_equal(r.dq, whole.dq)) << what << " dq";
+      EXPECT_TRUE(bitwise_equal(r.dkv, whole.dkv)) << what << " dkv";
+    }
+}
+
 // A run on a meta tracker allocates, tag by tag, what a real run does, and records the same work;
 // every buffer is tagged attn.* and only the saved lse stays live.
 TEST(SparseAttention, MetaRunAllocatesAndRecordsWhatARealRunDoes) {
@@ -334,6 +374,9 @@ TEST(SparseAttention, ChecksNameTheOffendingParameter) {
   p = r.p, p.dkv = nullptr;
   const AttentionSaved saved = sparse_attention_forward(r.p);
   EXPECT_THROW(sparse_attention_backward(p, saved), Error);
+  SparseRun low = setup(cases()[1], DType::bf16, DType::bf16);  // sums kept in bf16 cannot grow
+  p = low.p, p.dkv_accumulate = true;
+  EXPECT_THROW(sparse_attention_backward(p, sparse_attention_forward(low.p)), Error);
 }
 
 // The backward's workspace is per-thread tiles (at most 16 slots, key tiles of at most 128 rows),

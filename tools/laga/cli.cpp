@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "laga/comm/communicator.hpp"
 #include "laga/core/bytes.hpp"
@@ -37,7 +38,8 @@ const CLI::Validator kSeed(
 }  // namespace
 
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
-  app->add_option("--model", f.model, "preset: deepseek-v3, deepseek-v3.2, deepseek-v2-lite, small, tiny")
+  app->add_option("--model", f.model,
+                  "preset: deepseek-v3, deepseek-v3.2, deepseek-v2-lite, small, tiny")
       ->capture_default_str();
   app->add_option("--config", f.config_path,
                   "model dimensions from a JSON file (Hugging Face config.json keys); "
@@ -74,6 +76,9 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
                   "default sparse");
   app->add_option("--indexer-loss-scale", f.indexer_loss_scale,
                   "the indexer loss's weight in the differentiated loss (sparse forms; default 1)");
+  app->add_option("--cp-layout", f.cp_layout,
+                  "the sparse forms' tokens per rank: zigzag (chunks r and 2P−1−r of T/(2P): "
+                  "balanced causal work), contiguous; default zigzag");
   app->add_option("--json", f.json_path, "write results as JSON to this file");
   app->add_option("--seed", f.seed, "seed of weights and inputs")
       ->check(kSeed)
@@ -166,7 +171,18 @@ MlaConfig build_spec(const CommonFlags& f) {
   if (f.index_topk) c.index_topk = *f.index_topk;
   if (!f.indexer_stage.empty()) c.indexer_stage = parse_indexer_stage(f.indexer_stage);
   if (f.indexer_loss_scale) c.indexer_loss_scale = *f.indexer_loss_scale;
+  if (!f.cp_layout.empty()) c.cp_layout = parse_cp_layout(f.cp_layout);
   c.form = form_label(f.form, f);
+  // A query has at most T keys: a larger top-k runs as T (MlaConfig::topk), said once here where
+  // the run is a sparse form's.
+  static bool said = false;  // once a process, however many configs a command builds
+  const Form* form = find_form_or_null(c.form);
+  if (form && form->sparse() && c.index_topk > c.seq_len && c.seq_len > 0 &&
+      !std::exchange(said, true))
+    fmt::print(stderr,
+               "note: --index-topk {} exceeds --seq {}: the sparse forms select every earlier key "
+               "(top-k runs as {})\n",
+               c.index_topk, c.seq_len, c.seq_len);
   c.kernel = parse_kernel(f.kernel);
   c.dtype = parse_dtype(f.dtype);
   c.dlatent_sum = parse_dlatent_sum(f.dlatent_sum);

@@ -45,13 +45,13 @@ struct CommonFlags {
   // The lightning indexer's dimensions (none: the model's), the sparse forms' stage and loss scale
   // (none: the defaults)
   std::optional<int64_t> index_heads, index_dim, index_topk;
-  std::string indexer_stage;
+  std::string indexer_stage, cp_layout;
   std::optional<double> indexer_loss_scale;
 };
 
 // --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --dlatent-sum
 // --rope-layout --overlap --index-heads --index-dim --index-topk --indexer-stage
-// --indexer-loss-scale --json --seed; with_comm adds --comm, --timeout and --mpi-progress.
+// --indexer-loss-scale --cp-layout --json --seed; with_comm adds --comm, --timeout and --mpi-progress.
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
 Config build_config(const CommonFlags& f);
 // The flags' configuration, not yet validated (for the commands that run every form: forms_at).

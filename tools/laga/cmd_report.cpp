@@ -186,6 +186,7 @@ Report report_of(const std::string& out_dir, bool quick) {
 void write_forms_json(const Report& r) {
   const FormsAtConfig fused = forms_at_config("small", 2, "fused", "bf16", r.seqs);
   nlohmann::json forms = nlohmann::json::array();
+  const MlaConfig bench_spec = MlaConfig::preset("small");  // the layouts the benches run
   for (const Form* f : registered_forms()) {
     const std::string name(f->name());
     nlohmann::json j = {{"name", name},
@@ -193,7 +194,7 @@ void write_forms_json(const Report& r) {
                         {"summary", std::string(f->summary())},
                         {"own_kernel", std::string(f->own_kernel())},
                         {"output", f->output() == Form::Output::heads ? "heads" : "tokens"},
-                        {"layout", std::string(token_layout_name(f->layout()))},
+                        {"layout", std::string(token_layout_name(f->layout(bench_spec)))},
                         {"exact_at_one_rank", f->exact_at_one_rank()}};
     if (auto it = fused.refused.find(name); it != fused.refused.end())
       j["not_run_at_bench"] = it->second;

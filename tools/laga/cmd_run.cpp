@@ -124,16 +124,18 @@ int cmd_run(const CommonFlags& f, const std::string& dump_dir, const std::string
   const Config cfg = build_config(f);
   const MlaConfig& c = *cfg;
   // The indexer's stage and loss are the sparse forms' alone: refused rather than ignored.
-  if (!form_of(c).sparse() && (!f.indexer_stage.empty() || f.indexer_loss_scale)) {
+  if (!form_of(c).sparse() &&
+      (!f.indexer_stage.empty() || f.indexer_loss_scale || !f.cp_layout.empty())) {
     std::string sparse;
     for (const Form* s : registered_forms())
       if (s->sparse()) sparse += (sparse.empty() ? "" : ", ") + std::string(s->name());
+    const char* flag = !f.indexer_stage.empty() ? "indexer-stage"
+                       : f.indexer_loss_scale   ? "indexer-loss-scale"
+                                                : "cp-layout";
     LAGA_FAIL_USAGE(
-        "--{} applies to the sparse forms ({}), not to form '{}', which ignores the indexer; "
-        "try --form {}, or drop --{}",
-        f.indexer_stage.empty() ? "indexer-loss-scale" : "indexer-stage", sparse, c.form,
-        sparse.substr(0, sparse.find(',')),
-        f.indexer_stage.empty() ? "indexer-loss-scale" : "indexer-stage");
+        "--{} applies to the sparse forms ({}), not to form '{}', which ignores the indexer "
+        "and has its own layout; try --form {}, or drop --{}",
+        flag, sparse, c.form, sparse.substr(0, sparse.find(',')), flag);
   }
   const LaunchKind kind = stand_in >= 0 ? LaunchKind::stand_in : launch_kind(f.comm);
   // Refused before anything is allocated: this process holds every rank (threads) or one.

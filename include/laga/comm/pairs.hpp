@@ -16,7 +16,11 @@
 // ranks in fp32 into an fp32 buffer (tag + "_sum") and rounded once to `out`, so the sum over ranks
 // sees no rounding of the partials (RunChoices::dlatent_sum).
 //
-// N = T/P tokens of this rank (rank r holds rows r·N .. (r+1)·N of the sequence), Hr = H/P heads
+// N = T/P tokens of this rank (rank r holds rows r·N .. (r+1)·N of the sequence; the token pair
+// also takes Shards::zigzag: rank r holds chunks r and 2P−1−r of C = N/2 rows, its N local rows
+// the two chunks in that order — the same collective, the gathered tensor put in sequence order at
+// the wait and the reduce-scatter's input put in rank order before the issue, block by block in
+// place), Hr = H/P heads
 // (rank r holds heads r·Hr ..). Every buffer is a tracked tensor (the all-to-alls' packing buffers
 // are tagged "comm.send" / "comm.recv"); `name` is the tensor's name in the ledger. Math and
 // accounting: docs/design.md §2 and §4.
@@ -38,6 +42,9 @@
 
 namespace laga {
 
+// How the ranks of all_gather_tokens / reduce_scatter_tokens hold the sequence (above).
+enum class Shards { contiguous, zigzag };
+
 // A pair's collective in flight: it keeps alive every buffer the collective reads or writes until
 // wait(), which completes it (unpacking where the pair needs to) and returns the output tensor.
 // Move-only; empty when default-constructed or after wait(). Destroyed unwaited, its handle waits
@@ -58,9 +65,9 @@ class InFlight {
                                       const std::string&);
   friend InFlight gather_heads_start(Communicator&, Tensor, const std::string&, const std::string&);
   friend InFlight all_gather_tokens_start(Communicator&, Tensor, const std::string&,
-                                          const std::string&);
+                                          const std::string&, Shards);
   friend InFlight reduce_scatter_tokens_start(Communicator&, Tensor, const std::string&,
-                                              const std::string&, DType);
+                                              const std::string&, DType, Shards);
   friend InFlight ring_shift_start(Communicator&, Tensor, const std::string&, const std::string&);
   Communicator* comm_ = nullptr;
   // what the collective still reads or writes, released after finish_
@@ -74,11 +81,11 @@ Tensor scatter_heads(Communicator& comm, const Tensor& x, const std::string& nam
 Tensor gather_heads(Communicator& comm, const Tensor& x, const std::string& name,
                     const std::string& tag);
 Tensor all_gather_tokens(Communicator& comm, const Tensor& x, const std::string& name,
-                         const std::string& tag);
+                         const std::string& tag, Shards shards = Shards::contiguous);
 Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name,
                              const std::string& tag);
 Tensor reduce_scatter_tokens(Communicator& comm, const Tensor& x, const std::string& name,
-                             const std::string& tag, DType out);
+                             const std::string& tag, DType out, Shards shards = Shards::contiguous);
 
 InFlight scatter_heads_start(Communicator& comm, Tensor x, const std::string& name,
                              const std::string& tag);
@@ -89,10 +96,12 @@ InFlight ring_shift_start(Communicator& comm, Tensor x, const std::string& name,
 InFlight gather_heads_start(Communicator& comm, Tensor x, const std::string& name,
                             const std::string& tag);
 InFlight all_gather_tokens_start(Communicator& comm, Tensor x, const std::string& name,
-                                 const std::string& tag);
+                                 const std::string& tag, Shards shards = Shards::contiguous);
 InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name,
                                      const std::string& tag);
+// Zigzag: x is reordered in place (the caller moves its tensor in).
 InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::string& name,
-                                     const std::string& tag, DType out);
+                                     const std::string& tag, DType out,
+                                     Shards shards = Shards::contiguous);
 
 }  // namespace laga

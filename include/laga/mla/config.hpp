@@ -109,6 +109,14 @@ enum class IndexerStage { warmup, sparse };
 std::string_view indexer_stage_name(IndexerStage s);
 IndexerStage parse_indexer_stage(std::string_view name);  // usage error naming the valid stages
 
+// How the sparse forms lay the sequence over the ranks (docs/sparse.md §5): zigzag, rank r holds
+// chunks r and 2P−1−r of T/(2P) tokens (the causal work of its queries is then nearly equal on
+// every rank); contiguous, rank r holds tokens r·N .. (r+1)·N − 1 (rank P−1's queries score every
+// key, rank 0's N of them). The dense forms have their own layouts and do not take it.
+enum class CpLayout { zigzag, contiguous };
+std::string_view cp_layout_name(CpLayout l);
+CpLayout parse_cp_layout(std::string_view name);  // usage error naming the valid layouts
+
 // How it is done: the form (a registered variant label, mla/form.hpp), the attention kernel, the
 // storage dtype, the dtype of the dlatent reduce-scatter's partial sums, and whether the forms'
 // collectives overlap compute (left in flight while the query path and what else does not need them
@@ -125,6 +133,7 @@ struct RunChoices {
   bool overlap = false;
   IndexerStage indexer_stage = IndexerStage::sparse;  // the sparse forms' alone
   double indexer_loss_scale = 1;  // the indexer loss's weight in the loss backward differentiates
+  CpLayout cp_layout = CpLayout::zigzag;  // the sparse forms' alone
 };
 
 struct MlaConfig : ModelDims, RunShape, RunChoices {
@@ -135,6 +144,9 @@ struct MlaConfig : ModelDims, RunShape, RunChoices {
 
   int64_t tokens_per_rank() const { return seq_len / sp; }  // N (per batch entry)
   int64_t heads_per_rank() const { return num_attention_heads / head_group(); }  // Hr = H/Pu
+  // The keys each query selects as the sparse forms run it: index_topk, clamped to T (a query has
+  // at most T keys; the CLI says so when it clamps). The model keeps index_topk as given.
+  int64_t topk() const { return std::min(index_topk, seq_len); }
 
   // Empty when valid, judged as Config takes it (resolved). Besides ranges and divisibility: a
   // registered form, every double finite, no model dimension above kMaxModelDim, the largest

@@ -132,8 +132,8 @@ class Form {
   // ring forms), and the block uses it as is (and hands the core dout [N, B, H, Dv]).
   enum class Output { heads, tokens };
   virtual Output output() const { return Output::heads; }
-  // Which global tokens each rank holds (token_segments).
-  virtual TokenLayout layout() const { return TokenLayout::contiguous; }
+  // Which global tokens each rank holds under config c (token_segments).
+  virtual TokenLayout layout(const MlaConfig& c) const { return TokenLayout::contiguous; }
 
   // True for the forms of DeepSeek Sparse Attention (docs/sparse.md): they run the lightning
   // indexer (the model must have one, ModelDims::has_indexer) and take --indexer-stage; every other
@@ -150,7 +150,9 @@ class Form {
   // True when every rank runs the same shapes, so that one rank's plan stands for all (the model
   // plans rank 0 alone): the head-scatter forms. Not the ring forms (each rank its own chunks) nor
   // the sparse forms (a query's causal keys, and so the indexer's work, grow with its position).
-  virtual bool ranks_alike() const { return layout() == TokenLayout::contiguous && !sparse(); }
+  virtual bool ranks_alike(const MlaConfig& c) const {
+    return layout(c) == TokenLayout::contiguous && !sparse();
+  }
   // A sparse form that at P = 1 runs another sparse form's operations exactly (dsa-regather:
   // dsa-gather's; a gather of one rank is a copy) names it: their results must then be
   // bit-identical. Empty otherwise.

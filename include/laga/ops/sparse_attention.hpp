@@ -44,6 +44,10 @@ struct SparseAttentionBwdParams : SparseAttentionParams {
   void* dq = nullptr;            // [Tq, B, H, Dqk] (=)
   void* dkv = nullptr;           // [Tk, B, Dqk] (=): dK, with dV added onto its first Dv columns
   DType dkv_dtype = DType::f32;  // the storage dtype or fp32, rounded once from fp32 sums
+  // dkv (fp32) holds the sums of earlier query rows (a call over the rows before these, in the
+  // same order): this call's rows are added onto them (+=), one row after another as a single
+  // call over all the rows adds them, so calls over consecutive row blocks give that call's bits.
+  bool dkv_accumulate = false;
 };
 
 // Names what is wrong (sizes, scale, pointers); the ops call it.

@@ -21,15 +21,23 @@ struct AbsorbedSaved final : CoreSaved {
   }
 };
 
-// A2 q_abs = [q_nope·W_UK(h) | q_pe] per head h of this rank: q [T, B, Hr, Dqk] -> [T, B, Hr, Dl].
-Tensor absorb_query(const RankCtx& ctx, const LayerWeights& w, const Tensor& q);
-// Its backward: dq [T, B, Hr, Dqk] from dq_abs; dW_UK (+=) into g.wkv_b.
+// A2 q_abs = [q_nope·W_UK(h) | q_pe] for heads [h0, h0 + Hs) of q [M, B, Hs, Dqk] -> q_abs
+// [M, B, Hs, Dl] (=, or a new tensor tagged "act.q_abs"). The head-scatter forms pass their rank's
+// heads over the whole sequence, the sparse forms every head over a block of their rows.
+void absorb_query(const RankCtx& ctx, const LayerWeights& w, const Tensor& q, int64_t h0,
+                  const Tensor& q_abs);
+Tensor absorb_query(const RankCtx& ctx, const LayerWeights& w, const Tensor& q, int64_t h0);
+// Its backward: dq [M, B, Hs, Dqk] (=, or a new tensor tagged "grad.q") from dq_abs; dW_UK (+=)
+// into g.wkv_b.
+void absorb_query_backward(const RankCtx& ctx, const LayerWeights& w, const Tensor& q,
+                           const Tensor& dq_abs, int64_t h0, const Tensor& dq, LayerWeights& g);
 Tensor absorb_query_backward(const RankCtx& ctx, const LayerWeights& w, const Tensor& q,
-                             const Tensor& dq_abs, LayerWeights& g);
-// A4 o = o_lat[..., :Lkv]·W_UV(h)ᵀ: o_lat [T, B, Hr, Dvo] -> o [T, B, Hr, Dv] (tag "act.o_g").
-Tensor project_out(const RankCtx& ctx, const LayerWeights& w, const Tensor& o_lat, int64_t Dvo);
-// Its backward: do_lat [T, B, Hr, Dvo] (padding columns zero) from dout; dW_UV (+=) into g.wkv_b.
+                             const Tensor& dq_abs, int64_t h0, LayerWeights& g);
+// A4 o = o_lat[..., :Lkv]·W_UV(h)ᵀ: o_lat [M, B, Hs, Dvo] -> o [M, B, Hs, Dv] (tag "act.o_g").
+Tensor project_out(const RankCtx& ctx, const LayerWeights& w, const Tensor& o_lat, int64_t Dvo,
+                   int64_t h0);
+// Its backward: do_lat [M, B, Hs, Dvo] (padding columns zero) from dout; dW_UV (+=) into g.wkv_b.
 Tensor project_out_backward(const RankCtx& ctx, const LayerWeights& w, const Tensor& dout,
-                            const Tensor& o_lat, int64_t Dvo, LayerWeights& g);
+                            const Tensor& o_lat, int64_t Dvo, int64_t h0, LayerWeights& g);
 
 }  // namespace laga::forms

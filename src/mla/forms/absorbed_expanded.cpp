@@ -37,7 +37,7 @@ class AbsorbedExpanded final : public Form {
     InFlight latent_g =
         issue(ctx, all_gather_tokens_start(ctx.comm, std::move(latent), "latent", "act.latent_g"));
     s->q = scatter_heads_start(ctx.comm, query(), "q", "act.q").wait();
-    s->q_abs = absorb_query(ctx, w, s->q);  // A2
+    s->q_abs = absorb_query(ctx, w, s->q, ctx.r * ctx.Hr);  // A2
     s->latent_g = latent_g.wait();
     // A3 the per-head copies
     s->k_exp = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dl}, ctx.dt, "act.k_exp");
@@ -52,7 +52,7 @@ class AbsorbedExpanded final : public Form {
     s->attn = attention_forward(
         ctx.c.kernel,
         dense_attention(ctx, s->q_abs, s->k_exp, s->v_exp, s->o_lat, ctx.Hr, ctx.Hr, ctx.Dl, Dvo));
-    Tensor o = project_out(ctx, w, s->o_lat, Dvo);  // A4
+    Tensor o = project_out(ctx, w, s->o_lat, Dvo, ctx.r * ctx.Hr);  // A4
     out = std::move(s);
     return o;
   }
@@ -62,7 +62,7 @@ class AbsorbedExpanded final : public Form {
                   const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<AbsorbedSaved&>(*saved);
     const int64_t Dvo = out_width(ctx);
-    Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, Dvo, g);  // A4
+    Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, Dvo, ctx.r * ctx.Hr, g);  // A4
     dout = Tensor();
     // A3: dq_abs, and dK, dV per head, summed into dlatent_g
     Tensor dq_abs = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Dl}, ctx.dt, "grad.q_abs");
@@ -89,7 +89,7 @@ class AbsorbedExpanded final : public Form {
     // the block's query-path backward
     InFlight dlatent = issue(ctx, reduce_scatter_tokens_start(ctx.comm, std::move(dlatent_g),
                                                               "dlatent", "grad.latent", ctx.dt));
-    Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, g);  // A2
+    Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, ctx.r * ctx.Hr, g);  // A2
     dq_abs = s.q = Tensor();
     query_backward(gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local").wait());
     return dlatent.wait();

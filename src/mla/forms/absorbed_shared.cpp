@@ -40,11 +40,11 @@ class AbsorbedShared final : public Form {
     InFlight latent_g =
         issue(ctx, all_gather_tokens_start(ctx.comm, std::move(latent), "latent", "act.latent_g"));
     s->q = scatter_heads_start(ctx.comm, query(), "q", "act.q").wait();
-    s->q_abs = absorb_query(ctx, w, s->q);  // A2
+    s->q_abs = absorb_query(ctx, w, s->q, ctx.r * ctx.Hr);  // A2
     s->latent_g = latent_g.wait();
     s->o_lat = Tensor::empty({ctx.T, ctx.B, ctx.Hr, ctx.Lkv}, ctx.dt, "act.o_att");  // A3
     s->attn = attention_forward(ctx.c.kernel, shared_attention(ctx, *s));
-    Tensor o = project_out(ctx, w, s->o_lat, ctx.Lkv);  // A4
+    Tensor o = project_out(ctx, w, s->o_lat, ctx.Lkv, ctx.r * ctx.Hr);  // A4
     out = std::move(s);
     return o;
   }
@@ -53,7 +53,7 @@ class AbsorbedShared final : public Form {
                   Tensor dout, LayerWeights& g,
                   const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<AbsorbedSaved&>(*saved);
-    Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, ctx.Lkv, g);  // A4
+    Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, ctx.Lkv, ctx.r * ctx.Hr, g);  // A4
     dout = Tensor();
     // A3: dq_abs; dK is dlatent_g itself (when the partial sums keep the storage dtype; in fp32
     // they are dK of the kernel, in the storage dtype, widened), dV (one head) is added onto its
@@ -81,7 +81,7 @@ class AbsorbedShared final : public Form {
     // the block's query-path backward
     InFlight dlatent = issue(ctx, reduce_scatter_tokens_start(ctx.comm, std::move(dlatent_g),
                                                               "dlatent", "grad.latent", ctx.dt));
-    Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, g);  // A2
+    Tensor dq = absorb_query_backward(ctx, w, s.q, dq_abs, ctx.r * ctx.Hr, g);  // A2
     dq_abs = s.q = Tensor();
     query_backward(gather_heads_start(ctx.comm, std::move(dq), "dq", "grad.q_local").wait());
     return dlatent.wait();

@@ -11,11 +11,6 @@ MatView w_uv(const RankCtx& ctx, const Tensor& wkv_b, int64_t g) {
   return MatView{at(wkv_b, (g * (ctx.Dn + ctx.Dv) + ctx.Dn) * ctx.Lkv), ctx.Dv, ctx.Lkv, ctx.Lkv,
                  wkv_b.dtype()};
 }
-MatView head(const RankCtx& ctx, const Tensor& t, int64_t h, int64_t width, int64_t col,
-             int64_t cols) {
-  return MatView{at(t, h * width + col), ctx.T * ctx.B, cols, ctx.Hr * width, t.dtype()};
-}
-
 void up_project_forward(const RankCtx& ctx, const Tensor& latent, const Tensor& wkv_b, int64_t h0,
                         int64_t Hs, Tensor& k, Tensor& v) {
   const int64_t M = latent.dim(0) * ctx.B, W = ctx.Dn + ctx.Dv;

@@ -24,9 +24,6 @@ inline InFlight issue(const RankCtx& ctx, InFlight f) {
 // Rows of wkv_b (or its gradient) for head g: k-rows W_UK [Dn, Lkv] and v-rows W_UV [Dv, Lkv].
 MatView w_uk(const RankCtx& ctx, const Tensor& wkv_b, int64_t g);
 MatView w_uv(const RankCtx& ctx, const Tensor& wkv_b, int64_t g);
-// Head h's [T·B, cols] slice of a [T, B, Hr, width] tensor, from column `col`.
-MatView head(const RankCtx& ctx, const Tensor& t, int64_t h, int64_t width, int64_t col,
-             int64_t cols);
 
 // The up-projection of E1/G2 for heads [h0, h0 + Hs): from latent [M, B, Dl] and wkv_b,
 // k [M, B, Hs, Dqk] = [ckv·W_UKᵀ | kpe broadcast] and v [M, B, Hs, Dv] = ckv·W_UVᵀ (=).

@@ -1,13 +1,15 @@
 // dsa-gather and dsa-regather (docs/sparse.md): the block core of DeepSeek Sparse Attention, as the
 // open frameworks train it under sequence parallelism. The queries stay on their rank with all H
-// heads (Output::tokens, the contiguous layout); the latent and the index key are all-gathered; the
-// lightning indexer selects each query's top-k keys; the main attention runs in MQA mode over the
-// absorbed query, over the selected keys (stage sparse) or over every earlier key (stage warmup).
+// heads (Output::tokens) in the layout --cp-layout names (zigzag: chunks r and 2P−1−r of T/(2P),
+// the default; or contiguous); the latent and the index key are all-gathered into sequence order;
+// the lightning indexer selects each query's top-k keys; the main attention runs in MQA mode over
+// the absorbed query, over the selected keys (stage sparse) or over every earlier key (warmup).
 //   S1  all_gather_tokens latent [N, B, Dl] -> [T, B, Dl], issued before the query path
+//   S3a k^I = rope(LayerNorm(xn·wkᵀ)) [N, B, D_I] (xn alone: before the query path);
+//       all_gather_tokens k^I -> [T, B, D_I], issued behind S1
 //   S2  q_abs = [q_nope·W_UK | q_pe]                               [N, B, H, Dl]
-//   S3  the indexer's local stage (detached inputs xn, cqn):
-//         q^I = rope(cqn·wq_b^Iᵀ) [N, B, H_I, D_I], k^I = rope(LayerNorm(xn·wkᵀ)) [N, B, D_I],
-//         w^I = xn·weights_projᵀ [N, B, H_I];  all_gather_tokens k^I -> [T, B, D_I]
+//   S3b q^I = rope(cqn·wq_b^Iᵀ) [N, B, H_I, D_I], w^I = xn·weights_projᵀ [N, B, H_I] (detached
+//       inputs xn, cqn)
 //   S4  S_t = top-k of I[t, ·] over s ≤ t                           [N, B, k] int32
 //   S5  o_lat = attention(q_abs, K = latent, V = ckv) over S_t (or every s ≤ t)   [N, B, H, Lkv]
 //   S6  o = o_lat·W_UVᵀ                                             [N, B, H, Dv]
@@ -15,15 +17,19 @@
 //       probabilities of S5, and its gradient into q^I, w^I and k^I (reduce-scattered to this
 //       rank's keys): computed here, where S5's probabilities are at hand, and taken through the
 //       indexer's projections in backward.
-// Backward: S6's, S5's (dq_abs, and dlatent over the gathered keys), reduce_scatter_tokens dlatent
-// issued, S2's behind it, the indexer's projections' (S3: its weights alone) and the block's
-// query-path backward. dsa-gather keeps the gathered latent and q_abs for backward (as Megatron-LM
-// does); dsa-regather keeps neither: it gathers the latent again and rebuilds q_abs from q. At P 1
-// the two run the same operations in the same order (a gather of one rank is a copy): their results
-// are bit-identical.
+// S2, S4, S5 and S7 run over row blocks (row_blocks: each segment of the layout cut into blocks of
+// at most kBlockTokens tokens), the same blocks in forward and backward. Backward: S6's, then per
+// block S5's (dq_abs, and dlatent over the gathered keys, summed block after block in fp32 as one
+// call would sum them) and S2's; reduce_scatter_tokens dlatent issued behind the indexer's
+// projections' backward (S3: its weights alone) and the block's query-path backward. dsa-gather
+// keeps the gathered latent and q_abs for backward (as Megatron-LM does); dsa-regather keeps
+// neither: it gathers the latent again (issued before S6's backward) and rebuilds q_abs block by
+// block, so it never holds all of q_abs in backward. Both run the same operations on the same
+// blocks: their results are bit-identical at every P.
 #include <cmath>
 
 #include "absorbed_common.hpp"
+#include "ring.hpp"
 #include "laga/comm/pairs.hpp"
 #include "laga/core/error.hpp"
 #include "laga/ops/indexer.hpp"
@@ -38,6 +44,9 @@ namespace {
 
 // DeepSeek's LayerNorm default, the indexer's k_norm.
 constexpr double kIndexNormEps = 1e-6;
+// The most tokens of a row block: q_abs of one block at DeepSeek-V3's 128 heads is 512 · 128 · 576
+// bf16 values (75 MB) against 604 MB for a rank's 4096 tokens.
+constexpr int64_t kBlockTokens = 512;
 
 struct DsaSaved final : CoreSaved {
   Tensor latent;    // [N, B, Dl]     dsa-regather: this rank's latent, gathered again in backward
@@ -45,112 +54,80 @@ struct DsaSaved final : CoreSaved {
   Tensor q;         // [N, B, H, Dqk] the query (S2's backward needs q_nope; dsa-regather: q_abs)
   Tensor q_abs;     // [N, B, H, Dl]  dsa-gather
   Tensor o_lat;     // [N, B, H, Lkv]
-  AttentionSaved attn;
-  Tensor topk;      // [N, B, k] int32: S_t's positions, ascending, −1 padded
-  Tensor k_lin;     // [N, B, D_I]      xn·wkᵀ, LayerNorm's input
-  Tensor dq_index;  // [N, B, H_I, D_I] L_I's gradient of q^I (after RoPE)
-  Tensor dw_index;  // [N, B, H_I]      of w^I
+  std::vector<Tensor> lse;  // per row block [B, H, rows] fp32: S5's log-sum-exp
+  Tensor topk;              // [N, B, k] int32: S_t's positions, ascending, −1 padded
+  Tensor k_lin;             // [N, B, D_I]      xn·wkᵀ, LayerNorm's input
+  Tensor dq_index;          // [N, B, H_I, D_I] L_I's gradient of q^I (after RoPE)
+  Tensor dw_index;          // [N, B, H_I]      of w^I
   Tensor dk_index;  // [N, B, D_I]      of k^I (after RoPE), summed over every rank's queries
   double indexer_loss = 0;
   void for_each(const std::function<void(const char*, const Tensor&)>& f) const override {
     f("latent", latent), f("latent_g", latent_g), f("q", q), f("q_abs", q_abs), f("o_att", o_lat),
         f("k_index_lin", k_lin), f("dq_index", dq_index), f("dw_index", dw_index),
         f("dk_index", dk_index);
+    for (const Tensor& l : lse) f("lse", l);
   }
 };
 
-// The absorbed query and output of this rank's N tokens with all H heads (A2, A4 of
-// absorbed_common.hpp over local rows): one product per head.
-MatView local_head(const RankCtx& ctx, const Tensor& t, int64_t h, int64_t width, int64_t col,
-                   int64_t cols) {
-  return MatView{at(t, h * width + col), ctx.N * ctx.B, cols, ctx.H * width, t.dtype()};
-}
-MatView uk(const RankCtx& ctx, const Tensor& wkv_b, int64_t h) {
-  return MatView{at(wkv_b, h * (ctx.Dn + ctx.Dv) * ctx.Lkv), ctx.Dn, ctx.Lkv, ctx.Lkv,
-                 wkv_b.dtype()};
-}
-MatView uv(const RankCtx& ctx, const Tensor& wkv_b, int64_t h) {
-  return MatView{at(wkv_b, (h * (ctx.Dn + ctx.Dv) + ctx.Dn) * ctx.Lkv), ctx.Dv, ctx.Lkv, ctx.Lkv,
-                 wkv_b.dtype()};
+// The layout the form runs (--cp-layout) as the token collectives take it.
+Shards shards(const RankCtx& ctx) {
+  return ctx.c.cp_layout == CpLayout::zigzag ? Shards::zigzag : Shards::contiguous;
 }
 
-Tensor absorb(const RankCtx& ctx, const LayerWeights& w, const Tensor& q) {
-  Tensor q_abs = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dl}, ctx.dt, "act.q_abs");
-  for (int64_t h = 0; h < ctx.H; ++h) {
-    matmul_2d(local_head(ctx, q, h, ctx.Dqk, 0, ctx.Dn), uk(ctx, w.wkv_b, h),
-              local_head(ctx, q_abs, h, ctx.Dl, 0, ctx.Lkv));
-    copy_rows(ctx.dt, ctx.N * ctx.B, ctx.Dr, at(q, h * ctx.Dqk + ctx.Dn), ctx.H * ctx.Dqk,
-              at(q_abs, h * ctx.Dl + ctx.Lkv), ctx.H * ctx.Dl);
+// Local rows [row0, row0 + rows) at global positions pos0 .. pos0 + rows − 1.
+struct RowBlock {
+  int64_t row0, rows, pos0;
+};
+std::vector<RowBlock> row_blocks(const RankCtx& ctx) {
+  std::vector<RowBlock> out;
+  int64_t row = 0;
+  for (const TokenSegment& seg : ctx.segments) {
+    for (int64_t i = 0; i < seg.len; i += kBlockTokens)
+      out.push_back({row + i, std::min(kBlockTokens, seg.len - i), seg.pos0 + i});
+    row += seg.len;
   }
-  return q_abs;
-}
-
-// q_abs = [q_nope·W_UK | q_pe]:  dq_nope = dq_abs·W_UKᵀ,  dW_UK += q_nopeᵀ·dq_abs,  dq_pe = dq_abs
-Tensor absorb_backward(const RankCtx& ctx, const LayerWeights& w, const Tensor& q,
-                       const Tensor& dq_abs, LayerWeights& g) {
-  Tensor dq = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "grad.q_local");
-  for (int64_t h = 0; h < ctx.H; ++h) {
-    matmul_2d(local_head(ctx, dq_abs, h, ctx.Dl, 0, ctx.Lkv), uk(ctx, w.wkv_b, h).t(),
-              local_head(ctx, dq, h, ctx.Dqk, 0, ctx.Dn));
-    matmul_2d(local_head(ctx, q, h, ctx.Dqk, 0, ctx.Dn).t(),
-              local_head(ctx, dq_abs, h, ctx.Dl, 0, ctx.Lkv), uk(ctx, g.wkv_b, h), true);
-    copy_rows(ctx.dt, ctx.N * ctx.B, ctx.Dr, at(dq_abs, h * ctx.Dl + ctx.Lkv), ctx.H * ctx.Dl,
-              at(dq, h * ctx.Dqk + ctx.Dn), ctx.H * ctx.Dqk);
-  }
-  return dq;
-}
-
-Tensor project(const RankCtx& ctx, const LayerWeights& w, const Tensor& o_lat) {
-  Tensor o = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dv}, ctx.dt, "act.o_g");
-  for (int64_t h = 0; h < ctx.H; ++h)
-    matmul_2d(local_head(ctx, o_lat, h, ctx.Lkv, 0, ctx.Lkv), uv(ctx, w.wkv_b, h).t(),
-              local_head(ctx, o, h, ctx.Dv, 0, ctx.Dv));
-  return o;
-}
-
-// o = o_lat·W_UVᵀ:  do_lat = do·W_UV,  dW_UV += doᵀ·o_lat
-Tensor project_backward(const RankCtx& ctx, const LayerWeights& w, const Tensor& dout,
-                        const Tensor& o_lat, LayerWeights& g) {
-  Tensor do_lat = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Lkv}, ctx.dt, "grad.o_att");
-  for (int64_t h = 0; h < ctx.H; ++h) {
-    matmul_2d(local_head(ctx, dout, h, ctx.Dv, 0, ctx.Dv), uv(ctx, w.wkv_b, h),
-              local_head(ctx, do_lat, h, ctx.Lkv, 0, ctx.Lkv));
-    matmul_2d(local_head(ctx, dout, h, ctx.Dv, 0, ctx.Dv).t(),
-              local_head(ctx, o_lat, h, ctx.Lkv, 0, ctx.Lkv), uv(ctx, g.wkv_b, h), true);
-  }
-  return do_lat;
+  return out;
 }
 
 // The indexer's RoPE (rotate-half, ModelDims::indexer_rope) on the first Dr dims of `inner`
-// vectors of D_I per token of this rank's N tokens (contiguous layout: positions pos0 + t).
+// vectors of D_I per token of this rank's rows, each segment at its positions.
 void index_rope(const RankCtx& ctx, Tensor& x, int64_t inner, bool backward) {
-  RopeParams p = rope_params(ctx.c.indexer_rope(), ctx.dt);
   const int64_t DI = ctx.c.index_head_dim;
-  p.x = x.raw(), p.T = ctx.N, p.inner = inner, p.t_stride = inner * DI, p.inner_stride = DI;
-  p.pos0 = ctx.pos0;
-  backward ? rope_backward(p) : rope_forward(p);
+  int64_t row = 0;
+  for (const TokenSegment& seg : ctx.segments) {
+    RopeParams p = rope_params(ctx.c.indexer_rope(), ctx.dt);
+    p.x = at(x, row * inner * DI), p.T = seg.len, p.inner = inner, p.t_stride = inner * DI;
+    p.inner_stride = DI, p.pos0 = seg.pos0;
+    backward ? rope_backward(p) : rope_forward(p);
+    row += seg.len;
+  }
 }
 
-// S3: the index queries, key and head weights of this rank's tokens.
-struct IndexLocal {
-  Tensor q, k, w;
-};
-IndexLocal index_forward(const RankCtx& ctx, const LayerWeights& w, const Tensor& xn,
-                         const Tensor& cqn, DsaSaved& s) {
-  const int64_t HI = ctx.c.index_n_heads, DI = ctx.c.index_head_dim;
-  IndexLocal out;
-  // q^I = rope(cqn·wq_bᵀ)
-  out.q = linear_forward(cqn, w.indexer_wq_b, "act.index_q").reshape({ctx.N, ctx.B, HI, DI});
-  index_rope(ctx, out.q, ctx.B * HI, false);
-  // k^I = rope(LayerNorm(xn·wkᵀ))
+// S3a: the index key of this rank's tokens, k^I = rope(LayerNorm(xn·wkᵀ)).
+Tensor index_key(const RankCtx& ctx, const LayerWeights& w, const Tensor& xn, DsaSaved& s) {
+  const int64_t DI = ctx.c.index_head_dim;
   s.k_lin = linear_forward(xn, w.indexer_wk, "act.index_k_lin");
-  out.k = Tensor::empty({ctx.N, ctx.B, DI}, ctx.dt, "act.index_k");
+  Tensor k = Tensor::empty({ctx.N, ctx.B, DI}, ctx.dt, "act.index_k");
   LayerNormParams ln;
   ln.M = ctx.N * ctx.B, ln.C = DI, ln.dtype = ctx.dt, ln.eps = kIndexNormEps;
   ln.x = s.k_lin.raw(), ln.w = w.indexer_k_norm.raw(), ln.b = w.indexer_k_norm_bias.raw();
-  ln.y = out.k.raw();
+  ln.y = k.raw();
   layernorm_forward(ln);
-  index_rope(ctx, out.k, ctx.B, false);
+  index_rope(ctx, k, ctx.B, false);
+  return k;
+}
+
+// S3b: the index queries and head weights of this rank's tokens.
+struct IndexQuery {
+  Tensor q, w;
+};
+IndexQuery index_query(const RankCtx& ctx, const LayerWeights& w, const Tensor& xn,
+                       const Tensor& cqn) {
+  const int64_t HI = ctx.c.index_n_heads, DI = ctx.c.index_head_dim;
+  IndexQuery out;
+  // q^I = rope(cqn·wq_bᵀ)
+  out.q = linear_forward(cqn, w.indexer_wq_b, "act.index_q").reshape({ctx.N, ctx.B, HI, DI});
+  index_rope(ctx, out.q, ctx.B * HI, false);
   // w^I = xn·weights_projᵀ
   out.w = linear_forward(xn, w.indexer_weights_proj, "act.index_w");
   return out;
@@ -184,58 +161,54 @@ void index_backward(const RankCtx& ctx, const LayerWeights& w, LayerWeights& g, 
   s.dw_index = Tensor();
 }
 
-SparseAttentionParams attention_params(const RankCtx& ctx, const DsaSaved& s) {
+// S5's params for one row block: its absorbed queries q_abs [rows, B, H, Dl] against the gathered
+// latent, its selection rows (stage sparse) and its rows of o_lat.
+SparseAttentionParams attention_params(const RankCtx& ctx, const RowBlock& blk, const Tensor& q_abs,
+                                       const DsaSaved& s) {
   SparseAttentionParams p;
-  p.B = ctx.B, p.Tq = ctx.N, p.Tk = ctx.T, p.q_pos0 = ctx.pos0, p.H = ctx.H;
-  p.Dqk = ctx.Dl, p.Dv = ctx.Lkv, p.topk = ctx.c.index_topk, p.dtype = ctx.dt;
+  p.B = ctx.B, p.Tq = blk.rows, p.Tk = ctx.T, p.q_pos0 = blk.pos0, p.H = ctx.H;
+  p.Dqk = ctx.Dl, p.Dv = ctx.Lkv, p.topk = ctx.c.topk(), p.dtype = ctx.dt;
   p.scale = float(ctx.c.softmax_scale());
-  p.q = s.q_abs.raw(), p.kv = s.latent_g.raw(), p.o = s.o_lat.raw();
+  p.q = q_abs.raw(), p.kv = s.latent_g.raw(), p.o = at(s.o_lat, blk.row0 * ctx.B * ctx.H * ctx.Lkv);
   // warmup: every earlier key
-  p.idx = ctx.c.indexer_stage == IndexerStage::sparse ? s.topk.data<int32_t>() : nullptr;
+  p.idx = ctx.c.indexer_stage == IndexerStage::sparse
+              ? s.topk.data<int32_t>() + blk.row0 * ctx.B * p.topk
+              : nullptr;
   return p;
 }
 
-// The query rows per call of the indexer's loss: its target [rows, B, C] fp32 stays under 64 MiB
-// (C = k, or T in the warmup stage), whatever the sequence.
-int64_t loss_rows(const RankCtx& ctx, int64_t C) {
-  constexpr int64_t kTargetElems = int64_t(16) << 20;
-  return std::clamp<int64_t>(kTargetElems / std::max<int64_t>(ctx.B * C, 1), 1, ctx.N);
-}
+// S7's sums over this rank's queries: fp32 dq^I, dw^I (its rows) and dk^I (every key).
+struct IndexGrads {
+  Tensor dq, dw, dk_g;
+  double loss = 0;
+};
 
-// S7: L_I over this rank's queries and its gradient into q^I, w^I (this rank's rows) and k^I (every
-// key, summed over the ranks by reduce-scatter): saved in the storage dtype for backward.
-void index_loss(const RankCtx& ctx, const SparseAttentionParams& ap, const IndexLocal& il,
-                const Tensor& k_g, DsaSaved& s) {
-  const int64_t HI = ctx.c.index_n_heads, DI = ctx.c.index_head_dim, k = ctx.c.index_topk;
+// S7 over one row block: L_I and its gradients, added onto g. The target [rows, B, C] fp32 is made
+// in pieces of at most 64 MiB (C = k, or T in the warmup stage), whatever the sequence.
+void index_loss(const RankCtx& ctx, const RowBlock& blk, const SparseAttentionParams& ap,
+                const Tensor& lse, const IndexQuery& iq, const Tensor& k_g, IndexGrads& g) {
+  const int64_t HI = ctx.c.index_n_heads, DI = ctx.c.index_head_dim, k = ctx.c.topk();
   const bool sparse = ap.idx != nullptr;
   const int64_t C = sparse ? k : ctx.T;
-  Tensor dq = Tensor::zeros({ctx.N, ctx.B, HI, DI}, DType::f32, "act.dq_index_sum");
-  Tensor dw = Tensor::zeros({ctx.N, ctx.B, HI}, DType::f32, "act.dw_index_sum");
-  Tensor dk_g = Tensor::zeros({ctx.T, ctx.B, DI}, DType::f32, "act.dk_index_g");
-  const int64_t rows = loss_rows(ctx, C);
+  constexpr int64_t kTargetElems = int64_t(16) << 20;
+  const int64_t rows =
+      std::clamp<int64_t>(kTargetElems / std::max<int64_t>(ctx.B * C, 1), 1, blk.rows);
   Tensor target = Tensor::empty({rows, ctx.B, C}, DType::f32, "act.index_target");
   IndexerLossParams lp;
   lp.B = ctx.B, lp.Tk = ctx.T, lp.H = HI, lp.D = DI, lp.dtype = ctx.dt;
   lp.w_scale = float(ctx.c.indexer_weight_scale());
   lp.k = k_g.raw(), lp.topk = k, lp.loss_scale = float(ctx.c.indexer_loss_scale);
-  lp.target = target.data<float>(), lp.dk = dk_g.data<float>();
-  double loss = 0;
-  for (int64_t t0 = 0; t0 < ctx.N; t0 += rows) {
-    const int64_t t1 = std::min(ctx.N, t0 + rows), n = t1 - t0;
-    attention_head_probs(ap, s.attn.lse, t0, t1, target.data<float>());
-    lp.Tq = n, lp.q_pos0 = ctx.pos0 + t0;
-    lp.q = at(il.q, t0 * ctx.B * HI * DI), lp.w = at(il.w, t0 * ctx.B * HI);
+  lp.target = target.data<float>(), lp.dk = g.dk_g.data<float>();
+  for (int64_t t0 = 0; t0 < blk.rows; t0 += rows) {
+    const int64_t t1 = std::min(blk.rows, t0 + rows), n = t1 - t0, row = blk.row0 + t0;
+    attention_head_probs(ap, lse, t0, t1, target.data<float>());
+    lp.Tq = n, lp.q_pos0 = blk.pos0 + t0;
+    lp.q = at(iq.q, row * ctx.B * HI * DI), lp.w = at(iq.w, row * ctx.B * HI);
     lp.idx = sparse ? ap.idx + t0 * ctx.B * k : nullptr;
-    lp.dq = dq.data<float>() + t0 * ctx.B * HI * DI, lp.dw = dw.data<float>() + t0 * ctx.B * HI;
-    loss += indexer_loss(lp);
+    lp.dq = g.dq.data<float>() + row * ctx.B * HI * DI,
+    lp.dw = g.dw.data<float>() + row * ctx.B * HI;
+    g.loss += indexer_loss(lp);
   }
-  target = Tensor();
-  s.indexer_loss = loss;
-  s.dq_index = dq.to(ctx.dt, "act.dq_index");
-  s.dw_index = dw.to(ctx.dt, "act.dw_index");
-  dq = dw = Tensor();
-  // every rank's queries score every key: the keys' gradient summed over the ranks, rounded once
-  s.dk_index = reduce_scatter_tokens(ctx.comm, dk_g, "dk_index", "act.dk_index", ctx.dt);
 }
 
 class Dsa final : public Form {
@@ -246,11 +219,14 @@ class Dsa final : public Form {
   std::string_view summary() const override {
     return regather_
                ? "DeepSeek Sparse Attention: all-gather of the latent and index key, gathered "
-                 "again in backward; queries local, MQA over each query's top-k"
+                 "again in backward; queries local (zigzag), MQA over each query's top-k"
                : "DeepSeek Sparse Attention: all-gather of the latent and index key, kept "
-                 "for backward; queries local, MQA over each query's top-k";
+                 "for backward; queries local (zigzag), MQA over each query's top-k";
   }
   Output output() const override { return Output::tokens; }
+  TokenLayout layout(const MlaConfig& c) const override {
+    return c.cp_layout == CpLayout::zigzag ? TokenLayout::zigzag : TokenLayout::contiguous;
+  }
   bool sparse() const override { return true; }
   std::string_view bitwise_at_one_rank_with() const override {
     return regather_ ? "dsa-gather" : "";
@@ -271,39 +247,67 @@ class Dsa final : public Form {
           "form {} needs q_lora_rank > 0 (the indexer's queries come from the query latent c^Q), "
           "got {}; try --model deepseek-v3.2",
           name(), c.q_lora_rank));
+    if (c.cp_layout == CpLayout::zigzag)
+      if (const std::string s = zigzag_seq_problem(
+              c.seq_len, c.sp, fmt::format("--sp {}", c.sp),
+              fmt::format("{}'s zigzag layout gives every rank two chunks of T/(2P) tokens",
+                          name()));
+          !s.empty())
+        problems.push_back(s + ", or --cp-layout contiguous");
   }
 
   Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {
     auto s = std::make_unique<DsaSaved>();
-    // S1: the latent's all-gather in flight behind the query path and the indexer's local stage
+    const Shards sh = shards(ctx);
+    // S1 and S3a: both all-gathers in flight behind the query path
     if (regather_) s->latent = latent;
-    InFlight latent_g =
-        issue(ctx, all_gather_tokens_start(ctx.comm, std::move(latent), "latent", "act.latent_g"));
+    InFlight latent_g = issue(
+        ctx, all_gather_tokens_start(ctx.comm, std::move(latent), "latent", "act.latent_g", sh));
+    InFlight k_g_flight =
+        issue(ctx, all_gather_tokens_start(ctx.comm, index_key(ctx, w, *query.xn, *s), "index_key",
+                                           "act.index_key_g", sh));
     s->q = query();
-    s->q_abs = absorb(ctx, w, s->q);  // S2
-    // S3
-    const IndexLocal il = index_forward(ctx, w, *query.xn, *query.cqn, *s);
-    Tensor k_g = all_gather_tokens(ctx.comm, il.k, "index_key", "act.index_key_g");
-    // S4
-    const int64_t k = ctx.c.index_topk;
+    const IndexQuery iq = index_query(ctx, w, *query.xn, *query.cqn);  // S3b
+    const Tensor k_g = k_g_flight.wait();
+    const std::vector<RowBlock> blocks = row_blocks(ctx);
+    // S4, over the rows of each block at their positions
+    const int64_t k = ctx.c.topk(), HI = ctx.c.index_n_heads, DI = ctx.c.index_head_dim;
     s->topk = Tensor::empty({ctx.N, ctx.B, k}, DType::i32, "act.topk");
-    {
+    for (const RowBlock& blk : blocks) {
       IndexerParams ip;
-      ip.B = ctx.B, ip.Tq = ctx.N, ip.Tk = ctx.T, ip.q_pos0 = ctx.pos0;
-      ip.H = ctx.c.index_n_heads, ip.D = ctx.c.index_head_dim, ip.dtype = ctx.dt;
+      ip.B = ctx.B, ip.Tq = blk.rows, ip.Tk = ctx.T, ip.q_pos0 = blk.pos0;
+      ip.H = HI, ip.D = DI, ip.dtype = ctx.dt;
       ip.w_scale = float(ctx.c.indexer_weight_scale());
-      ip.q = il.q.raw(), ip.w = il.w.raw(), ip.k = k_g.raw();
-      indexer_topk(ip, k, s->topk.data<int32_t>(), nullptr);
+      ip.q = at(iq.q, blk.row0 * ctx.B * HI * DI), ip.w = at(iq.w, blk.row0 * ctx.B * HI);
+      ip.k = k_g.raw();
+      indexer_topk(ip, k, s->topk.data<int32_t>() + blk.row0 * ctx.B * k, nullptr);
     }
-    // S5
+    // S2, S5 and S7 block by block: dsa-regather holds one block's q_abs at a time
     s->latent_g = latent_g.wait();
     s->o_lat = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Lkv}, ctx.dt, "act.o_att");
-    const SparseAttentionParams ap = attention_params(ctx, *s);
-    s->attn = sparse_attention_forward(ap);
-    Tensor o = project(ctx, w, s->o_lat);  // S6
-    index_loss(ctx, ap, il, k_g, *s);      // S7
-    if (regather_) s->latent_g = s->q_abs = Tensor();
+    if (!regather_) s->q_abs = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dl}, ctx.dt, "act.q_abs");
+    IndexGrads ig;
+    ig.dq = Tensor::zeros({ctx.N, ctx.B, HI, DI}, DType::f32, "act.dq_index_sum");
+    ig.dw = Tensor::zeros({ctx.N, ctx.B, HI}, DType::f32, "act.dw_index_sum");
+    ig.dk_g = Tensor::zeros({ctx.T, ctx.B, DI}, DType::f32, "act.dk_index_g");
+    for (const RowBlock& blk : blocks) {
+      const Tensor q_abs = block_q_abs(ctx, w, *s, blk, true);
+      const SparseAttentionParams ap = attention_params(ctx, blk, q_abs, *s);
+      s->lse.push_back(sparse_attention_forward(ap).lse);
+      index_loss(ctx, blk, ap, s->lse.back(), iq, k_g, ig);
+    }
+    Tensor o = project_out(ctx, w, s->o_lat, ctx.Lkv, 0);  // S6
+    // S7's results: q^I's and w^I's gradients rounded once; k^I's summed over the ranks (every
+    // rank's queries score every key) in fp32 and rounded once
+    s->indexer_loss = ig.loss;
+    s->dq_index = ig.dq.to(ctx.dt, "act.dq_index");
+    s->dw_index = ig.dw.to(ctx.dt, "act.dw_index");
+    ig.dq = ig.dw = Tensor();
+    s->dk_index = reduce_scatter_tokens_start(ctx.comm, std::move(ig.dk_g), "dk_index",
+                                              "act.dk_index", ctx.dt, sh)
+                      .wait();
+    if (regather_) s->latent_g = Tensor();
     out = std::move(s);
     return o;
   }
@@ -312,38 +316,62 @@ class Dsa final : public Form {
                   Tensor dout, LayerWeights& g,
                   const QueryPathBackward& query_backward) const override {
     auto& s = static_cast<DsaSaved&>(*saved);
-    Tensor do_lat = project_backward(ctx, w, dout, s.o_lat, g);  // S6
+    const Shards sh = shards(ctx);
+    // dsa-regather: S1 again, in flight behind S6's backward
+    InFlight latent_g;
+    if (regather_)
+      latent_g = issue(ctx, all_gather_tokens_start(ctx.comm, std::move(s.latent), "latent",
+                                                    "act.latent_g", sh));
+    Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, ctx.Lkv, 0, g);  // S6
     dout = Tensor();
-    if (regather_) {  // S1 and S2 again
-      s.latent_g = all_gather_tokens(ctx.comm, s.latent, "latent", "act.latent_g");
-      s.latent = Tensor();
-      s.q_abs = absorb(ctx, w, s.q);
-    }
-    // S5: dq_abs, and dK of the gathered keys with dV added onto its first Lkv columns
-    Tensor dq_abs = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dl}, ctx.dt, "grad.q_abs");
+    if (regather_) s.latent_g = latent_g.wait();
+    // S5 and S2 block by block: dq_abs of the block, dlatent of every key summed over the blocks
+    // in fp32 (as one call over all rows sums them; one block writes the sum dtype directly)
+    const std::vector<RowBlock> blocks = row_blocks(ctx);
     const DType sum_dt = ctx.c.dlatent_sum_dtype();
-    Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, sum_dt, "grad.latent_g");
-    {
+    const DType acc_dt = blocks.size() > 1 ? DType::f32 : sum_dt;
+    Tensor dlatent_g = Tensor::empty({ctx.T, ctx.B, ctx.Dl}, acc_dt,
+                                     acc_dt == sum_dt ? "grad.latent_g" : "grad.latent_g_sum");
+    Tensor dq = Tensor::empty({ctx.N, ctx.B, ctx.H, ctx.Dqk}, ctx.dt, "grad.q_local");
+    for (size_t i = 0; i < blocks.size(); ++i) {
+      const RowBlock& blk = blocks[i];
+      const Tensor q_abs = block_q_abs(ctx, w, s, blk, false);
+      Tensor dq_abs = Tensor::empty({blk.rows, ctx.B, ctx.H, ctx.Dl}, ctx.dt, "grad.q_abs");
       SparseAttentionBwdParams bp;
-      static_cast<SparseAttentionParams&>(bp) = attention_params(ctx, s);
-      bp.dout = do_lat.raw(), bp.dq = dq_abs.raw(), bp.dkv = dlatent_g.raw(), bp.dkv_dtype = sum_dt;
-      sparse_attention_backward(bp, s.attn);
+      static_cast<SparseAttentionParams&>(bp) = attention_params(ctx, blk, q_abs, s);
+      bp.dout = at(do_lat, blk.row0 * ctx.B * ctx.H * ctx.Lkv), bp.dq = dq_abs.raw();
+      bp.dkv = dlatent_g.raw(), bp.dkv_dtype = acc_dt, bp.dkv_accumulate = i > 0;
+      AttentionSaved attn;
+      attn.lse = s.lse[i];
+      sparse_attention_backward(bp, attn);
+      const Tensor rows_q = s.q.rows(blk.row0, blk.row0 + blk.rows);
+      absorb_query_backward(ctx, w, rows_q, dq_abs, 0, dq.rows(blk.row0, blk.row0 + blk.rows), g);
     }
     do_lat = Tensor();
-    s.attn = {};
-    s.o_lat = s.q_abs = s.latent_g = s.topk = Tensor();
-    // S1's adjoint: dlatent's reduce-scatter in flight behind S2's backward, the indexer's and the
-    // block's query-path backward
-    InFlight dlatent = issue(ctx, reduce_scatter_tokens_start(ctx.comm, std::move(dlatent_g),
-                                                              "dlatent", "grad.latent", ctx.dt));
-    Tensor dq = absorb_backward(ctx, w, s.q, dq_abs, g);  // S2
-    dq_abs = s.q = Tensor();
+    s.lse.clear();
+    s.o_lat = s.q_abs = s.latent_g = s.topk = s.q = Tensor();
+    if (acc_dt != sum_dt) dlatent_g = dlatent_g.to(sum_dt, "grad.latent_g");
+    // S1's adjoint: dlatent's reduce-scatter in flight behind the indexer's and the block's
+    // query-path backward
+    InFlight dlatent =
+        issue(ctx, reduce_scatter_tokens_start(ctx.comm, std::move(dlatent_g), "dlatent",
+                                               "grad.latent", ctx.dt, sh));
     index_backward(ctx, w, g, s, *query_backward.xn, *query_backward.cqn);  // S3
     query_backward(std::move(dq));
     return dlatent.wait();
   }
 
  private:
+  // S2 for one row block: dsa-gather's q_abs rows (filled in forward, read in backward); dsa-
+  // regather's made anew from q each time (the same product on the same rows: the same bits).
+  Tensor block_q_abs(const RankCtx& ctx, const LayerWeights& w, const DsaSaved& s,
+                     const RowBlock& blk, bool forward) const {
+    const Tensor q = s.q.rows(blk.row0, blk.row0 + blk.rows);
+    if (regather_) return absorb_query(ctx, w, q, 0);
+    const Tensor q_abs = s.q_abs.rows(blk.row0, blk.row0 + blk.rows);
+    if (forward) absorb_query(ctx, w, q, 0, q_abs);
+    return q_abs;
+  }
   bool regather_;
 };
 

@@ -84,7 +84,7 @@ class LagaUlysses final : public Form {
     return best;
   }
   std::string_view own_kernel() const override { return "fused"; }
-  TokenLayout layout() const override { return TokenLayout::zigzag_groups; }
+  TokenLayout layout(const MlaConfig&) const override { return TokenLayout::zigzag_groups; }
 
   Tensor forward(const RankCtx& ctx, const LayerWeights& w, Tensor latent, const QueryPath& query,
                  std::unique_ptr<CoreSaved>& out) const override {

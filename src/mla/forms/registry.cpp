@@ -176,7 +176,7 @@ std::string_view token_layout_name(TokenLayout layout) {
 
 std::vector<TokenSegment> token_segments(const MlaConfig& c, int64_t rank) {
   const int64_t P = c.sp, N = c.tokens_per_rank();
-  const TokenLayout layout = form_of(c).layout();
+  const TokenLayout layout = form_of(c).layout(c);
   if (layout == TokenLayout::contiguous) return {{rank * N, N}};
   if (layout == TokenLayout::zigzag) {
     const int64_t C = c.seq_len / (2 * P);

@@ -219,7 +219,7 @@ class RingForm : public Form {
   std::string_view family() const override { return name(); }
   std::string_view own_kernel() const override { return "fused"; }
   Output output() const override { return Output::tokens; }
-  TokenLayout layout() const override { return TokenLayout::zigzag; }
+  TokenLayout layout(const MlaConfig&) const override { return TokenLayout::zigzag; }
   void add_problems(const MlaConfig& c, std::vector<std::string>& p) const override {
     add_ring_problems(c, p, name());
   }
