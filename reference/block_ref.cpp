@@ -292,7 +292,7 @@ Array index_rope(const Array& x, const MlaConfig& c, bool backward) {
 double indexer_layer(const MlaConfig& c, const RefWeights& w, int64_t l, const LayerForward& f,
                      const Array& sel, RefWeights& dw, std::optional<DType> st, double& slack) {
   const int64_t T = f.xn.shape[0], B = f.xn.shape[1], H = c.num_attention_heads;
-  const int64_t HI = c.index_n_heads, DI = c.index_head_dim, k = c.index_topk;
+  const int64_t HI = c.index_n_heads, DI = c.index_head_dim, k = c.topk();
   const int64_t Dl = c.kv_lora_rank + c.qk_rope_head_dim;
   const double wscale = 1 / std::sqrt(double(HI) * double(DI)), scale = softmax_scale(c);
   auto store = [&](Array& a) { round_in_place(a, st); };
@@ -610,9 +610,9 @@ void check_selection(const MlaConfig& c, const Array& x, Core core,
   LAGA_CHECK(int64_t(selection->size()) == c.num_layers, "{} layers of selections for {} layers",
              selection->size(), c.num_layers);
   for (const Array& s : *selection)
-    LAGA_CHECK(s.shape == Shape({x.shape[0], x.shape[1], c.index_topk}),
+    LAGA_CHECK(s.shape == Shape({x.shape[0], x.shape[1], c.topk()}),
                "selection {} must be [T, B, k] = [{}, {}, {}]", shape_str(s.shape), x.shape[0],
-               x.shape[1], c.index_topk);
+               x.shape[1], c.topk());
 }
 
 const Array* layer_selection(const std::vector<Array>* selection, int64_t l) {

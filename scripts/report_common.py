@@ -68,6 +68,10 @@ class Forms:
         self.names = [f["name"] for f in self.entries]
         self.own = {f["name"]: f["own_kernel"] for f in self.entries if f.get("own_kernel")}
         self.not_run = {f["name"]: f["not_run_at_bench"] for f in self.entries if f.get("not_run_at_bench")}
+        # the sparse forms (DeepSeek Sparse Attention) train another function than the dense ones: they race
+        # each other alone
+        self.sparse = {f["name"] for f in self.entries if f.get("sparse")} or \
+            {n for n in self.names if n.startswith("dsa-")}
         self.steps = j.get("steps", {})
         # A row that ran another kernel than the one asked for names its form's own (bench rows, plan).
         for name in sorted(os.listdir(d)) if os.path.isdir(d) else []:

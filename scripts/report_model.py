@@ -3,12 +3,13 @@ host alone moved one repeated measurement, and the paper's configurations predic
 where, measured here and predicted over `laga model --grid` (one heat map per hardware file; the grid's
 rows stay in its JSON)."""
 import math
+import os
 import statistics
 
 import matplotlib.pyplot as plt
 from matplotlib.patches import Patch
 
-from report_common import MODEL_MEAN_TARGET, MODEL_ROW_TARGET, PAPER, bench_rows, load, steps_of, table
+from report_common import MODEL_MEAN_TARGET, MODEL_ROW_TARGET, PAPER, bench_rows, load, mb, steps_of, table
 
 # The model against measurement, in the order the report shows it: (the step's JSON, where it was measured,
 # the kernel the bench was asked for).
@@ -333,11 +334,31 @@ def grid_summary(rows):
     return out, wins, n
 
 
+def regather_line(rows):
+    """What re-gathering costs and saves over the sparse cells: dsa-regather's step over dsa-gather's, and the
+    activation peak it saves."""
+    cost, saved = [], []
+    for row in rows:
+        t, m = row.get("times_s") or {}, row.get("activation_peak_bytes") or {}
+        if "dsa-gather" in t and "dsa-regather" in t:
+            cost.append(t["dsa-regather"] / t["dsa-gather"])
+        if "dsa-gather" in m and "dsa-regather" in m:
+            saved.append(1 - m["dsa-regather"] / m["dsa-gather"])
+    if not cost:
+        return ""
+    out = f"dsa-regather's step over dsa-gather's: {min(cost):.3f}× to {max(cost):.3f}× (median {statistics.median(cost):.3f}×)"
+    if saved:
+        out += f", for an activation peak {100 * min(saved):.0f} to {100 * max(saved):.0f} % lower"
+    return out + "."
+
+
 def section_winners(r):
     r.h("8. Which form wins where")
     r.p("Measured where this machine measured (one machine, P 2, `small`: the fastest validated form per T, with the "
         "model's error on that row); predicted elsewhere (`laga model --grid`: every form that can run the cell and "
-        "laga with every --ulysses; link× scales the hardware file's link bandwidths; no overlap in the model).")
+        "laga with every --ulysses; link× scales the hardware file's link bandwidths; no overlap in the model). The "
+        "sparse forms (DeepSeek Sparse Attention) train another function than the dense ones, so they race each "
+        "other alone: their own rows, and the deepseek-v3.2 panels of the grids.")
     rows = []
     for asked in ("fused", "eager"):
         j = load(r.d, f"bench.threads.{asked}.json")
@@ -346,12 +367,12 @@ def section_winners(r):
         by_t = {}
         for row in bench_rows(j):
             if row.get("wrong", 0) == 0 and (asked == "fused" or r.forms.runs(row["variant"], asked, row)):
-                by_t.setdefault(row["seq"], []).append(row)
-        for T, rs in sorted(by_t.items()):
+                by_t.setdefault((row["variant"] in r.forms.sparse, row["seq"]), []).append(row)
+        for (sparse, T), rs in sorted(by_t.items()):
             rs.sort(key=lambda x: x["total_s"])
             win = rs[0]
             e = err.get((T, win["variant"]))
-            rows.append((asked, T, win["variant"], r.forms.kernel(win["variant"], asked, win), f"{win['total_s']:.3f}",
+            rows.append((asked + (", sparse forms" if sparse else ""), T, win["variant"], r.forms.kernel(win["variant"], asked, win), f"{win['total_s']:.3f}",
                          rs[1]["variant"] if len(rs) > 1 else "-",
                          f"{rs[1]['total_s'] / win['total_s']:.3f}×" if len(rs) > 1 else "-",
                          f"{e * 100:+.1f} %" if e is not None else "-"))
@@ -367,9 +388,75 @@ def section_winners(r):
         if not g or not g.get("grid"):
             r.missing(f"model grid on {hw}", f"model.grid.{hw}")
             continue
-        r.p(grid_summary(g["grid"])[0] + f". Every cell's times: model.grid.{hw}.json.")
+        dense = [row for row in g["grid"] if row.get("model") != "deepseek-v3.2"]
+        sparse = [row for row in g["grid"] if row.get("model") == "deepseek-v3.2"]
+        r.p(grid_summary(dense)[0] + f". Every cell's times: model.grid.{hw}.json.")
+        if sparse:
+            r.p("deepseek-v3.2, the sparse forms: " + grid_summary(sparse)[0] + ". " + regather_line(sparse))
         r.plot(heat_map(r, hw, g["grid"], colors), f"winners_{hw}.png", f"the predicted fastest form on {hw}",
                layout=False)
+    sparse_choice(r)
+
+
+def sparse_choice(r):
+    """The sparse forms: what re-gathering saves (plan at DeepSeek-V3.2 scale), what it costs (bench in one machine and
+    across the link, the model on the hardware files), and how each layout balances the ranks' work."""
+    r.h("Sparse forms: keep the gathered latent, or gather it again", 3)
+    rows, balance = [], []
+    plans = [load(r.d, n) for n in sorted(os.listdir(r.d)) if n.startswith("plan.dsa.") and n.endswith(".json")]
+    for p in sorted((p for p in plans if p), key=lambda p: (p["config"]["seq_len"], p["config"]["sp"])):
+        T, P = p["config"]["seq_len"], p["config"]["sp"]
+        f = p["forms"]
+        g, rg = f.get("dsa-gather", {}), f.get("dsa-regather", {})
+        if "saved_bytes" not in g or "saved_bytes" not in rg:
+            continue
+        rows.append((T, P, mb(g["saved_bytes"]), mb(rg["saved_bytes"]), f"{rg['saved_bytes'] / g['saved_bytes']:.3f}",
+                     mb(g["activation_peak_bytes"]), mb(rg["activation_peak_bytes"]),
+                     f"{rg['activation_peak_bytes'] / g['activation_peak_bytes']:.3f}",
+                     mb(g["comm"]["wire_bytes"]), mb(rg["comm"]["wire_bytes"])))
+        for layout, w in (p.get("sparse_rank_work") or {}).items():
+            if isinstance(w, dict) and "imbalance" in w:
+                im = w["imbalance"]
+                balance.append((T, P, layout, f"{im['indexer']:.3f}", f"{im['attention']:.3f}", f"{im['total']:.3f}"))
+    if rows:
+        r.p(f"Planned per rank and layer at {p['config'].get('model')} (`laga plan`; planned = measured to "
+            "the byte): what dsa-regather saves by gathering the latent again and rebuilding q_abs a row block at a "
+            "time, and the traffic it adds (wire bytes: the gathers counted as they travel).")
+        r.p(table(["T", "P", "gather saved MB", "regather saved MB", "ratio", "gather peak MB", "regather peak MB",
+                   "ratio", "gather wire MB", "regather wire MB"], rows))
+    else:
+        r.missing("plan of the sparse forms", "plan.dsa.t262144.p64")
+    if balance:
+        r.p("\nWork per rank (the plan's work ledger of every rank; imbalance = the busiest rank's over the mean): the "
+            "indexer scores every earlier key, so under the contiguous layout the last rank's queries score P times "
+            "the first's; zigzag pairs chunk r with chunk 2P−1−r.")
+        r.p(table(["T", "P", "layout", "indexer", "sparse attention", "step"], balance))
+    cost = []
+    for name in ("bench.threads.fused.json", "bench.link.matched.json", "bench.link.matched.overlap.json",
+                 "bench.link.slow.overlap.json", "bench.link.fast.overlap.json"):
+        by = {}
+        for row in bench_rows(load(r.d, name)):
+            if row.get("wrong", 0) == 0 and row["variant"] in ("dsa-gather", "dsa-regather"):
+                by.setdefault(row["seq"], {})[row["variant"]] = row["total_s"]
+        for T, t in sorted(by.items()):
+            if len(t) == 2:
+                cost.append((name[:-5], T, f"{t['dsa-gather']:.3f}", f"{t['dsa-regather']:.3f}",
+                             f"{t['dsa-regather'] / t['dsa-gather']:.3f}×"))
+    if cost:
+        r.p("\nMeasured (small, P 2, medians): the step of each and dsa-regather's over dsa-gather's.")
+        r.p(table(["bench", "T", "dsa-gather s", "dsa-regather s", "regather / gather"], cost))
+    lines = []
+    for hw in HW_FILES:
+        g = load(r.d, f"model.grid.{hw}.json")
+        sparse = [row for row in (g or {}).get("grid", []) if row.get("model") == "deepseek-v3.2"]
+        if sparse:
+            lines.append(f"{hw}: {regather_line(sparse)}")
+    if lines:
+        r.p("\nPredicted at DeepSeek-V3.2 (`laga model --grid`, every T × P × link scale): " + " ".join(lines))
+    r.p("\nRe-gathering pays where the activation memory it saves is what limits the run (a longer sequence or fewer "
+        "ranks, or no activation recomputation): its price is one more all-gather of 576 values per token and the "
+        "per-block rebuild of q_abs, a few per cent of the step where the link keeps pace with compute and more where "
+        "it does not. docs/design.md §7.")
 
 
 def winners_headline(r):
@@ -378,7 +465,7 @@ def winners_headline(r):
     for hw in HW_FILES:
         g = load(r.d, f"model.grid.{hw}.json")
         if g and g.get("grid"):
-            _, wins, n = grid_summary(g["grid"])
+            _, wins, n = grid_summary([row for row in g["grid"] if row.get("model") != "deepseek-v3.2"])
             top = sorted(wins.items(), key=lambda kv: -kv[1])
             out.append(f"{hw}: " + ", ".join(f"{w} {c}" for w, c in top[:3]) + f" of {n} cells")
     return "; ".join(out)

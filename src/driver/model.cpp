@@ -489,18 +489,30 @@ struct RankReplay {
 
 }  // namespace
 
-FormPrediction predict(const Config& c, const HardwareSpec& hw) {
-  const MlaConfig& m = *c;
-  const ComputeSpec& rates = hw.compute_for(m.dtype);
-  const int64_t P = m.sp;
-  std::vector<RankReplay> ranks(static_cast<size_t>(P));
+RankPlans plan_ranks(const Config& c) {
   // Where every rank runs the same shapes (Form::ranks_alike: N consecutive tokens of a
   // head-scatter form) its plan is rank 0's (Model.AlikeRanksPlanTheSameWork); otherwise each rank
   // is planned.
-  const bool alike = form_of(m).ranks_alike(m);
+  const bool alike = form_of(*c).ranks_alike(*c);
+  RankPlans plans;
+  for (int64_t r = 0; r < c->sp; ++r)
+    plans.push_back(alike && r > 0 ? plans[0] : std::make_shared<const Plan>(plan_run(c, int(r))));
+  return plans;
+}
+
+FormPrediction predict(const Config& c, const HardwareSpec& hw) {
+  return predict(c, hw, plan_ranks(c));
+}
+
+FormPrediction predict(const Config& c, const HardwareSpec& hw, const RankPlans& plans) {
+  const MlaConfig& m = *c;
+  const ComputeSpec& rates = hw.compute_for(m.dtype);
+  const int64_t P = m.sp;
+  LAGA_ASSERT(int64_t(plans.size()) == P, "{} plans for {} ranks", plans.size(), P);
+  std::vector<RankReplay> ranks(static_cast<size_t>(P));
   for (int64_t r = 0; r < P; ++r) {
     RankReplay& x = ranks[size_t(r)];
-    x.plan = alike && r > 0 ? ranks[0].plan : std::make_shared<const Plan>(plan_run(c, int(r)));
+    x.plan = plans[size_t(r)];
     x.issued.assign(x.plan->comm.attention.size(), -1);
     x.f.form = displayed_form(m), x.f.rank = r;
     for (const CollectiveRecord& rec : x.plan->comm.attention)

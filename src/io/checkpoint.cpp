@@ -278,7 +278,7 @@ void write_dump(const std::string& dir, const MlaConfig& c, const Tensor& x, con
              "dump: {} layers of selections for num_layers {}", topk.size(), c.num_layers);
   for (size_t l = 0; l < topk.size(); ++l) {
     const std::string full = fmt::format("layers.{}.topk", l);
-    check_shape(topk[l], {c.seq_len, c.batch, c.index_topk}, full.c_str());
+    check_shape(topk[l], {c.seq_len, c.batch, c.topk()}, full.c_str());
     check_dtype(topk[l], DType::i32, full.c_str());
     names.push_back(full);
     tensors.push_back(&topk[l]);

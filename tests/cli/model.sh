@@ -92,10 +92,15 @@ out=$("$laga" model --grid --hw "$src/docs/hw/h100-class.json" --json "$tmp/g.js
 python3 - "$tmp/g.json" <<'PY' || fail "--grid JSON"
 import json, sys
 rows = json.load(open(sys.argv[1]))["grid"]
-assert len(rows) == 3 * 2 * 3 * 4, len(rows)
+assert len(rows) == 3 * 3 * 3 * 4, len(rows)
 for x in rows:
     t = x["times_s"]
     assert x["winner"] == min(t, key=t.get) and x["winner_s"] == t[x["winner"]], x
+    if x["model"] == "deepseek-v3.2":  # the sparse forms race each other alone, their peaks beside
+        m = x["activation_peak_bytes"]
+        assert set(t) == {"dsa-gather", "dsa-regather"} == set(m), x
+        assert m["dsa-regather"] <= m["dsa-gather"], x
+        continue
     if x["sp"] > x["heads"]:
         assert "explicit" in x["not_run"] and "explicit" not in t, x
         assert "ring-latent" in t, x

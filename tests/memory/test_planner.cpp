@@ -190,7 +190,7 @@ ClosedForm closed_form(const MlaConfig& c) {
     // key's fp32 gradient reduce-scattered, the dlatent's (dlatent-sum dtype), and dsa-regather's
     // second all-gather of the latent in backward.
     const bool regather = c.form == "dsa-regather";
-    const int64_t HI = c.index_n_heads, DI = c.index_head_dim, k = c.index_topk;
+    const int64_t HI = c.index_n_heads, DI = c.index_head_dim, k = c.topk();
     ClosedForm f;
     f.saved = c.num_layers *
               (saved + (E * H * (Dqk + Lkv) + E * (HI * DI + HI + 2 * DI)) * s +

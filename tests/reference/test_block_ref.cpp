@@ -381,7 +381,7 @@ TEST(BlockRefGradients, TheSparseBlockMatchesFiniteDifferences) {
     const Array g = random_array(x.shape, "g");
     // a selection of min(k, t + 1) distinct earlier positions per row, ascending, −1 padded
     std::vector<Array> sel;
-    const int64_t T = c.seq_len, B = c.batch, k = c.index_topk;
+    const int64_t T = c.seq_len, B = c.batch, k = c.topk();
     for (int64_t l = 0; l < c.num_layers; ++l) {
       Array s({T, B, k});
       for (int64_t t = 0; t < T; ++t)

@@ -52,7 +52,7 @@ def check_sparse_dump(cfg, t):
         raise CheckFailed(f"form {cfg['form']} needs an indexer: index_n_heads {cfg.get('index_n_heads')}, "
                           f"index_head_dim {cfg.get('index_head_dim')} (≥ qk_rope_head_dim "
                           f"{cfg['qk_rope_head_dim']}), index_topk {cfg.get('index_topk')} (≥ 1)")
-    k = cfg["index_topk"]
+    k = min(cfg["index_topk"], cfg["seq_len"])  # a query has at most T keys: laga runs top-k as T
     for l in range(cfg["num_layers"]):
         idx = t.get(f"layers.{l}.topk")
         if idx is None:
@@ -140,7 +140,7 @@ class SparseBlock(Block):
             C = ~self.mask[None].expand(B, T, T)
             self.selected.append(None)
         else:
-            idx = self.topk[l] if self.topk[l] is not None else select_topk(I.detach(), cfg["index_topk"])
+            idx = self.topk[l] if self.topk[l] is not None else select_topk(I.detach(), min(cfg["index_topk"], T))
             C = selection_mask(idx, T)
             self.selected.append(idx)
 
@@ -181,7 +181,7 @@ def report_selection(cfg, t, scores, eps):
     """Each dumped selection against float64 index scores: no position left out may score above
     the smallest selected one by more than 16·eps·max|I[t, s ≤ t]|. Prints a row per layer;
     returns (layers failing, layers checked)."""
-    k, wrong, checked = cfg["index_topk"], 0, 0
+    k, wrong, checked = min(cfg["index_topk"], cfg["seq_len"]), 0, 0
     print(f"# selection: left-out score - smallest selected score <= 16 * {eps:.3g} * max|I[t, s<=t]| "
           "(float64 scores)")
     for l in range(cfg["num_layers"]):

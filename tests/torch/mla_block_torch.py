@@ -325,7 +325,7 @@ def expected_names(cfg):
             names[f"layers.{l}.{n}"] = s
             names[f"layers.{l}.{n}.grad"] = s
         if is_sparse(cfg) and cfg.get("indexer_stage") == "sparse":
-            names[f"layers.{l}.topk"] = [T, B, cfg["index_topk"]]
+            names[f"layers.{l}.topk"] = [T, B, min(cfg["index_topk"], T)]  # top-k above T runs as T
     return names
 
 

@@ -360,33 +360,47 @@ nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpe
       base_hw.name, base_hw.path, f.batch, f.layers, f.kernel, f.dtype);
   fmt::print("# {:>6} {:<17} {:>4} {:>6} {:>3}  {:<18} {:>11} {:>9}  {:<18} {:>9}\n", "link×",
              "model", "H", "T", "P", "winner", "step s", "×expl.", "runner-up", "margin");
-  nlohmann::json rows = nlohmann::json::array();
-  for (double s : scales) {
-    const HardwareSpec hw = scale_links(base_hw, s);
-    for (const char* model : {"deepseek-v2-lite", "deepseek-v3"})
-      for (int64_t T : {4096, 16384, 65536})
-        for (int64_t P : {8, 16, 32, 64}) {
-          CommonFlags g = f;
-          g.model = model, g.seq = T, g.sp = P, g.form = std::string(kBaselineForm);
-          FormsAt at;
-          const MlaConfig base = spec_for_all_forms(g, at);
+  // Each cell planned once (its forms' plans of every rank) and predicted at every link scale;
+  // printed and listed scale by scale.
+  std::vector<std::string> lines(scales.size());
+  std::vector<nlohmann::json> by_scale(scales.size(), nlohmann::json::array());
+  // DeepSeek-V3.2's cells race the sparse forms alone: they train another function (the
+  // attention over each query's top-k) than the dense forms.
+  for (const char* model : {"deepseek-v2-lite", "deepseek-v3", "deepseek-v3.2"})
+    for (int64_t T : {4096, 16384, 65536})
+      for (int64_t P : {8, 16, 32, 64}) {
+        CommonFlags g = f;
+        g.model = model, g.seq = T, g.sp = P, g.form = std::string(kBaselineForm);
+        const bool sparse_model = std::string_view(model) == "deepseek-v3.2";
+        FormsAt at;
+        const MlaConfig base = spec_for_all_forms(g, at);
+        std::vector<MlaConfig> candidates;
+        for (const Form* fm : at.runnable) {
+          if (fm->sparse() != sparse_model) continue;
+          if (!fm->takes_ulysses()) {
+            candidates.push_back(as_form(base, fm->name()));
+            continue;
+          }
+          // head-scatter groups of every Pu < P that runs (a ring over the P/Pu groups)
+          for (int64_t Pu = 1; Pu < P; ++Pu) {
+            MlaConfig h = as_form(base, fm->name());
+            h.ulysses = Pu;
+            if (h.problems().empty()) candidates.push_back(h);
+          }
+        }
+        std::vector<RankPlans> plans;
+        nlohmann::json peaks, refused = nlohmann::json::object();
+        for (const MlaConfig& c : candidates) {
+          plans.push_back(plan_ranks(Config(c)));
+          if (sparse_model) peaks[displayed_form(c)] = plan_memory(Config(c)).activation_peak_bytes;
+        }
+        for (const auto& r : at.refused) refused[std::string(r.form->name())] = r.reason;
+        for (size_t i = 0; i < scales.size(); ++i) {
+          const HardwareSpec hw = scale_links(base_hw, scales[i]);
           std::vector<std::pair<double, std::string>> t;
           nlohmann::json times;
-          std::vector<MlaConfig> candidates;
-          for (const Form* fm : at.runnable) {
-            if (!fm->takes_ulysses()) {
-              candidates.push_back(as_form(base, fm->name()));
-              continue;
-            }
-            // head-scatter groups of every Pu < P that runs (a ring over the P/Pu groups)
-            for (int64_t Pu = 1; Pu < P; ++Pu) {
-              MlaConfig h = as_form(base, fm->name());
-              h.ulysses = Pu;
-              if (h.problems().empty()) candidates.push_back(h);
-            }
-          }
-          for (const MlaConfig& c : candidates) {
-            const FormPrediction p = predict(Config(c), hw);
+          for (size_t k = 0; k < candidates.size(); ++k) {
+            const FormPrediction p = predict(Config(candidates[k]), hw, plans[k]);
             t.emplace_back(p.total_s(), p.form);
             times[p.form] = p.total_s();
           }
@@ -397,26 +411,33 @@ nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpe
           const std::string second = t.size() > 1 ? t[1].second : "-";
           const std::string margin =
               t.size() > 1 ? fmt::format("{:.3f}×", t[1].first / t[0].first) : "-";
-          fmt::print("  {:>6g} {:<17} {:>4} {:>6} {:>3}  {:<18} {:>11.5g} {:>9}  {:<18} {:>9}\n", s,
-                     model, base.num_attention_heads, T, P, t[0].second, t[0].first, vs, second,
-                     margin);
-          nlohmann::json refused = nlohmann::json::object();
-          for (const auto& r : at.refused) refused[std::string(r.form->name())] = r.reason;
-          rows.push_back({{"link_scale", s},
-                          {"model", model},
-                          {"heads", base.num_attention_heads},
-                          {"seq", T},
-                          {"sp", P},
-                          {"winner", t[0].second},
-                          {"winner_s", t[0].first},
-                          {"times_s", times},
-                          {"not_run", refused}});
+          lines[i] += fmt::format(
+              "  {:>6g} {:<17} {:>4} {:>6} {:>3}  {:<18} {:>11.5g} {:>9}  {:<18} {:>9}\n",
+              scales[i], model, base.num_attention_heads, T, P, t[0].second, t[0].first, vs, second,
+              margin);
+          nlohmann::json row = {{"link_scale", scales[i]},
+                                {"model", model},
+                                {"heads", base.num_attention_heads},
+                                {"seq", T},
+                                {"sp", P},
+                                {"winner", t[0].second},
+                                {"winner_s", t[0].first},
+                                {"times_s", times},
+                                {"not_run", refused}};
+          if (sparse_model) row["activation_peak_bytes"] = peaks;
+          by_scale[i].push_back(std::move(row));
         }
+      }
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t i = 0; i < scales.size(); ++i) {
+    fmt::print("{}", lines[i]);
+    for (auto& row : by_scale[i]) rows.push_back(std::move(row));
   }
   fmt::print(
       "# link×: the hardware file's link bandwidths multiplied by this; margin: runner-up's step "
       "time over the "
-      "winner's; ×expl.: explicit's over the winner's (- where explicit cannot run: P ∤ H)\n");
+      "winner's; ×expl.: explicit's over the winner's (- where explicit cannot run: P ∤ H); "
+      "deepseek-v3.2: the sparse forms alone\n");
   return {{"grid", rows}};
 }
 

@@ -4,6 +4,7 @@
 // least-squares fits showing absorbed's excess over explicit growing linearly in T and in H.
 #include <fmt/format.h>
 
+#include <array>
 #include <cmath>
 #include <functional>
 #include <set>
@@ -240,6 +241,67 @@ void print_sparse_tensors(const FormsAt& at, const nlohmann::json& forms,
   }
 }
 
+// The sparse forms' work per rank from each rank's plan (the work ledger), in both layouts: the
+// indexer's scores (top-k and loss), the sparse attention, and the rest (projections, norms, ...),
+// GFLOP of a step. Every rank where P ≤ 8; the extremes beyond. A rank's causal work grows with the
+// positions of its queries: contiguous, rank P−1's score every key and rank 0's N of them; zigzag
+// pairs chunk r with chunk 2P−1−r, so every rank's add up alike. Returns the JSON of the table.
+nlohmann::json print_sparse_balance(const MlaConfig& base, const FormsAt& at) {
+  const Form* sparse = nullptr;
+  for (const Form* fm : at.runnable)
+    if (fm->sparse() && !sparse) sparse = fm;
+  if (!sparse || base.sp < 2) return nullptr;
+  nlohmann::json out = {{"form", std::string(sparse->name())}};
+  fmt::print(
+      "# {} work per rank, GFLOP of a step: the indexer's scores (top-k and loss), the sparse "
+      "attention, the rest; imbalance = slowest rank / mean\n",
+      sparse->name());
+  fmt::print("# {:<10} {:>6} {:>12} {:>12} {:>12} {:>12}\n", "layout", "rank", "indexer",
+             "attention", "rest", "total");
+  for (CpLayout layout : {CpLayout::zigzag, CpLayout::contiguous}) {
+    MlaConfig m = as_form(base, sparse->name());
+    m.cp_layout = layout;
+    const std::string name(cp_layout_name(layout));
+    if (const auto problems = m.problems(); !problems.empty()) {
+      fmt::print("  {:<10} not run: {}\n", name, problems.front());
+      out[name] = {{"not_run", problems.front()}};
+      continue;
+    }
+    const Config c(std::move(m));
+    std::array<std::vector<double>, 3> work;  // indexer, attention, rest per rank
+    for (int r = 0; r < c->sp; ++r) {
+      double k[3] = {0, 0, 0};
+      for (const WorkRecord& w : plan_run(c, r).work.records)
+        k[w.kernel == AttentionKernel::indexer  ? 0
+          : w.kernel == AttentionKernel::sparse ? 1
+                                                : 2] += w.flops;
+      for (int i = 0; i < 3; ++i) work[size_t(i)].push_back(k[i] / 1e9);
+    }
+    auto total = [&](size_t r) { return work[0][r] + work[1][r] + work[2][r]; };
+    const size_t P = size_t(c->sp);
+    for (size_t r = 0; r < P; ++r)
+      if (P <= 8 || r == 0 || r + 1 == P)
+        fmt::print("  {:<10} {:>6} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f}\n", name, r, work[0][r],
+                   work[1][r], work[2][r], total(r));
+    auto imbalance = [&](const std::function<double(size_t)>& of) {
+      double mx = 0, sum = 0;
+      for (size_t r = 0; r < P; ++r) mx = std::max(mx, of(r)), sum += of(r);
+      return sum > 0 ? mx * double(P) / sum : 1.0;
+    };
+    const double im_index = imbalance([&](size_t r) { return work[0][r]; }),
+                 im_attn = imbalance([&](size_t r) { return work[1][r]; }),
+                 im_total = imbalance(total);
+    fmt::print("  {:<10} imbalance: indexer {:.3f}, attention {:.3f}, total {:.3f}\n", name,
+               im_index, im_attn, im_total);
+    out[name] = {
+        {"indexer_gflop", work[0]},
+        {"attention_gflop", work[1]},
+        {"rest_gflop", work[2]},
+        {"imbalance", {{"indexer", im_index}, {"attention", im_attn}, {"total", im_total}}}};
+  }
+  return out;
+}
+
 }  // namespace
 
 int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) {
@@ -285,6 +347,7 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
   }
   const auto runs = [&](std::string_view name) { return at.refusal(find_form(name)).empty(); };
   print_sparse_tensors(at, forms, shown);
+  const nlohmann::json balance = print_sparse_balance(base, at);
   // A form's config with one more setting changed.
   auto edited = [&](std::string_view name, const std::function<void(MlaConfig&)>& edit) {
     MlaConfig m = as_form(base, name);
@@ -355,6 +418,7 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
                         {"forms", forms},
                         {"laga_with_dlatent_sum_" + std::string(dlatent_sum_name(other)), alt},
                         {"other_attn_backward", other_order}};
+    if (!balance.is_null()) j["sparse_rank_work"] = balance;
     *json_out << j.dump(2) << "\n";
   }
   if (!mem_limit.empty())

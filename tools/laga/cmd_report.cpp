@@ -169,12 +169,16 @@ Report report_of(const std::string& out_dir, bool quick) {
   r.link_seqs = quick ? "2048" : "2048,4096";
   r.fused_forms = forms_at_config("small", 2, "fused", "bf16", r.seqs).runnable;
   r.eager_forms = without_own_kernel(forms_at_config("small", 2, "eager", "bf16", r.seqs).runnable);
-  // The paper's pair, where it runs.
-  std::vector<std::string> pair;
-  for (const auto& name : r.fused_forms)
+  // The paper's pair, where it runs; across the link also the sparse pair (gather or re-gather).
+  std::vector<std::string> pair, link_pair;
+  for (const auto& name : r.fused_forms) {
     if (name == kBaselineForm || name == "laga") pair.push_back(name);
+    if (name == kBaselineForm || name == "laga" || find_form(name).sparse())
+      link_pair.push_back(name);
+  }
   r.mpi_forms = quick ? pair : r.fused_forms;
-  r.link_forms = quick ? pair : forms_at_config("small", 2, "fused", "bf16", r.link_seqs).runnable;
+  r.link_forms =
+      quick ? link_pair : forms_at_config("small", 2, "fused", "bf16", r.link_seqs).runnable;
   r.train_forms = forms_at_config("tiny", 4, "fused", "fp32", "64").runnable;
   return r;
 }
@@ -195,7 +199,8 @@ void write_forms_json(const Report& r) {
                         {"own_kernel", std::string(f->own_kernel())},
                         {"output", f->output() == Form::Output::heads ? "heads" : "tokens"},
                         {"layout", std::string(token_layout_name(f->layout(bench_spec)))},
-                        {"exact_at_one_rank", f->exact_at_one_rank()}};
+                        {"exact_at_one_rank", f->exact_at_one_rank()},
+                        {"sparse", f->sparse()}};
     if (auto it = fused.refused.find(name); it != fused.refused.end())
       j["not_run_at_bench"] = it->second;
     forms.push_back(j);
@@ -299,6 +304,18 @@ void measurement_steps(const Report& r, std::vector<Step>& steps) {
                        "--seq",    "16384", "--sp",    "8",
                        "--kernel", kernel,  "--json",  r.J(fmt::format("plan.{}.json", kernel))};
          }});
+  // The sparse forms at DeepSeek-V3.2's scale: per-tensor memory and traffic, per-rank work in both
+  // layouts.
+  for (const auto& [T, P] : {std::pair<const char*, const char*>{"131072", "16"}, {"262144", "64"}})
+    steps.push_back({fmt::format("plan.dsa.t{}.p{}", T, P),
+                     fmt::format("the sparse forms at DeepSeek-V3.2, T {}, P {}", T, P),
+                     [&r, T, P] {
+                       return Args{r.laga,    "plan",
+                                   "--model", "deepseek-v3.2",
+                                   "--seq",   T,
+                                   "--sp",    P,
+                                   "--json",  r.J(fmt::format("plan.dsa.t{}.p{}.json", T, P))};
+                     }});
   steps.push_back(
       {"plan.sweep", "memory over T × P × kernel and traffic over H (DeepSeek-V3 dims)", [&r] {
          return Args{

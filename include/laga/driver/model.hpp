@@ -12,6 +12,7 @@
 #pragma once
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "laga/comm/communicator.hpp"
 #include "laga/mla/config.hpp"
 #include "laga/core/work.hpp"
+#include "laga/driver/plan.hpp"
 
 namespace laga {
 
@@ -172,6 +174,11 @@ double work_seconds(const WorkRecord& r, const MlaConfig& m, const ComputeSpec& 
 // and each one's link is free of the collectives before it; a wait moves the clock to the
 // collective's end, and what it waited is exposed. The prediction is the slowest rank's.
 FormPrediction predict(const Config& c, const HardwareSpec& hw);
+// Every rank's plan of c, what predict replays (rank 0's shared where the ranks plan alike,
+// Form::ranks_alike): plan once to predict c on several hardware files.
+using RankPlans = std::vector<std::shared_ptr<const Plan>>;
+RankPlans plan_ranks(const Config& c);
+FormPrediction predict(const Config& c, const HardwareSpec& hw, const RankPlans& plans);
 
 // Least-squares fit of time = latency + bus_bytes / busbw over measured points (bus_bytes = S ·
 // bus_factor), weighted by 1/time² so that small and large sizes count alike (relative residuals).
