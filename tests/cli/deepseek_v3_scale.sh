@@ -6,7 +6,9 @@
 # (Planner.*); here each code path that allocates differently runs once at full scale: the fused
 # kernel at T 16384 under explicit, laga, absorbed-shared and laga-fused (its own latent kernel), and
 # eager at T 8192 (the largest power of two whose eager peak fits in 24 GiB) under absorbed-expanded,
-# whose n_heads x kv_lora_rank intermediates are the largest.
+# whose n_heads x kv_lora_rank intermediates are the largest. And DeepSeek-V3.2's sparse forms at
+# T 16384 over P 64, standing in for the last rank (zigzag chunks 63 and 64); at T 262144 the same
+# holds (measured once: dsa-regather's activation peak 2,805,483,520 bytes = the plan's).
 # Usage: deepseek_v3_scale.sh <laga binary> <source dir>
 set -u
 laga=$1
@@ -14,15 +16,16 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 failures=0
 
-check() {  # kernel T form regime
-  local kernel=$1 T=$2 form=$3 kv=$4 f="$work/$1.$2.$3.$4.json"
-  if ! "$laga" run --model deepseek-v3 --seq "$T" --sp 8 --stand-in 0 --form "$form" --absorbed-kv "$kv" \
+check() {  # kernel T form regime [model P rank]
+  local kernel=$1 T=$2 form=$3 kv=$4 model=${5:-deepseek-v3} P=${6:-8} rank=${7:-0}
+  local f="$work/$1.$2.$3.$4.json"
+  if ! "$laga" run --model "$model" --seq "$T" --sp "$P" --stand-in "$rank" --form "$form" --absorbed-kv "$kv" \
       --kernel "$kernel" --dtype bf16 --json "$f" >"$work/out" 2>&1; then
     echo "FAIL: $kernel T=$T $form $kv: $(tail -3 "$work/out")"
     failures=$((failures + 1))
     return
   fi
-  "$laga" plan --model deepseek-v3 --seq "$T" --sp 8 --kernel "$kernel" --absorbed-kv "$kv" --dtype bf16 \
+  "$laga" plan --model "$model" --seq "$T" --sp "$P" --kernel "$kernel" --absorbed-kv "$kv" --dtype bf16 \
     --json "$work/plan.json" >/dev/null
   if /usr/bin/python3 - "$f" "$work/plan.json" "$form" <<'PY'
 import json, sys
@@ -42,7 +45,7 @@ if bad:
 sys.exit(1 if bad else 0)
 PY
   then
-    echo "ok: $kernel T=$T $form $kv: measured == planned"
+    echo "ok: $model P $P rank $rank $kernel T=$T $form $kv: measured == planned"
   else
     echo "FAIL: $kernel T=$T $form $kv: measured != planned"
     failures=$((failures + 1))
@@ -55,5 +58,7 @@ check fused 16384 absorbed shared
 check eager 8192 absorbed expanded
 # laga-fused runs its own latent kernel whatever --kernel says.
 check fused 16384 laga-fused expanded
+check fused 16384 dsa-gather expanded deepseek-v3.2 64 63
+check fused 16384 dsa-regather expanded deepseek-v3.2 64 63
 [ "$failures" -eq 0 ] && echo "deepseek_v3_scale: all cases pass" || echo "deepseek_v3_scale: $failures failures"
 [ "$failures" -eq 0 ]
