@@ -15,7 +15,9 @@
 #include "laga/mla/config.hpp"
 #include "laga/ops/attention.hpp"
 #include "laga/ops/elementwise.hpp"
+#include "laga/ops/indexer.hpp"
 #include "laga/ops/latent_attention.hpp"
+#include "laga/ops/sparse_attention.hpp"
 #include "laga/ops/linear.hpp"
 #include "laga/ops/rmsnorm.hpp"
 #include "laga/ops/rope.hpp"
@@ -126,8 +128,12 @@ nlohmann::json calibration_notes(const CalibrationOptions& opt, const CalShape& 
                    "V padded to "
                    "576, counted as 512), mqa 576/512 with one KV head; FlashAttention-3 FLOP "
                    "counting; laga_fused: the latent kernel "
-                   "of laga-fused, its FLOPs the attention's plus the up-projection it executes",
-                   s.Hr)},
+                   "of laga-fused, its FLOPs the attention's plus the up-projection it executes; "
+                   "sparse and indexer: the sparse forms' kernels over a block of min(T/P, 512) "
+                   "query rows at the sequence's end with small's {} heads, top-k {} and indexer "
+                   "{}×{} (forward the attention over the selection and the indexer's top-k; "
+                   "backward the attention's and the indexer's loss)",
+                   s.Hr, s.H, s.small.index_topk, s.small.index_n_heads, s.small.index_head_dim)},
       {"elementwise",
        fmt::format("rmsnorm forward/backward and rope over [T/P, {}]: bytes read + written / time",
                    s.D)},
@@ -283,6 +289,83 @@ void add_laga_fused(const At& at, std::vector<Measurement>& ms) {
   const double fl = attention_forward_flops(1, Hr, T, Dqk, Dv, true),
                up = latent_up_projection_flops(dims);
   add_attention_rates(at, "laga_fused_attention", fl + up, 2.5 * fl + 3 * up, make, ms);
+}
+
+// The sparse forms' two kernels as they call them: a row block of min(T/P, 512) queries at the end
+// of the sequence (every row past k) with small's H heads and indexer, over T keys. The sparse
+// attention over the k keys of each row that the indexer picks from random inputs (forward;
+// backward 2.5× its FLOPs);
+// the indexer's top-k over every earlier key (forward) and its loss over the selection (backward).
+void add_sparse(const At& at, std::vector<Measurement>& ms) {
+  const CalShape& s = at.s;
+  const MlaConfig& m = s.small;
+  const int64_t T = at.T, Tq = std::min<int64_t>(at.E, 512), q_pos0 = T - Tq, k = m.topk();
+  const int64_t H = s.H, HI = m.index_n_heads, DI = m.index_head_dim;
+  const DType dt = at.dt;
+  IndexerLossParams ip;
+  ip.B = 1, ip.Tq = Tq, ip.Tk = T, ip.q_pos0 = q_pos0, ip.H = HI, ip.D = DI, ip.dtype = dt;
+  ip.w_scale = float(m.indexer_weight_scale()), ip.topk = k, ip.loss_scale = 1.0f;
+  // the selection the indexer makes of random queries, weights and keys (as a run's from its
+  // random weights)
+  auto selection = std::make_shared<std::vector<int32_t>>(size_t(Tq * k), -1);
+  {
+    Tensor q = random({Tq, 1, HI, DI}, dt, 7, "cal.q"), w = random({Tq, 1, HI}, dt, 8, "cal.w");
+    Tensor key = random({T, 1, DI}, dt, 9, "cal.k");
+    IndexerParams p = ip;
+    p.q = q.raw(), p.w = w.raw(), p.k = key.raw();
+    indexer_topk(p, k, selection->data(), nullptr);
+  }
+  ip.idx = selection->data();
+  SparseAttentionParams dims;
+  dims.B = 1, dims.Tq = Tq, dims.Tk = T, dims.q_pos0 = q_pos0, dims.H = H, dims.Dqk = s.Dl;
+  dims.Dv = s.Lkv, dims.topk = k, dims.dtype = dt, dims.scale = float(m.softmax_scale());
+  dims.idx = selection->data();
+  auto attention = [=](bool backward) {
+    return [=]() -> std::function<void()> {
+      auto t = std::make_shared<std::vector<Tensor>>();
+      Tensor q = random({Tq, 1, H, s.Dl}, dt, 4, "cal.q"),
+             kv = random({T, 1, s.Dl}, dt, 5, "cal.kv");
+      Tensor o = Tensor::empty({Tq, 1, H, s.Lkv}, dt, "cal.o");
+      Tensor dout = random({Tq, 1, H, s.Lkv}, dt, 6, "cal.do");
+      Tensor dq = Tensor::empty(q.shape(), dt, "cal.dq");
+      Tensor dkv = Tensor::empty(kv.shape(), DType::f32, "cal.dkv");
+      *t = {q, kv, o, dout, dq, dkv};
+      SparseAttentionBwdParams p;
+      static_cast<SparseAttentionParams&>(p) = dims;
+      p.q = q.raw(), p.kv = kv.raw(), p.o = o.raw(), p.dout = dout.raw(), p.dq = dq.raw();
+      p.dkv = dkv.raw(), p.dkv_dtype = DType::f32;
+      if (!backward) return [t, p, selection] { AttentionSaved a = sparse_attention_forward(p); };
+      auto saved = std::make_shared<AttentionSaved>(sparse_attention_forward(p));
+      return [t, p, saved, selection] { sparse_attention_backward(p, *saved); };
+    };
+  };
+  const double fl = sparse_attention_forward_flops(dims);
+  add_attention_rates(at, "sparse_attention", fl, 2.5 * fl, attention, ms);
+  auto indexer = [=](bool backward) {
+    return [=]() -> std::function<void()> {
+      auto t = std::make_shared<std::vector<Tensor>>();
+      Tensor q = random({Tq, 1, HI, DI}, dt, 7, "cal.q"), w = random({Tq, 1, HI}, dt, 8, "cal.w");
+      Tensor key = random({T, 1, DI}, dt, 9, "cal.k");
+      Tensor target = Tensor::empty({Tq, 1, k}, DType::f32, "cal.target");
+      target.fill(1.0f / float(k));
+      Tensor dq = Tensor::zeros({Tq, 1, HI, DI}, DType::f32, "cal.dq"),
+             dw = Tensor::zeros({Tq, 1, HI}, DType::f32, "cal.dw");
+      Tensor dk = Tensor::zeros({T, 1, DI}, DType::f32, "cal.dk");
+      auto out = std::make_shared<std::vector<int32_t>>(size_t(Tq * k));
+      *t = {q, w, key, target, dq, dw, dk};
+      IndexerLossParams p = ip;
+      p.q = q.raw(), p.w = w.raw(), p.k = key.raw(), p.target = target.data<float>();
+      p.dq = dq.data<float>(), p.dw = dw.data<float>(), p.dk = dk.data<float>();
+      if (!backward) return [t, p, out, k] { indexer_topk(p, k, out->data(), nullptr); };
+      return [t, p, selection] { indexer_loss(p); };
+    };
+  };
+  // FLOPs as the work ledger records them: the scores over every earlier key, and the loss's five
+  // score-sized passes over the selection
+  double pairs = 0;
+  for (int64_t t = 0; t < Tq; ++t) pairs += double(std::min(q_pos0 + t + 1, k));
+  add_attention_rates(at, "indexer_attention", indexer_score_flops(ip),
+                      5 * 2.0 * double(HI) * double(DI) * pairs, indexer, ms);
 }
 
 // elementwise: rmsnorm forward (x -> y) and backward (x, dy -> dx), rope forward and backward in
@@ -506,6 +589,7 @@ HardwareSpec calibrate_machine(const CalibrationOptions& opt) {
       add_matmul(at, ms);
       add_attention(at, ms);
       add_laga_fused(at, ms);
+      add_sparse(at, ms);
       add_elementwise(at, ms);
       if (dt == DType::f32) add_accumulate(at, hw, ms);
     }

@@ -165,7 +165,11 @@ const char* kAttentionKeys[] = {"attention_fwd_tflops",
                                 "eager_mqa_attention_fwd_tflops",
                                 "eager_mqa_attention_bwd_tflops",
                                 "laga_fused_attention_fwd_tflops",
-                                "laga_fused_attention_bwd_tflops"};
+                                "laga_fused_attention_bwd_tflops",
+                                "sparse_attention_fwd_tflops",
+                                "sparse_attention_bwd_tflops",
+                                "indexer_attention_fwd_tflops",
+                                "indexer_attention_bwd_tflops"};
 
 json link_json(const LinkSpec& l) {
   json bw, lat;
@@ -227,9 +231,11 @@ double ComputeSpec::attention_rate(Kernel kernel, AttentionShape shape, bool bac
   const std::string eager = kernel == Kernel::eager ? "eager_" : "";
   const std::string sh =
       shape == AttentionShape::dense ? "" : std::string(attention_shape_name(shape)) + "_";
+  // the sparse kernel's heads share one latent head: without a rate of its own, the MQA one
+  const std::string also = shape == AttentionShape::sparse ? eager + "mqa_" : eager + sh;
   for (const std::string& key :
-       {eager + sh + "attention_" + dir + "_tflops", eager + "attention_" + dir + "_tflops",
-        "attention_" + dir + "_tflops"})
+       {eager + sh + "attention_" + dir + "_tflops", also + "attention_" + dir + "_tflops",
+        eager + "attention_" + dir + "_tflops", "attention_" + dir + "_tflops"})
     if (auto it = attention_tflops.find(key); it != attention_tflops.end()) return it->second.at(T);
   LAGA_ASSERT(false, "no attention rate {} (the required keys were checked on reading)", dir);
 }
@@ -437,16 +443,18 @@ std::string_view attention_shape_name(AttentionShape s) {
       return "mqa";
     case AttentionShape::laga_fused:
       return "laga_fused";
+    case AttentionShape::sparse:
+      return "sparse";
+    case AttentionShape::indexer:
+      return "indexer";
   }
   return "?";
 }
 
 AttentionShape attention_shape(const WorkRecord& r, const MlaConfig& m) {
   if (r.kernel == AttentionKernel::latent) return AttentionShape::laga_fused;
-  // The indexer's one key head under H_I query heads is not grouped attention: its tiles are dense.
-  if (r.kernel == AttentionKernel::indexer) return AttentionShape::dense;
-  // the sparse kernel's heads share one latent head: the MQA rate, whatever its dims say
-  if (r.kernel == AttentionKernel::sparse) return AttentionShape::mqa;
+  if (r.kernel == AttentionKernel::indexer) return AttentionShape::indexer;
+  if (r.kernel == AttentionKernel::sparse) return AttentionShape::sparse;
   const int64_t Hq = r.dims[1], Hkv = r.dims[2], Dqk = r.dims[3];
   if (Hkv < Hq) return AttentionShape::mqa;
   if (Dqk == m.latent_dim()) return AttentionShape::latent;
@@ -462,8 +470,13 @@ double work_seconds(const WorkRecord& r, const MlaConfig& m, const ComputeSpec& 
       // The latent kernel's tiles are the fused kernel's: without a rate of its own it runs at the
       // fused rate (attention_rate's fallback).
       const Kernel k = r.kernel == AttentionKernel::eager ? Kernel::eager : Kernel::fused;
+      // The sparse kernels' calls are row blocks over every key: their rates are keyed by the
+      // sequence (calibrate.cpp measures them over T keys), the others' by the call's length.
+      const bool sparse =
+          r.kernel == AttentionKernel::sparse || r.kernel == AttentionKernel::indexer;
       return r.flops / (rates.attention_rate(k, attention_shape(r, m),
-                                             r.cls == WorkClass::attention_backward, r.dims[0]) *
+                                             r.cls == WorkClass::attention_backward,
+                                             sparse ? m.seq_len : r.dims[0]) *
                         1e12);
     }
     case WorkClass::elementwise:

@@ -227,6 +227,53 @@ TEST(Model, ComputeIsEachRecordedOpOverItsClassRate) {
   EXPECT_GT(p.by_class[1].at(WorkClass::elementwise).work, 0);
 }
 
+// A sparse form's kernels run at their own rates where the file has them: the sparse attention at
+// sparse_attention_* (else mqa_attention_*, else the dense rate), the indexer at
+// indexer_attention_* (else the dense rate), each op over its own class's rate as the rest.
+TEST(Model, SparseKernelsRunAtTheirOwnRatesOrFallBack) {
+  const Config c = tiny("dsa-gather", 32, 2);
+  const RankPlans plans = plan_ranks(c);
+  // given the file's extra rates and the rate each kernel should run at (TFLOP/s), forward and
+  // backward: the predicted attention seconds of the slowest rank against its FLOPs over them
+  auto check = [&](const json& extra, const double sparse_rate[2], const double indexer_rate[2]) {
+    json j = toy_hw();
+    j["compute"]["bf16"].update(extra);
+    const FormPrediction p = predict(c, HardwareSpec::from_json(j, "toy.json"), plans);
+    const WorkLedger& w = plans[size_t(p.rank)]->work;
+    double sparse[2] = {0, 0}, indexer[2] = {0, 0};
+    for (size_t i = 0; i < w.records.size(); ++i) {
+      const WorkRecord& r = w.records[i];
+      const int b = r.cls == WorkClass::attention_backward;
+      if (r.cls != WorkClass::attention_forward && !b) continue;
+      ASSERT_TRUE(r.kernel == AttentionKernel::sparse || r.kernel == AttentionKernel::indexer);
+      (r.kernel == AttentionKernel::sparse ? sparse : indexer)[b] += r.flops;
+    }
+    // (the indexer's loss, of the backward class, runs in the forward pass: summed over both)
+    for (int b : {0, 1}) {
+      ASSERT_GT(sparse[b] * indexer[b], 0);
+      const double want =
+          sparse[b] / (sparse_rate[b] * 1e12) + indexer[b] / (indexer_rate[b] * 1e12);
+      const WorkClass k = b ? WorkClass::attention_backward : WorkClass::attention_forward;
+      double got = 0;
+      for (int pass : {0, 1})
+        if (auto it = p.by_class[pass].find(k); it != p.by_class[pass].end())
+          got += it->second.seconds;
+      EXPECT_NEAR(got, want, 1e-9 * want) << extra.dump() << " " << b;
+    }
+  };
+  const double dense[2] = {0.5, 0.25}, mqa[2] = {0.1, 0.05}, own[2] = {0.01, 0.02},
+               index_own[2] = {0.03, 0.04};
+  check(json::object(), dense, dense);  // the dense rates alone
+  check({{"mqa_attention_fwd_tflops", 0.1}, {"mqa_attention_bwd_tflops", 0.05}}, mqa, dense);
+  check({{"mqa_attention_fwd_tflops", 0.1},
+         {"mqa_attention_bwd_tflops", 0.05},
+         {"sparse_attention_fwd_tflops", 0.01},
+         {"sparse_attention_bwd_tflops", 0.02},
+         {"indexer_attention_fwd_tflops", 0.03},
+         {"indexer_attention_bwd_tflops", 0.04}},
+        own, index_own);
+}
+
 // The replay plans rank 0 alone for a form whose ranks run alike (Form::ranks_alike): every rank's
 // plan records the same work and the same timeline.
 TEST(Model, AlikeRanksPlanTheSameWork) {

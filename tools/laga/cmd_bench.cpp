@@ -148,8 +148,9 @@ void print_bench_header(const BenchSetup& s, const BenchFlags& b, const BenchCon
   fmt::print(
       "# skew: of comm, the time ranks waited for each other (the most any rank waited beyond the "
       "last "
-      "arriver, summed over the collectives): every rank has the same work, so it is time the host "
-      "took from one rank\n");
+      "arriver, summed over the collectives): where every rank has the same work, time the host "
+      "took from one rank; a sparse form's ranks differ in causal work (laga plan prints each "
+      "rank's, by --cp-layout)\n");
   const char* hfmt =
       "# {:>6} {:<18} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>12} {:>8} {:>9} {:>6}\n";
   fmt::print(fmt::runtime(hfmt), "seq", "form", "fwd", "bwd", "comm", "skew", "total", "min", "max",

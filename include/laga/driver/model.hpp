@@ -73,8 +73,11 @@ struct SeqRate {
 // every query head (mqa: absorbed-shared), or dense heads whose K and V the kernel up-projects from
 // the latent itself, tile by tile (laga_fused: the latent kernel, its rate counting the attention's
 // FLOPs and the up-projection's it executes).
-enum class AttentionShape { dense, latent, mqa, laga_fused };
-std::string_view attention_shape_name(AttentionShape s);  // "dense", "latent", "mqa", "laga_fused"
+// sparse: the sparse forms' latent attention over each query's selection
+// (ops/sparse_attention.hpp); indexer: the lightning indexer's scores (ops/indexer.hpp).
+enum class AttentionShape { dense, latent, mqa, laga_fused, sparse, indexer };
+// "dense", "latent", "mqa", "laga_fused", "sparse", "indexer"
+std::string_view attention_shape_name(AttentionShape s);
 
 struct ComputeSpec {
   SeqRate matmul_tflops;     // at the run's T (the projections' rows are T/P)
@@ -93,6 +96,9 @@ struct ComputeSpec {
   // "laga_fused_attention_{fwd,bwd}_tflops" is laga-fused's latent kernel, counting the attention's
   // FLOPs and the up-projection it runs inside (forward U, backward 3U: recomputed, then its
   // dlatent and dwkv products); without it those run at the fused dense attention rate.
+  // "sparse_attention_*" is the sparse forms' kernel (without it: the mqa rate, then the dense
+  // one), "indexer_attention_*" the lightning indexer's scores, forward its top-k and backward its
+  // loss (without it: the dense rate).
   std::map<std::string, SeqRate> attention_tflops;
   // The rate of attention in this regime at call length T; falls back from [eager_][shape_] to
   // [eager_] to the fused dense rate.
