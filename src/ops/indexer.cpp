@@ -10,8 +10,9 @@
 //                  top-k per row
 //   indexer_loss   pass 1, task (b, block of kLossRows query rows): per row the scores of C_t, the
 //                  log-softmax, KL, dI, then dw and dq of the row (recomputed products per tile)
-//                  pass 2, task (b, key tile): dk of the tile's keys, summed over the rows t = 0,
-//                  1, ... in order (recomputing the products of every (t, s) pair of the tile)
+//                  pass 2, task (b, range of 1–8 key tiles, wider where the selection is
+//                  sparse among the keys): dk of the range's keys, summed over the rows t = 0,
+//                  1, ... in order (recomputing the products of every (t, s) pair of the range)
 // so every result is bitwise independent of the thread count. It does not run the projections
 // (wq_b, wk, k_norm, weights_proj) nor the sparse attention.
 #include "laga/ops/indexer.hpp"
@@ -417,7 +418,14 @@ double indexer_loss(const IndexerLossParams& p) {
              "indexer_loss needs target, dq, dw and dk; missing {}{}{}{}",
              p.target ? "" : "target ", p.dq ? "" : "dq ", p.dw ? "" : "dw ", p.dk ? "" : "dk ");
   const int64_t C = p.idx ? p.topk : p.Tk;
-  const int64_t nrb = (p.Tq + kLossRows - 1) / kLossRows, nkt = (p.Tk + kTileKeys - 1) / kTileKeys;
+  // Pass 2's keys per task: whole key tiles, enough that a row's selection (spread over up to Tk
+  // earlier keys) puts about 16 of its topk keys in each range it touches, at most 8 tiles; one
+  // tile without idx (a row's candidates are then every key of the tile).
+  const int64_t KR =
+      p.idx ? kTileKeys * std::clamp<int64_t>(16 * p.Tk / std::max<int64_t>(p.topk, 1) / kTileKeys,
+                                              1, 8)
+            : kTileKeys;
+  const int64_t nrb = (p.Tq + kLossRows - 1) / kLossRows, nkt = (p.Tk + KR - 1) / KR;
   const int64_t tasks1 = p.B * nrb, tasks2 = p.B * nkt;
   const int64_t slots = std::min(kMaxSlots, std::max(tasks1, tasks2));
   const int64_t HD = p.H * p.D;
@@ -459,8 +467,7 @@ double indexer_loss(const IndexerLossParams& p) {
     });
     parallel_tasks(tasks2, slots, [&](int64_t slot, int64_t task) {
       const int64_t j = task / p.B, b = task % p.B;
-      loss_keys<T>(p, slot_of(slot), b, j * kTileKeys, std::min(kTileKeys, p.Tk - j * kTileKeys),
-                   st);
+      loss_keys<T>(p, slot_of(slot), b, j * KR, std::min(KR, p.Tk - j * KR), st);
     });
   });
   double L = 0;

@@ -9,7 +9,7 @@
 // lse = (m + log2 l) · ln 2.
 // Backward, two passes over delta = rowsum(dO∘O) per (row, head), fp32 [B, H, Tq]. Pass B,
 // query-major, task (t, b): per chunk Sᵀ [n, H] = K · q_tᵀ, dPᵀ = V · dO_tᵀ, Pᵀ and dSᵀ by
-// span_grad, dq_t += dS · K (the task owns the row). Pass A, key-major, task (range of kRange key
+// span_grad, dq_t += dS · K (the task owns the row). Pass A, key-major, task (range of R key
 // rows, b): the query rows t = 0 .. Tq − 1 in ascending order, each against the span of its
 // candidates inside the range (a binary search in its ascending selection; without idx the range's
 // keys ≤ q_pos0 + t), recomputing Sᵀ, dPᵀ, Pᵀ, dSᵀ over the span and adding scale · dSᵀ q_t and
@@ -224,11 +224,24 @@ AttentionSaved forward(const SparseAttentionParams& p) {
 
 // Keys per range of the backward's key-major pass: the range's fp32 dkv sums (288 KiB at Dqk 576)
 // and its gathered keys stay in a core's L2 cache while the task walks every query row.
-constexpr int64_t kRange = 128;
+constexpr int64_t kRange = 128, kRangeMax = 1024;
+
+// The key rows of a range: enough that a row's selection, spread over up to Tk earlier keys, puts
+// about 16 of its topk keys in each range it touches (a span of one or two keys makes four tile
+// products of one or two rows each), kRange at least, kRangeMax at most; kRange without idx (a
+// row's keys are then a contiguous span). A function of the params alone.
+int64_t range_rows(const SparseAttentionParams& p) {
+  int64_t R = kRange;
+  if (p.idx) {
+    const int64_t want = 16 * p.Tk / std::max<int64_t>(p.topk, 1);
+    R = std::clamp((want + kRange - 1) / kRange * kRange, kRange, kRangeMax);
+  }
+  return std::min(R, p.Tk);
+}
 
 template <class T>
 void backward(const SparseAttentionBwdParams& p, const AttentionSaved& saved) {
-  const int64_t H = p.H, kc = kChunk, R = std::min(kRange, p.Tk);
+  const int64_t H = p.H, kc = kChunk, R = range_rows(p);
   const int64_t ranges = (p.Tk + R - 1) / R, rows = p.Tq * p.B;
   const int64_t tiles = std::max(kc, R);  // rows of a gathered key tile, either pass
   const int64_t slots =

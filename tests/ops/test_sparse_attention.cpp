@@ -379,16 +379,17 @@ TEST(SparseAttention, ChecksNameTheOffendingParameter) {
   EXPECT_THROW(sparse_attention_backward(p, sparse_attention_forward(low.p)), Error);
 }
 
-// The backward's workspace is per-thread tiles (at most 16 slots, key tiles of at most 128 rows),
-// delta [B, H, Tq] and the sorted selection [Tq, B, topk]: the same at Tk 8192 and 131072, and far
-// below one fp32 copy of dkv per row group (16 · Tk · Dqk · 4 bytes: 302 MB at Tk 8192). Planned
-// on a meta tracker, which sizes what a real run allocates (the test above).
+// The backward's workspace is per-thread tiles (at most 16 slots, key ranges of at most 1024 rows:
+// 16 · Tk / topk rounded up to 128), delta [B, H, Tq] and the sorted selection [Tq, B, topk]: the
+// same at Tk 131072 and 1048576 (both past the cap), and far below one fp32 copy of dkv per row
+// group (16 · Tk · Dqk · 4 bytes: 4.8 GB at Tk 131072). Planned on a meta tracker, which sizes what
+// a real run allocates (the test above).
 TEST(SparseAttention, BackwardWorkspaceDoesNotGrowWithKeyRows) {
-  const int64_t Tq = 64, B = 1, H = 64, Dqk = 576, Dv = 512, topk = 2048, slots = 16, tile = 128;
+  const int64_t Tq = 64, B = 1, H = 64, Dqk = 576, Dv = 512, topk = 2048, slots = 16, tile = 1024;
   int32_t never_read = 0;
   for (DType dt : {DType::f32, DType::bf16}) {
     int64_t peak[2];
-    const int64_t Tks[2] = {8192, 131072};
+    const int64_t Tks[2] = {131072, 1048576};
     for (int i = 0; i < 2; ++i) {
       MemoryTracker tracker(true);
       TrackerScope scope(tracker);
