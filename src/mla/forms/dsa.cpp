@@ -18,14 +18,14 @@
 //       rank's keys): computed here, where S5's probabilities are at hand, and taken through the
 //       indexer's projections in backward.
 // S2, S4, S5 and S7 run over row blocks (row_blocks: each segment of the layout cut into blocks of
-// at most kBlockTokens tokens), the same blocks in forward and backward. Backward: S6's, then per
-// block S5's (dq_abs, and dlatent over the gathered keys, summed block after block in fp32 as one
-// call would sum them) and S2's; reduce_scatter_tokens dlatent issued behind the indexer's
-// projections' backward (S3: its weights alone) and the block's query-path backward. dsa-gather
-// keeps the gathered latent and q_abs for backward (as Megatron-LM does); dsa-regather keeps
-// neither: it gathers the latent again (issued before S6's backward) and rebuilds q_abs block by
-// block, so it never holds all of q_abs in backward. Both run the same operations on the same
-// blocks: their results are bit-identical at every P.
+// at most kBlockTokens tokens), the same blocks in forward and backward. Backward: S6's, the
+// indexer's projections' (S3: its weights alone), then per block S5's (dq_abs, and dlatent over the
+// gathered keys, summed block after block in fp32 as one call would sum them) and S2's;
+// reduce_scatter_tokens dlatent issued behind the block's query-path backward. dsa-gather keeps the
+// gathered latent and q_abs for backward (as Megatron-LM does); dsa-regather keeps neither: it
+// gathers the latent again (issued before S6's and S3's backward, which run behind it) and rebuilds
+// q_abs block by block, so it never holds all of q_abs in backward. Both run the same operations on
+// the same blocks: their results are bit-identical at every P.
 #include <cmath>
 
 #include "absorbed_common.hpp"
@@ -324,6 +324,8 @@ class Dsa final : public Form {
                                                     "act.latent_g", sh));
     Tensor do_lat = project_out_backward(ctx, w, dout, s.o_lat, ctx.Lkv, 0, g);  // S6
     dout = Tensor();
+    // S3: the indexer's projections (its weights alone; they need neither the latent nor S5)
+    index_backward(ctx, w, g, s, *query_backward.xn, *query_backward.cqn);
     if (regather_) s.latent_g = latent_g.wait();
     // S5 and S2 block by block: dq_abs of the block, dlatent of every key summed over the blocks
     // in fp32 (as one call over all rows sums them; one block writes the sum dtype directly)
@@ -351,12 +353,10 @@ class Dsa final : public Form {
     s.lse.clear();
     s.o_lat = s.q_abs = s.latent_g = s.topk = s.q = Tensor();
     if (acc_dt != sum_dt) dlatent_g = dlatent_g.to(sum_dt, "grad.latent_g");
-    // S1's adjoint: dlatent's reduce-scatter in flight behind the indexer's and the block's
-    // query-path backward
+    // S1's adjoint: dlatent's reduce-scatter in flight behind the block's query-path backward
     InFlight dlatent =
         issue(ctx, reduce_scatter_tokens_start(ctx.comm, std::move(dlatent_g), "dlatent",
                                                "grad.latent", ctx.dt, sh));
-    index_backward(ctx, w, g, s, *query_backward.xn, *query_backward.cqn);  // S3
     query_backward(std::move(dq));
     return dlatent.wait();
   }
