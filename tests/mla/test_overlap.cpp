@@ -138,3 +138,30 @@ TEST(Overlap, ExplicitSendsKAndVBehindTheQueryPathAndDkDvBehindItsBackward) {
       EXPECT_GT(hidden(dk), 0);
     }
 }
+
+// The sparse forms with overlap on: the latent's and the index key's all-gathers are both issued
+// before the query path and complete with time hidden behind it; dsa-regather's second gather of
+// the latent, in backward, is issued before dlatent's reduce-scatter and runs behind S6's and the
+// indexer's projections' backward.
+TEST(Overlap, SparseFormsGatherBehindTheQueryPathAndRegatherBehindTheirBackward) {
+  for (const std::string form : {"dsa-gather", "dsa-regather"})
+    for (const Layer0& l : ledgers(tiny(form, 2, true))) {
+      SCOPED_TRACE(form);
+      ASSERT_GE(l.all.size(), 4u);
+      const CollectiveRecord &latent = l.all[0], &key = l.all[1];
+      EXPECT_EQ(latent.tensor, "latent");
+      EXPECT_EQ(key.tensor, "index_key");
+      EXPECT_LT(latent.issued_s, key.issued_s);
+      EXPECT_GT(latent.completed_s, key.issued_s) << "both in flight at once";
+      EXPECT_GT(hidden(latent), 0);
+      EXPECT_GT(hidden(key), 0) << "the query path ran while the index key's gather was in flight";
+      if (form != "dsa-regather") continue;
+      // layer 0's second "latent" record: the one gathered again in backward
+      std::vector<const CollectiveRecord*> latents;
+      for (const auto& r : l.all)
+        if (r.tensor == "latent") latents.push_back(&r);
+      ASSERT_EQ(latents.size(), 4u) << "two layers, each gathered twice";
+      const CollectiveRecord* again = latents[2];  // backward runs the last layer first
+      EXPECT_GT(hidden(*again), 0) << "S6's and S3's backward ran behind the second gather";
+    }
+}

@@ -306,7 +306,8 @@ void measurement_steps(const Report& r, std::vector<Step>& steps) {
          }});
   // The sparse forms at DeepSeek-V3.2's scale: per-tensor memory and traffic, per-rank work in both
   // layouts.
-  for (const auto& [T, P] : {std::pair<const char*, const char*>{"131072", "16"}, {"262144", "64"}})
+  for (const auto& tp : {std::pair<const char*, const char*>{"131072", "16"}, {"262144", "64"}}) {
+    const char *T = tp.first, *P = tp.second;
     steps.push_back({fmt::format("plan.dsa.t{}.p{}", T, P),
                      fmt::format("the sparse forms at DeepSeek-V3.2, T {}, P {}", T, P),
                      [&r, T, P] {
@@ -316,6 +317,7 @@ void measurement_steps(const Report& r, std::vector<Step>& steps) {
                                    "--sp",    P,
                                    "--json",  r.J(fmt::format("plan.dsa.t{}.p{}.json", T, P))};
                      }});
+  }
   steps.push_back(
       {"plan.sweep", "memory over T × P × kernel and traffic over H (DeepSeek-V3 dims)", [&r] {
          return Args{
