@@ -87,8 +87,12 @@ namespace {
 
 // The zigzag layout's block order (pairs.hpp): the 2P chunks of C rows in rank order are rank r's
 // chunks r and 2P−1−r at places 2r and 2r + 1; in sequence order chunk j is at place j.
+// zigzag_place: the place of chunk j in rank order; zigzag_chunk: the chunk at place i.
 int64_t zigzag_place(int64_t chunk, int64_t P) {
   return chunk < P ? 2 * chunk : 2 * (2 * P - 1 - chunk) + 1;
+}
+int64_t zigzag_chunk(int64_t place, int64_t P) {
+  return place % 2 == 0 ? place / 2 : 2 * P - 1 - place / 2;
 }
 
 // Reorders t's 2P blocks in place: afterwards block i holds what block source(i) held. Cycle by
@@ -168,7 +172,7 @@ InFlight reduce_scatter_tokens_start(Communicator& comm, Tensor x, const std::st
   if (shards == Shards::zigzag) {  // sequence order to rank order: rank r's chunks side by side
     check_zigzag(out.dim(0), "reduce_scatter_tokens", name);
     const int64_t P = comm.size();
-    permute_blocks(x, P, [P](int64_t i) { return i % 2 == 0 ? i / 2 : 2 * P - 1 - i / 2; });
+    permute_blocks(x, P, [P](int64_t i) { return zigzag_chunk(i, P); });
   }
   f.handle_ = comm.reduce_scatter_start(x.raw(), out.raw(), out.numel(), x.dtype(), name);
   f.keep_ = {std::move(x)};

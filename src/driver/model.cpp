@@ -231,11 +231,12 @@ double ComputeSpec::attention_rate(Kernel kernel, AttentionShape shape, bool bac
   const std::string eager = kernel == Kernel::eager ? "eager_" : "";
   const std::string sh =
       shape == AttentionShape::dense ? "" : std::string(attention_shape_name(shape)) + "_";
+  std::vector<std::string> keys = {eager + sh + "attention_" + dir + "_tflops"};
   // the sparse kernel's heads share one latent head: without a rate of its own, the MQA one
-  const std::string also = shape == AttentionShape::sparse ? eager + "mqa_" : eager + sh;
-  for (const std::string& key :
-       {eager + sh + "attention_" + dir + "_tflops", also + "attention_" + dir + "_tflops",
-        eager + "attention_" + dir + "_tflops", "attention_" + dir + "_tflops"})
+  if (shape == AttentionShape::sparse) keys.push_back(eager + "mqa_attention_" + dir + "_tflops");
+  keys.push_back(eager + "attention_" + dir + "_tflops");
+  keys.push_back("attention_" + dir + "_tflops");
+  for (const std::string& key : keys)
     if (auto it = attention_tflops.find(key); it != attention_tflops.end()) return it->second.at(T);
   LAGA_ASSERT(false, "no attention rate {} (the required keys were checked on reading)", dir);
 }
@@ -474,10 +475,10 @@ double work_seconds(const WorkRecord& r, const MlaConfig& m, const ComputeSpec& 
       // sequence (calibrate.cpp measures them over T keys), the others' by the call's length.
       const bool sparse =
           r.kernel == AttentionKernel::sparse || r.kernel == AttentionKernel::indexer;
-      return r.flops / (rates.attention_rate(k, attention_shape(r, m),
-                                             r.cls == WorkClass::attention_backward,
-                                             sparse ? m.seq_len : r.dims[0]) *
-                        1e12);
+      return r.flops /
+             (rates.attention_rate(k, attention_shape(r, m), r.cls == WorkClass::attention_backward,
+                                   sparse ? m.seq_len : r.dims[0]) *
+              1e12);
     }
     case WorkClass::elementwise:
       return r.bytes / (rates.elementwise_GBps.at(m.seq_len) * 1e9);

@@ -388,19 +388,21 @@ nlohmann::json grid(const CommonFlags& f, const ModelFlags& m, const HardwareSpe
             if (h.problems().empty()) candidates.push_back(h);
           }
         }
+        std::vector<Config> configs;
         std::vector<RankPlans> plans;
         nlohmann::json peaks, refused = nlohmann::json::object();
         for (const MlaConfig& c : candidates) {
-          plans.push_back(plan_ranks(Config(c)));
-          if (sparse_model) peaks[displayed_form(c)] = plan_memory(Config(c)).activation_peak_bytes;
+          const Config& cfg = configs.emplace_back(c);
+          plans.push_back(plan_ranks(cfg));
+          if (sparse_model) peaks[displayed_form(c)] = plan_memory(cfg).activation_peak_bytes;
         }
         for (const auto& r : at.refused) refused[std::string(r.form->name())] = r.reason;
         for (size_t i = 0; i < scales.size(); ++i) {
           const HardwareSpec hw = scale_links(base_hw, scales[i]);
           std::vector<std::pair<double, std::string>> t;
           nlohmann::json times;
-          for (size_t k = 0; k < candidates.size(); ++k) {
-            const FormPrediction p = predict(Config(candidates[k]), hw, plans[k]);
+          for (size_t k = 0; k < configs.size(); ++k) {
+            const FormPrediction p = predict(configs[k], hw, plans[k]);
             t.emplace_back(p.total_s(), p.form);
             times[p.form] = p.total_s();
           }

@@ -4,6 +4,7 @@
 // least-squares fits showing absorbed's excess over explicit growing linearly in T and in H.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <functional>
@@ -13,6 +14,7 @@
 #include "commands.hpp"
 #include "laga/core/bytes.hpp"
 #include "laga/core/error.hpp"
+#include "laga/driver/model.hpp"
 #include "laga/driver/plan.hpp"
 
 namespace laga::cli {
@@ -267,30 +269,29 @@ nlohmann::json print_sparse_balance(const MlaConfig& base, const FormsAt& at) {
       out[name] = {{"not_run", problems.front()}};
       continue;
     }
-    const Config c(std::move(m));
-    std::array<std::vector<double>, 3> work;  // indexer, attention, rest per rank
-    for (int r = 0; r < c->sp; ++r) {
+    // GFLOP per rank: indexer, attention, rest, total
+    std::array<std::vector<double>, 4> work;
+    for (const auto& plan : plan_ranks(Config(std::move(m)))) {
       double k[3] = {0, 0, 0};
-      for (const WorkRecord& w : plan_run(c, r).work.records)
+      for (const WorkRecord& w : plan->work.records)
         k[w.kernel == AttentionKernel::indexer  ? 0
           : w.kernel == AttentionKernel::sparse ? 1
                                                 : 2] += w.flops;
       for (int i = 0; i < 3; ++i) work[size_t(i)].push_back(k[i] / 1e9);
+      work[3].push_back(work[0].back() + work[1].back() + work[2].back());
     }
-    auto total = [&](size_t r) { return work[0][r] + work[1][r] + work[2][r]; };
-    const size_t P = size_t(c->sp);
+    const size_t P = work[0].size();
     for (size_t r = 0; r < P; ++r)
       if (P <= 8 || r == 0 || r + 1 == P)
         fmt::print("  {:<10} {:>6} {:>12.3f} {:>12.3f} {:>12.3f} {:>12.3f}\n", name, r, work[0][r],
-                   work[1][r], work[2][r], total(r));
-    auto imbalance = [&](const std::function<double(size_t)>& of) {
-      double mx = 0, sum = 0;
-      for (size_t r = 0; r < P; ++r) mx = std::max(mx, of(r)), sum += of(r);
-      return sum > 0 ? mx * double(P) / sum : 1.0;
+                   work[1][r], work[2][r], work[3][r]);
+    auto imbalance = [&](const std::vector<double>& v) {
+      double sum = 0;
+      for (double x : v) sum += x;
+      return sum > 0 ? *std::max_element(v.begin(), v.end()) * double(P) / sum : 1.0;
     };
-    const double im_index = imbalance([&](size_t r) { return work[0][r]; }),
-                 im_attn = imbalance([&](size_t r) { return work[1][r]; }),
-                 im_total = imbalance(total);
+    const double im_index = imbalance(work[0]), im_attn = imbalance(work[1]),
+                 im_total = imbalance(work[3]);
     fmt::print("  {:<10} imbalance: indexer {:.3f}, attention {:.3f}, total {:.3f}\n", name,
                im_index, im_attn, im_total);
     out[name] = {
