@@ -1,7 +1,7 @@
 // fp64 reference of the MLA block stack: per layer y = x + MLA(RMSNorm(x; attn_norm)), MLA in the
-// explicit form on one rank (docs/design.md §2.1–§2.2), forward and backward. The equations and
-// every backward step are derived in docs/block.md; the line labels (N, L1–L6, E1–E4, R) are the
-// same.
+// explicit form on one rank (docs/design.md §2.1–§2.2), forward and backward; with attention_only
+// y = MLA(x): N is xn = x and R is y = y_attn. The equations and every backward step are derived in
+// docs/block.md; the line labels (N, L1–L6, E1–E4, R) are the same.
 //
 // One rank, so there are no collectives: E2's and E4's all-to-alls are identities and the positions
 // are the token indices t = 0 .. T-1. The backward recomputes each layer's forward from the layer's
@@ -20,7 +20,8 @@
 //   backward  do (E4), attention's dS (inside attention_ref), dq, dk, dv (E3), dkpe = Σ_h dk_pe and
 //             dckv (E1: the two halves of dlatent), dkv (L5, L6), dxn after L4 and again after the
 //             q path is added (L1/L3'), dcqn (L3), dq after RoPEᵀ, dcq (L2), RMSNormᵀ(dxn) and dx =
-//             dy + RMSNormᵀ(dxn) (N, R).
+//             dy + RMSNormᵀ(dxn) (N, R). With attention_only, N and R round nothing: xn is x and y
+//             is o·woᵀ, as stored; dx is dxn.
 // Every sum (products, norms, attention, the sum over heads of dk_pe) accumulates in fp32, each
 // partial sum rounded to fp32 in sequential order, as a plain fp32-accumulating loop would
 // (Accum::f32): in fp32 runs that accumulation, not storage, is most of the error (measured: with
@@ -134,7 +135,7 @@ const Array& weight(const RefWeights& w, int64_t l, const char* name) {
 
 // Everything one layer's forward computes that its backward reads. Shapes for x [T, B, D].
 struct LayerForward {
-  Array xn;      // [T, B, D]          N   xn = rmsnorm(x; attn_norm)
+  Array xn;      // [T, B, D]          N   xn = rmsnorm(x; attn_norm), or x (attention_only)
   Array cq;      // [T, B, Lq]         L1  (q_lora_rank > 0 only)
   Array cqn;     // [T, B, Lq]         L2  (q_lora_rank > 0 only)
   Array q;       // [T, B, H, Dqk]     L3  after RoPE on q_pe
@@ -160,8 +161,13 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
   const Accum acc = st ? Accum::f32 : Accum::exact;
   LayerForward f;
   // N   xn = rmsnorm(x; attn_norm)                                  [T, B, D]
-  f.xn = rmsnorm_forward(x, weight(w, l, "attn_norm"), c.rms_norm_eps, acc);
-  store(f.xn);
+  //     (attention_only: xn = x, no weight)
+  if (c.attention_only) {
+    f.xn = x;
+  } else {
+    f.xn = rmsnorm_forward(x, weight(w, l, "attn_norm"), c.rms_norm_eps, acc);
+    store(f.xn);
+  }
 
   // L1  cq = xn · wq_aᵀ                                             [T, B, Lq]
   // L2  cqn = rmsnorm(cq; q_norm)                                   [T, B, Lq]
@@ -244,12 +250,14 @@ LayerForward layer_forward(const MlaConfig& c, const RefWeights& w, int64_t l, c
     store(f.o);
   }
   // E4  y_attn = o · woᵀ                                            [T, B, D]
-  // R   y = x + y_attn                                              [T, B, D]
+  // R   y = x + y_attn  (attention_only: y = y_attn)                [T, B, D]
   f.y = linear_forward(f.o, weight(w, l, "wo"), acc);
   LAGA_ASSERT(f.y.shape == Shape({T, B, D}), "block output {}", shape_str(f.y.shape));
   store(f.y);
-  add_into(f.y, x);
-  store(f.y);
+  if (!c.attention_only) {
+    add_into(f.y, x);
+    store(f.y);
+  }
   return f;
 }
 
@@ -457,7 +465,7 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
   };
 
   // R   y = x + y_attn:  dx = dy (the residual), dy_attn = dy       [T, B, D]
-  Array dx = dy;
+  //     (attention_only, y = y_attn: dy_attn = dy, and dx comes from N alone)
   // E4  y_attn = o · woᵀ:  do = dy_attn · wo,  dwo = dy_attnᵀ · o    do [T, B, H·Dv]
   LinearGrads go = linear_backward(f.o, weight(w, l, "wo"), dy, acc);
   store(go.dx);
@@ -588,10 +596,13 @@ Array layer_backward(const MlaConfig& c, const RefWeights& w, int64_t l, const A
     store(dxn);
   }
 
-  // N   xn = rmsnorm(x; attn_norm):  dx += rmsnormᵀ(dxn), dattn_norm
+  // N   attention_only, xn = x:  dx = dxn
+  if (c.attention_only) return dxn;
+  // N   xn = rmsnorm(x; attn_norm):  dx = dy + rmsnormᵀ(dxn), dattn_norm
   RmsNormGrads gn = rmsnorm_backward(x, weight(w, l, "attn_norm"), dxn, c.rms_norm_eps, acc);
   store(gn.dx);
   set_grad("attn_norm", std::move(gn.dw));
+  Array dx = dy;
   add_into(dx, gn.dx);
   store(dx);
   return dx;
@@ -631,7 +642,7 @@ Array block_forward(const MlaConfig& c, const RefWeights& w, const Array& x,
                     std::optional<DType> storage, Core core, const std::vector<Array>* selection) {
   check_input(c, x, "x");
   check_selection(c, x, core, selection);
-  Array h = x;  // [T, B, D], the residual stream
+  Array h = x;  // [T, B, D], the residual stream (attention_only: each layer's output alone)
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const Array* sel = layer_selection(selection, l);
     const KeyMask mask = sel ? key_mask(c, *sel) : KeyMask();

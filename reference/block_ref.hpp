@@ -1,6 +1,6 @@
-// fp64 reference of the MLA block stack, y = x + MLA(RMSNorm(x)) per layer (docs/design.md
-// §2.1–§2.2, explicit form, one rank), forward and backward, written from the equations — the
-// specification every form and rank count is checked against.
+// fp64 reference of the MLA block stack, y = x + MLA(RMSNorm(x)) per layer, or y = MLA(x) with
+// attention_only (docs/design.md §2.1–§2.2, explicit form, one rank), forward and backward, written
+// from the equations — the specification every form and rank count is checked against.
 //
 // `storage` (default: none) picks what is computed. None: the exact fp64 reference (the truth).
 // A dtype: the "plain implementation in the same precision" — the same loops, but every sum

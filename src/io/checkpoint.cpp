@@ -129,10 +129,11 @@ class CheckpointSource {
   std::map<std::string, SafetensorsFile> shards_;
 };
 
-// The number of consecutive layers from 0 whose attn_norm the checkpoint holds.
+// The number of consecutive layers from 0 whose wkv_a (every model's, attention_only or not) the
+// checkpoint holds.
 int64_t layers_present(const CheckpointSource& src, WeightNaming naming) {
   int64_t l = 0;
-  while (src.has(checkpoint_name(naming, l, "attn_norm"))) ++l;
+  while (src.has(checkpoint_name(naming, l, "wkv_a"))) ++l;
   return l;
 }
 
@@ -153,6 +154,9 @@ std::string missing_hint(const CheckpointSource& src, WeightNaming naming, const
         "; the file has {} instead, a checkpoint with q_lora_rank > 0, but this config has "
         "q_lora_rank 0",
         checkpoint_name(naming, l, "wq_a"));
+  if (name == "attn_norm" && src.has(checkpoint_name(naming, l, "wkv_a")))
+    return "; the file holds the attention alone, without the input norm (a dump of "
+           "--attention-only): add --attention-only";
   return "";
 }
 
@@ -173,7 +177,9 @@ Weights load_weights(const std::string& path, const Config& cfg) {
   const MlaConfig& c = *cfg;
   CheckpointSource src(path);
   WeightNaming naming;
-  if (src.has(checkpoint_name(WeightNaming::laga, 0, "attn_norm")))
+  // attn_norm or wkv_a: a model with attention_only has no attn_norm
+  if (src.has(checkpoint_name(WeightNaming::laga, 0, "attn_norm")) ||
+      src.has(checkpoint_name(WeightNaming::laga, 0, "wkv_a")))
     naming = WeightNaming::laga;
   else if (src.has(checkpoint_name(WeightNaming::hugging_face, 0, "attn_norm")) ||
            src.has(checkpoint_name(WeightNaming::hugging_face, 0, "wkv_a")))

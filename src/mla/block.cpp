@@ -1,7 +1,8 @@
-// The MLA block stack on one rank of a sequence-parallel group (docs/design.md §2): the local stage
-// (L1–L6), the form's core (mla/form.hpp, src/mla/forms/), the output projection and residual;
-// forward line by line and the backward walking the same lines in reverse, each step quoting the
-// line it differentiates.
+// The MLA block stack on one rank of a sequence-parallel group (docs/design.md §2): the input norm,
+// the local stage (L1–L6), the form's core (mla/form.hpp, src/mla/forms/), the output projection
+// and residual — or, with attention_only, the attention alone (no input norm: xn is x itself, no
+// residual); forward line by line and the backward walking the same lines in reverse, each step
+// quoting the line it differentiates.
 #include "laga/mla/block.hpp"
 
 #include "laga/comm/pairs.hpp"
@@ -50,9 +51,14 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
                      LayerSaved& s, int64_t layer) {
   const MlaConfig& c = ctx.c;
   const std::string step = fmt::format("layer {} forward, rank {}", layer, ctx.r);
-  s.x = in;
-  // xn = RMSNorm(x)
-  s.xn = rmsnorm_forward(in, w.attn_norm, c.rms_norm_eps, "act.xn");
+  if (c.attention_only) {
+    // xn = x: the same tensor, no copy; and x is not kept apart (no norm to differentiate)
+    s.xn = in;
+  } else {
+    // xn = RMSNorm(x)
+    s.x = in;
+    s.xn = rmsnorm_forward(in, w.attn_norm, c.rms_norm_eps, "act.xn");
+  }
   // L4 kv = xn·wkv_aᵀ
   s.kv = linear_forward(s.xn, w.wkv_a, "act.kv");
   // ℓ = [ckv | kpe]
@@ -115,7 +121,7 @@ Tensor layer_forward(const RankCtx& ctx, const Form& form, const LayerWeights& w
     s.o = o_g.reshape({ctx.N, ctx.B, ctx.H * ctx.Dv});
   o_g = Tensor();
   Tensor y = linear_forward(s.o, w.wo, "act.y");  // y = o·woᵀ
-  add_into(y, in);                                // y = x + y
+  if (!c.attention_only) add_into(y, in);         // y = x + y
   if (check_finite_enabled()) {
     s.core->for_each([&](const char* name, const Tensor& t) { check_finite(t, name, step); });
     for (const auto& [name, t] : {std::pair<const char*, const Tensor*>{"o", &s.o}, {"y", &y}})
@@ -134,8 +140,8 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
   const std::string step = fmt::format("layer {} backward, rank {}", layer, ctx.r);
   check_finite(dy, "dy", step);
   const MlaConfig& c = ctx.c;
-  // y = x + o·woᵀ:  do = dy·wo,  dwo += dyᵀ·o;  then the all-to-all of do (the adjoint of o's) for
-  // a form whose output is on its heads
+  // y = x + o·woᵀ (y = o·woᵀ):  do = dy·wo,  dwo += dyᵀ·o;  then the all-to-all of do (the adjoint
+  // of o's) for a form whose output is on its heads
   Tensor dout;
   {
     Tensor do_local = Tensor::empty({ctx.N, ctx.B, ctx.H * ctx.Dv}, ctx.dt, "grad.o_local");
@@ -199,19 +205,27 @@ Tensor layer_backward(const RankCtx& ctx, const Form& form, const LayerWeights& 
   }
   dlatent = Tensor();
   s.kv = Tensor();
-  // L4 kv = xn·wkv_aᵀ:  dxn = dkv·wkv_a,  dwkv_a += dkvᵀ·xn
-  Tensor dxn = Tensor::empty({ctx.N, ctx.B, ctx.D}, ctx.dt, "grad.xn");
+  // L4 kv = xn·wkv_aᵀ:  dxn = dkv·wkv_a,  dwkv_a += dkvᵀ·xn  (with attention_only xn is x: dxn is
+  // the layer's dx, allocated as it)
+  Tensor dxn =
+      Tensor::empty({ctx.N, ctx.B, ctx.D}, ctx.dt, c.attention_only ? "grad.x" : "grad.xn");
   linear_backward(s.xn, w.wkv_a, dkv, &dxn, false, g.wkv_a);
   dkv = Tensor();
   // L1 cq = xn·wq_aᵀ (L3' q = xn·wqᵀ):  dxn += dcq·wq_a (dq·wq)
   linear_backward_dx(ctx.Lq > 0 ? w.wq_a : w.wq, dq_path, dxn, /*accumulate_dx=*/true);
   dq_path = Tensor();
   s.xn = Tensor();
-  // xn = RMSNorm(x), y = x + ...:  dx = dy + RMSNormᵀ(dxn)
-  Tensor dx = Tensor::empty({ctx.N, ctx.B, ctx.D}, ctx.dt, "grad.x");
-  rmsnorm_backward(s.x, w.attn_norm, dxn, c.rms_norm_eps, dx, g.attn_norm);
-  add_into(dx, dy);
-  s.x = Tensor();
+  Tensor dx;
+  if (c.attention_only) {
+    // xn = x, y = o·woᵀ (no residual):  dx = dxn
+    dx = std::move(dxn);
+  } else {
+    // xn = RMSNorm(x), y = x + ...:  dx = dy + RMSNormᵀ(dxn)
+    dx = Tensor::empty({ctx.N, ctx.B, ctx.D}, ctx.dt, "grad.x");
+    rmsnorm_backward(s.x, w.attn_norm, dxn, c.rms_norm_eps, dx, g.attn_norm);
+    add_into(dx, dy);
+    s.x = Tensor();
+  }
   check_finite(dx, "dx", step);
   g.for_each([&](const std::string& name, const Tensor& t) { check_finite(t, "d" + name, step); });
   return dx;

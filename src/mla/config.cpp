@@ -308,6 +308,7 @@ nlohmann::json MlaConfig::to_json() const {
   j["qk_nope_head_dim"] = qk_nope_head_dim;
   j["qk_rope_head_dim"] = qk_rope_head_dim;
   j["v_head_dim"] = v_head_dim;
+  j["attention_only"] = attention_only;
   j["num_layers"] = num_layers;
   j["seq_len"] = seq_len;
   j["batch"] = batch;
@@ -375,6 +376,13 @@ MlaConfig MlaConfig::from_json(const nlohmann::json& j) {
     c.qk_nope_head_dim = json_int(j, "qk_nope_head_dim");
     c.qk_rope_head_dim = json_int(j, "qk_rope_head_dim");
     c.v_head_dim = json_int(j, "v_head_dim");
+    // laga's key; absent (a Hugging Face config.json): the whole block, input norm and residual
+    if (j.contains("attention_only")) {
+      LAGA_CHECK(j["attention_only"].is_boolean(),
+                 "configuration JSON: attention_only is {}, not true or false",
+                 j["attention_only"].dump());
+      c.attention_only = j["attention_only"].get<bool>();
+    }
     // DeepSeek-V3.2's Hugging Face keys; absent: no indexer
     c.index_n_heads = json_int(j, "index_n_heads", 0);
     c.index_head_dim = json_int(j, "index_head_dim", 0);

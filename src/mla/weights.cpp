@@ -14,7 +14,8 @@ const std::vector<WeightSpec>& weight_table() {
   using D = const ModelDims&;
   static const std::vector<WeightSpec> table = {
       {"attn_norm", "input_layernorm.weight", "RMSNorm before attention", "[D]",
-       &LayerWeights::attn_norm, [](D d) -> Shape { return {d.hidden_size}; }},
+       &LayerWeights::attn_norm,
+       [](D d) -> Shape { return d.attention_only ? Shape{} : Shape{d.hidden_size}; }},
       {"wq_a", "self_attn.q_a_proj.weight", "W^DQ", "[Lq, D]", &LayerWeights::wq_a,
        [](D d) -> Shape {
          return d.q_lora_rank > 0 ? Shape{d.q_lora_rank, d.hidden_size} : Shape{};

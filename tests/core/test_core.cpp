@@ -321,6 +321,28 @@ TEST(Config, JsonRoundTrips) {
   EXPECT_EQ(d.q_lora_rank, 0);
 }
 
+// attention_only is laga's key: written by to_json, read back, false where a file lacks it (a
+// Hugging Face config.json) and refused unless a JSON boolean.
+TEST(Config, AttentionOnlyRoundTripsInJsonAndIsOffWithoutTheKey) {
+  MlaConfig c = MlaConfig::preset("tiny");
+  c.attention_only = true;
+  const nlohmann::json j = c.to_json();
+  EXPECT_EQ(j.at("attention_only"), true);
+  EXPECT_TRUE(MlaConfig::from_json(j).attention_only);
+  nlohmann::json hf = j;
+  hf.erase("attention_only");
+  EXPECT_FALSE(MlaConfig::from_json(hf).attention_only);
+  hf["attention_only"] = 1;
+  try {
+    (void)MlaConfig::from_json(hf);
+    FAIL() << "attention_only 1 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.exit_status(), 2);
+    EXPECT_NE(e.message().find("attention_only is 1, not true or false"), std::string::npos)
+        << e.message();
+  }
+}
+
 // A rank draws its shard of an input with fill_normal's offset; the shard must be bitwise the rows
 // of the whole tensor drawn at once, whatever rank count and thread count drew it.
 TEST(Random, AShardDrawnAtItsOffsetIsTheWholeTensorsRows) {

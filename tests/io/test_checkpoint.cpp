@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -244,6 +245,37 @@ TEST_F(Checkpoint, SuggestsFewerLayersWhenTheFileHasFewer) {
   EXPECT_NE(msg.find("try --layers 1"), std::string::npos) << msg;
 }
 
+// The attention alone (attention_only) has no input norm: its weights hold no attn_norm and load
+// back bit-exactly; a whole block's checkpoint, laga's or Hugging Face's with input_layernorm,
+// loads as the attention alone, the norm ignored; and a file without the norm, read as the whole
+// block, is refused naming --attention-only.
+TEST_F(Checkpoint, LoadsTheAttentionAloneWithoutAnInputNorm) {
+  MlaConfig c = tiny(2, DType::f32);
+  c.attention_only = true;
+  const Weights w = random_weights(c);
+  EXPECT_FALSE(w.layers[0].attn_norm.defined());
+  write_weights(path("alone.safetensors"), c, w);
+  expect_same_weights(load_weights(path("alone.safetensors"), c), w);
+
+  const MlaConfig whole = tiny(2, DType::f32);
+  const Weights wb = random_weights(whole);
+  Weights want = allocate_weights(c);
+  for (size_t l = 0; l < want.layers.size(); ++l)
+    want.layers[l].for_each(
+        [&](const std::string& name, Tensor& t) { t.copy_from(wb.layers[l].by_name(name)); });
+  write_weights(path("laga.safetensors"), whole, wb);
+  auto extras = hf_extras();
+  write_safetensors(path("hf.safetensors"), hf_list(whole, wb, extras));
+  for (const char* file : {"laga.safetensors", "hf.safetensors"}) {
+    SCOPED_TRACE(file);
+    expect_same_weights(load_weights(path(file), c), want);
+  }
+
+  const std::string msg = usage_error_of([&] { load_weights(path("alone.safetensors"), whole); });
+  EXPECT_NE(msg.find("no tensor layers.0.attn_norm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("add --attention-only"), std::string::npos) << msg;
+}
+
 TEST_F(Checkpoint, NamesAQLoraRankMismatch) {
   const MlaConfig lite = tiny(1, DType::f32, 0), lora = tiny(1, DType::f32);
   write_weights(path("lite.safetensors"), lite, random_weights(lite), WeightNaming::hugging_face);
@@ -265,41 +297,47 @@ TEST_F(Checkpoint, RejectsAFileWithNeitherNaming) {
   EXPECT_NE(msg.find("encoder.weight"), std::string::npos) << msg;
 }
 
+// The attention alone's dump (attention_only) the same, without attn_norm or its gradient.
 TEST_F(Checkpoint, DumpHoldsTheConfigAndEveryTensorInFp32) {
-  MlaConfig c = tiny(2, DType::bf16);
-  c.batch = 2;
-  Weights w = random_weights(c, 5), g = random_weights(c, 6);
-  const Shape act{c.seq_len, c.batch, c.hidden_size};
-  std::map<std::string, Tensor> acts;
-  for (const char* n : {"x", "dy", "y", "dx"}) {
-    acts[n] = Tensor::empty(act, DType::bf16, n);
-    fill_normal(acts[n], 9, n, 1.0);
+  for (bool alone : {false, true}) {
+    SCOPED_TRACE(alone ? "attention only" : "whole block");
+    MlaConfig c = tiny(2, DType::bf16);
+    c.batch = 2, c.attention_only = alone;
+    Weights w = random_weights(c, 5), g = random_weights(c, 6);
+    const Shape act{c.seq_len, c.batch, c.hidden_size};
+    std::map<std::string, Tensor> acts;
+    for (const char* n : {"x", "dy", "y", "dx"}) {
+      acts[n] = Tensor::empty(act, DType::bf16, n);
+      fill_normal(acts[n], 9, n, 1.0);
+    }
+    const std::string dir = path(alone ? "dump/alone" : "dump/nested");
+    write_dump(dir, c, acts["x"], acts["dy"], acts["y"], acts["dx"], w, g);
+
+    std::ifstream config(dir + "/config.json");
+    const auto j = nlohmann::json::parse(config);
+    EXPECT_EQ(j, c.to_json());
+    EXPECT_EQ(MlaConfig::from_json(j).to_json(), c.to_json());
+
+    auto f = SafetensorsFile::open(dir + "/tensors.safetensors");
+    EXPECT_EQ(f.metadata().at("dtype"), "bf16");
+    for (const auto& n : f.names()) EXPECT_EQ(f.entry(n).dtype, "F32") << n;
+    for (const auto& [n, t] : acts)
+      EXPECT_EQ(f.load(n, DType::f32, "t").to_floats(), t.to_floats()) << n;
+    size_t count = 4;
+    w.for_each([&](const std::string& n, const Tensor& t) {
+      EXPECT_EQ(f.load(n, DType::f32, "t").to_floats(), t.to_floats()) << n;
+      ++count;
+    });
+    g.for_each([&](const std::string& n, const Tensor& t) {
+      EXPECT_EQ(f.load(n + ".grad", DType::f32, "t").to_floats(), t.to_floats()) << n;
+      ++count;
+    });
+    EXPECT_EQ(f.names().size(), count);
+    const auto& names = f.names();
+    EXPECT_EQ(std::count(names.begin(), names.end(), "layers.1.attn_norm"), alone ? 0 : 1);
+    // And it loads back as the run's weights.
+    expect_same_weights(load_weights(dir + "/tensors.safetensors", c), w);
   }
-  const std::string dir = path("dump/nested");
-  write_dump(dir, c, acts["x"], acts["dy"], acts["y"], acts["dx"], w, g);
-
-  std::ifstream config(dir + "/config.json");
-  const auto j = nlohmann::json::parse(config);
-  EXPECT_EQ(j, c.to_json());
-  EXPECT_EQ(MlaConfig::from_json(j).to_json(), c.to_json());
-
-  auto f = SafetensorsFile::open(dir + "/tensors.safetensors");
-  EXPECT_EQ(f.metadata().at("dtype"), "bf16");
-  for (const auto& n : f.names()) EXPECT_EQ(f.entry(n).dtype, "F32") << n;
-  for (const auto& [n, t] : acts)
-    EXPECT_EQ(f.load(n, DType::f32, "t").to_floats(), t.to_floats()) << n;
-  size_t count = 4;
-  w.for_each([&](const std::string& n, const Tensor& t) {
-    EXPECT_EQ(f.load(n, DType::f32, "t").to_floats(), t.to_floats()) << n;
-    ++count;
-  });
-  g.for_each([&](const std::string& n, const Tensor& t) {
-    EXPECT_EQ(f.load(n + ".grad", DType::f32, "t").to_floats(), t.to_floats()) << n;
-    ++count;
-  });
-  EXPECT_EQ(f.names().size(), count);
-  // And it loads back as the run's weights.
-  expect_same_weights(load_weights(dir + "/tensors.safetensors", c), w);
 }
 
 TEST_F(Checkpoint, DumpRejectsActivationsOfTheWrongShape) {

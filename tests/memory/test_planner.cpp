@@ -1,10 +1,10 @@
 // The planner (run_rank on meta tensors) against the tracking allocator and the ledger of real
 // runs: every memory figure equal to the byte, every collective equal in operation, tensor, dtype
 // and both byte counts, over a sweep of small configurations (T, P, H, L, q_lora_rank, B, both
-// dtypes, every registered form and kernel). And the plan against the closed-form formulas of
-// docs/accounting.md, written here from the dataflow, not from the code: saved bytes per form,
-// laga's excess over explicit, and the communication of each form in both byte conventions, at
-// several points up to DeepSeek-V3.
+// dtypes, every registered form and kernel; and the attention alone). And the plan against the
+// closed-form formulas of docs/accounting.md, written here from the dataflow, not from the code:
+// saved bytes per form, laga's excess over explicit, the attention alone's saving, and the
+// communication of each form in both byte conventions, at several points up to DeepSeek-V3.
 #include <gtest/gtest.h>
 
 #include "laga/driver/plan.hpp"
@@ -139,6 +139,52 @@ TEST(Planner, MatchesProfiledWorkToTheFlop) {
           }
         }
       }
+}
+
+// The attention alone (attention_only: no input norm, no residual) is planned as it runs: every
+// registered form at P 1 (fp32, B 2), 2 (bf16, overlap on) and 4 (bf16), each rank's memory
+// figures, ledger and work equal to its real run's; and it saves, per layer and rank, exactly the
+// whole block's bytes less the input norm's output xn [N, B, D] (its xn is its input, no copy).
+TEST(Planner, PlansTheAttentionAloneAsMeasuredWithoutTheInputNormsActivation) {
+  for (int64_t P : {1, 2, 4}) {
+    const DType dt = P == 1 ? DType::f32 : DType::bf16;
+    MlaConfig base = MlaConfig::preset("tiny");
+    base.seq_len = 24, base.sp = P, base.dtype = dt, base.num_layers = 2;
+    base.batch = P == 1 ? 2 : 1, base.overlap = P == 2;
+    const FormsAt at = judge_forms(base);
+    EXPECT_EQ(at.runnable.size(), registered_forms().size()) << "every form runs tiny at T 24";
+    for (const Form* f : at.runnable) {
+      SCOPED_TRACE(fmt::format("{} P {} {}", f->name(), P, dtype_name(dt)));
+      const Config whole(as_form(base, f->name()));
+      const Config c = whole.with([](MlaConfig& m) { m.attention_only = true; });
+      const int64_t xn_bytes =
+          c->num_layers * c->tokens_per_rank() * c->batch * c->hidden_size * dtype_size(dt);
+      EXPECT_EQ(plan_memory(c).saved_bytes, plan_memory(whole).saved_bytes - xn_bytes);
+      for (const RankResult& r : run_group(c, RunOptions{})) {
+        SCOPED_TRACE(fmt::format("rank {}", r.rank));
+        const Plan plan = plan_run(c, r.rank);
+        EXPECT_EQ(plan.memory.baseline_bytes, r.memory.baseline_bytes);
+        EXPECT_EQ(plan.memory.activation_peak_bytes, r.memory.activation_peak_bytes);
+        EXPECT_EQ(plan.memory.saved_bytes, r.memory.saved_bytes);
+        EXPECT_EQ(plan.memory.forward_peak_bytes, r.memory.forward_peak_bytes);
+        EXPECT_EQ(plan.memory.backward_peak_bytes, r.memory.backward_peak_bytes);
+        EXPECT_EQ(plan.memory.peak_breakdown, r.memory.peak_breakdown);
+        EXPECT_EQ(r.memory.saved_breakdown.count("act.xn"), 0u);
+        std::vector<CollectiveRecord> planned = plan.comm.attention;
+        planned.insert(planned.end(), plan.comm.grad_sync.begin(), plan.comm.grad_sync.end());
+        ASSERT_EQ(planned.size(), r.collectives.size());
+        for (size_t i = 0; i < planned.size(); ++i) {
+          EXPECT_EQ(planned[i].tensor, r.collectives[i].tensor) << i;
+          EXPECT_EQ(planned[i].wire_bytes, r.collectives[i].wire_bytes) << i;
+        }
+        const auto want = r.work.totals(), got = plan.work.totals();
+        for (WorkClass k : kWorkClasses) {
+          EXPECT_EQ(got.at(k).flops, want.at(k).flops) << work_class_name(k);
+          EXPECT_EQ(got.at(k).bytes, want.at(k).bytes) << work_class_name(k);
+        }
+      }
+    }
+  }
 }
 
 // Closed forms (docs/accounting.md §2 and §5), per rank: s bytes per element, E = N·B local rows,

@@ -4,8 +4,8 @@
 // within kFormFactor of the larger of explicit's (same P and dtype) and the plain one's, per
 // tensor, and the exact forms (laga) bit-identical to explicit at P = 1. Over tiny and small
 // (DeepSeek's head dims), fp32 and bf16, both kernels, T not a power of two, L 1–2, B 1–2, P 1, 2,
-// 4 (8 for laga at DeepSeek's head dims). Also: each form's ledger holds exactly the collectives it
-// declares, and bad form names are refused.
+// 4 (8 for laga at DeepSeek's head dims), and as the attention alone (attention_only). Also: each
+// form's ledger holds exactly the collectives it declares, and bad form names are refused.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -88,6 +88,26 @@ TEST(Forms, EveryRegisteredFormPassesTheRuleAtEveryP) {
     EXPECT_EQ(r.cases.size(), 3 * registered_forms().size() + exact) << k.name();
     expect_pass(k, r);
   }
+}
+
+// The attention alone (attention_only: no input norm, no residual) is judged by the same rule
+// against the reference run the same way: every registered form at P 1, 2, 4, two layers (the
+// second reads the first's attention output, not a residual stream), the bitwise claims at P 1
+// included.
+TEST(Forms, EveryRegisteredFormPassesTheRuleAtEveryPAsTheAttentionAlone) {
+  const Case k{"tiny", DType::bf16, Kernel::fused, 24, 2, 1};
+  verify::FormsReport r;
+  launch(LaunchKind::threads, [&](Launcher& l) {
+    r = verify::check_forms(k.config().with([](MlaConfig& m) { m.attention_only = true; }),
+                            {1, 2, 4}, l, {});
+  });
+  size_t exact = 0;
+  for (const Form* f : registered_forms())
+    exact += f->exact_at_one_rank() || !f->bitwise_at_one_rank_with().empty();
+  EXPECT_EQ(r.cases.size(), 3 * registered_forms().size() + exact);
+  for (const auto& c : r.cases) EXPECT_NE(c.vs, "not run") << c.form << " P" << c.sp;
+  expect_pass(k, r);
+  EXPECT_TRUE(r.pass);
 }
 
 // laga passes the rule at P 1, 2, 4 and 8 on the small preset (DeepSeek's head dims) in bf16 with

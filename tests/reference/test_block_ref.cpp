@@ -45,6 +45,7 @@ struct Case {
   bool interleaved;  // RoPE layout
   int64_t B;
   enum Yarn { on, off, factor } yarn = on;  // factor: mscale_all_dim 0.5, attention factor ≠ 1
+  bool attention_only = false;              // the attention alone: no input norm, no residual
 };
 
 void PrintTo(const Case& k, std::ostream* os) { *os << k.name; }
@@ -59,6 +60,7 @@ MlaConfig config_for(const Case& k) {
   if (k.yarn == Case::factor) c.rope_scaling.mscale_all_dim = 0.5;
   c.batch = k.B;
   c.seq_len = k.B == 1 ? 12 : 9;
+  c.attention_only = k.attention_only;
   return c;
 }
 
@@ -166,7 +168,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"noqlora_interleaved_b2", false, true, 2}, Case{"noqlora_halves_b1", false, false, 1},
         Case{"noqlora_halves_b2", false, false, 2},
         Case{"qlora_halves_b2_plain_rope", true, false, 2, Case::off},
-        Case{"noqlora_interleaved_b2_yarn_factor", false, true, 2, Case::factor}),
+        Case{"noqlora_interleaved_b2_yarn_factor", false, true, 2, Case::factor},
+        Case{"qlora_interleaved_b2_attention_only", true, true, 2, Case::on, true},
+        Case{"noqlora_halves_b1_attention_only", false, false, 1, Case::on, true}),
     [](const testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 // ---------------------------------------------------------------------------------------------
@@ -202,6 +206,40 @@ TEST(BlockRef, ZeroOutputProjectionMakesTheStackTheIdentity) {
     const Array y = ref::block_forward(c, w, x);
     ASSERT_EQ(y.shape, x.shape);
     for (int64_t i = 0; i < x.numel(); ++i) EXPECT_EQ(y[i], x[i]);
+  }
+}
+
+// The attention alone (attention_only) is the block less its input norm and residual, exactly in
+// fp64: fed xn = rmsnorm(x; attn_norm) its y is the block's y − x, and its dx is the block's norm
+// path before the norm, dxn: the block's dx = dy + rmsnormᵀ(dxn). Every other weight's gradient is
+// the block's, and it has no attn_norm; with wo = 0 its output is 0 (no residual to carry x
+// through).
+TEST(BlockRef, TheAttentionAloneIsTheBlockLessItsNormAndResidual) {
+  for (bool q_lora : {true, false}) {
+    MlaConfig c = config_for({"", q_lora, true, 2});
+    c.num_layers = 1;
+    MlaConfig alone = c;
+    alone.attention_only = true;
+    ref::RefWeights w = ref_weights(c);
+    const Array x = input(c), dy = random_array(x.shape, "dy");
+    const Array& attn_norm = w.at("layers.0.attn_norm");
+    const Array xn = ref::rmsnorm_forward(x, attn_norm, c.rms_norm_eps);
+    ref::RefWeights wa = w;
+    wa.erase("layers.0.attn_norm");
+
+    const Array y = ref::block_forward(c, w, x), ya = ref::block_forward(alone, wa, xn);
+    for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(ya[i] + x[i], y[i]) << i;
+    const ref::BlockGrads g = ref::block_backward(c, w, x, dy),
+                          ga = ref::block_backward(alone, wa, xn, dy);
+    const ref::RmsNormGrads gn = ref::rmsnorm_backward(x, attn_norm, ga.dx, c.rms_norm_eps);
+    for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(dy[i] + gn.dx[i], g.dx[i]) << i;
+    EXPECT_EQ(gn.dw.data, g.dw.at("layers.0.attn_norm").data);
+    EXPECT_EQ(ga.dw.count("layers.0.attn_norm"), 0u);
+    EXPECT_EQ(ga.dw.size() + 1, g.dw.size());
+    for (const auto& [name, d] : ga.dw) EXPECT_EQ(d.data, g.dw.at(name).data) << name;
+
+    for (double& v : wa.at("layers.0.wo").data) v = 0;
+    for (double v : ref::block_forward(alone, wa, x).data) ASSERT_EQ(v, 0.0);
   }
 }
 

@@ -12,8 +12,9 @@
 # self-test (finite differences, the dense model, synthetic dumps; no laga needed); dense: fp32,
 # batch 2, bf16, eager kernel, deepseek-v2-lite (q_lora_rank 0), laga and absorbed at sp 2,
 # rotate-half RoPE; sparse, tiny at T 48 so that its top-16 selects: dsa-gather fp32 and bf16,
-# dsa-regather at sp 2, the warmup stage, indexer loss scale 0.5; and three round trips. A missing
-# torch is a failure, never a skip.
+# dsa-regather at sp 2, the warmup stage, indexer loss scale 0.5; the attention alone
+# (--attention-only: explicit fp32 and bf16, laga at sp 2, dsa-gather); and four round trips. A
+# missing torch is a failure, never a skip.
 set -u
 
 if [ $# -lt 2 ]; then
@@ -139,8 +140,16 @@ run_case dsa_warmup "form=dsa-gather indexer_stage=warmup dtype=fp32 $DSA" \
 run_case dsa_loss_scale "form=dsa-gather indexer_loss_scale=0.5 dtype=fp32 $DSA" \
   $SPARSE --sp 1 --form dsa-gather --dtype fp32 --indexer-loss-scale 0.5
 
-# Round trip: the dumped weights (fp32, bf16 and sparse dumps) loaded back reproduce the run exactly,
-# the sparse one its selections too.
+# The attention alone (Hugging Face's self_attn: no input norm, no residual), dense and sparse.
+run_case alone_fp32 "attention_only=true dtype=fp32" $TINY --dtype fp32 --batch 2 --attention-only
+run_case alone_bf16 "attention_only=true dtype=bf16" $TINY --dtype bf16 --attention-only
+run_case alone_laga_sp2 "attention_only=true form=laga sp=2" \
+  --model tiny --seq 16 --sp 2 --form laga --layers 2 --dtype fp32 --attention-only
+run_case alone_dsa "attention_only=true form=dsa-gather dtype=fp32 $DSA" \
+  $SPARSE --sp 1 --form dsa-gather --dtype fp32 --attention-only
+
+# Round trip: the dumped weights (fp32, bf16, sparse and attention-alone dumps) loaded back reproduce
+# the run exactly, the sparse one its selections too.
 round_trip() {
   local name=$1 from=$2
   shift 2
@@ -168,6 +177,7 @@ round_trip() {
 round_trip round_trip_fp32 "$TMP/fp32" $TINY --dtype fp32
 round_trip round_trip_bf16 "$TMP/bf16" $TINY --dtype bf16 --batch 2
 round_trip round_trip_dsa "$TMP/dsa_gather_fp32" $SPARSE --sp 1 --form dsa-gather --dtype fp32 --batch 2
+round_trip round_trip_alone "$TMP/alone_fp32" $TINY --dtype fp32 --batch 2 --attention-only
 
 echo "# $cases cases, $failures failed"
 [ "$failures" -eq 0 ] || exit 1

@@ -3,7 +3,8 @@ dumps (dsa-gather, dsa-regather), and that model's own self-test.
 
 Written from the math of DeepSeek-V3.2's DSA as laga defines it (docs/sparse.md), not from laga's
 C++, on top of mla_block_torch's dense pieces (RMSNorm, RoPE tables with YaRN, the bf16 storage
-model). Per layer, on the MLA's xn = RMSNorm(x), cqn = RMSNorm(cq), q, c^KV, k_pe:
+model). Per layer, on the MLA's xn = RMSNorm(x) (x itself with config attention_only, which also
+drops the residual), cqn = RMSNorm(cq), q, c^KV, k_pe:
 - the main attention in its absorbed (MQA) form over one shared latent head: q_abs[t, h] =
   [q_nope[t, h]·W_UK[h] ‖ q_pe[t, h]], K_s = [c^KV_s ‖ k_pe_s], V_s = c^KV_s, softmax over the
   candidates C_t, o[t, h] = o_lat[t, h]·W_UV[h]ᵀ, y = x + o·W_Oᵀ;
@@ -30,8 +31,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mla_block_torch import (Block, CheckFailed, _keep, _StoreBf16, check_dump, indexer_shapes, layer_shapes,
-                             load_run_json, rmsnorm, rope, softmax_scale)
+from mla_block_torch import (Block, CheckFailed, _keep, _StoreBf16, attention_only, check_dump, indexer_shapes,
+                             layer_shapes, load_run_json, rmsnorm, rope, softmax_scale)
 
 STAGES = ("sparse", "warmup")
 
@@ -119,14 +120,16 @@ class SparseBlock(Block):
         return torch.einsum("btjs,tbj->bts", dots, wi) * self.w_scale
 
     def layer(self, x, w, st, l):
-        """One layer: x [T, B, D] -> (x + sparse MLA(RMSNorm(x)), L_I, I [B, T, T])."""
+        """One layer: x [T, B, D] -> (x + sparse MLA(RMSNorm(x)), or sparse MLA(x) with attention_only,
+        L_I, I [B, T, T])."""
         cfg = self.cfg
         T, B, _ = x.shape
         H, Lkv = cfg["num_attention_heads"], cfg["kv_lora_rank"]
         Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
         eps, inter = cfg["rms_norm_eps"], cfg["rope_interleaved"]
 
-        xn = st(rmsnorm(x, w["attn_norm"], eps))
+        alone = attention_only(cfg)
+        xn = x if alone else st(rmsnorm(x, w["attn_norm"], eps))
         cq = st(F.linear(xn, w["wq_a"]))  # L1
         cqn = st(rmsnorm(cq, w["q_norm"], eps))  # L2
         q = st(F.linear(cqn, w["wq_b"])).reshape(T, B, H, Dn + Dr)  # L3
@@ -153,7 +156,8 @@ class SparseBlock(Block):
         P = torch.softmax(s.masked_fill(~C[:, None], -math.inf), dim=-1)  # [B, H, T, T]
         o_lat = st(torch.einsum("bhts,sbl->tbhl", P, ckv))  # [T, B, H, Lkv]
         o = st(torch.einsum("tbhl,hvl->tbhv", o_lat, w_uv)).reshape(T, B, H * Dv)
-        y = st(x + st(F.linear(o, w["wo"])))  # E4, residual
+        y = st(F.linear(o, w["wo"]))  # E4
+        y = y if alone else st(x + y)  # residual
 
         # L_I: KL(p ‖ softmax_{C_t} I) summed over rows, the target detached; 0·log 0 = 0.
         p = (P.detach().sum(dim=1) / H).masked_fill(~C, 0.0)
@@ -241,8 +245,9 @@ def report_indexer_loss(path, cfg, ref, base, bf16):
 # check_dump, with corrupted copies that must fail it.
 
 
-def _config(T, B, L, k, stage, dtype="fp32", loss_scale=0.5):
-    """laga's tiny model with its indexer (heads 4, dim 32), as laga run --dump describes it."""
+def _config(T, B, L, k, stage, dtype="fp32", loss_scale=0.5, alone=False):
+    """laga's tiny model with its indexer (heads 4, dim 32), as laga run --dump describes it;
+    alone: the attention alone (attention_only)."""
     cfg = {"model": "tiny", "form": "dsa-gather", "sp": 1, "dtype": dtype, "hidden_size": 64,
            "num_attention_heads": 8, "q_lora_rank": 48, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
            "qk_rope_head_dim": 8, "v_head_dim": 12, "index_n_heads": 4, "index_head_dim": 32,
@@ -250,7 +255,7 @@ def _config(T, B, L, k, stage, dtype="fp32", loss_scale=0.5):
            "rope_theta": 10000.0, "rope_interleaved": True,
            "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 4096,
                             "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
-           "num_layers": L, "seq_len": T, "batch": B}
+           "num_layers": L, "seq_len": T, "batch": B, "attention_only": alone}
     cfg["softmax_scale"] = softmax_scale(cfg)
     return cfg
 
@@ -275,8 +280,8 @@ def _leaves(cfg, t):
     return leaf(t["x"]), [{n: leaf(t[f"layers.{l}.{n}"]) for n in names} for l in range(cfg["num_layers"])]
 
 
-def _self_test_finite_differences(stage):
-    cfg = _config(T=10, B=2, L=2, k=4, stage=stage)
+def _self_test_finite_differences(stage, alone=False):
+    cfg = _config(T=10, B=2, L=2, k=4, stage=stage, alone=alone)
     T, L, scale = cfg["seq_len"], cfg["num_layers"], cfg["indexer_loss_scale"]
     t = _inputs(cfg, 1, torch.float64)
     dy = torch.tensor(t["dy"])
@@ -307,14 +312,14 @@ def _self_test_finite_differences(stage):
         rel = abs(fd - ad) / max(abs(fd), 1e-12)
         worst = max(worst, rel)
         if rel > 1e-6:
-            raise CheckFailed(f"stage {stage}: {name} (layer {l}): autograd <grad, v> {ad:.10e}, central "
-                              f"difference {fd:.10e}, rel {rel:.2e} > 1e-6")
-    print(f"  finite differences, stage {stage}: x and {sum(len(d) for d in w)} weights, worst rel {worst:.2e} "
-          f"<= 1e-6  yes")
+            raise CheckFailed(f"stage {stage}{', attention only' if alone else ''}: {name} (layer {l}): "
+                              f"autograd <grad, v> {ad:.10e}, central difference {fd:.10e}, rel {rel:.2e} > 1e-6")
+    print(f"  finite differences, stage {stage}{', attention only' if alone else ''}: x and "
+          f"{sum(len(d) for d in w)} weights, worst rel {worst:.2e} <= 1e-6  yes")
 
 
-def _self_test_dense_equivalence(stage):
-    cfg = _config(T=12, B=2, L=2, k=12, stage=stage)  # k = T: every earlier key selected
+def _self_test_dense_equivalence(stage, alone=False):
+    cfg = _config(T=12, B=2, L=2, k=12, stage=stage, alone=alone)  # k = T: every earlier key selected
     T, L = cfg["seq_len"], cfg["num_layers"]
     t = _inputs(cfg, 3, torch.float64)
     dy = torch.tensor(t["dy"])
@@ -333,10 +338,10 @@ def _self_test_dense_equivalence(stage):
         if not full:
             raise CheckFailed("k = T: the selection is not every earlier key")
     if worst > 1e-12:
-        raise CheckFailed(f"stage {stage}, every key a candidate: the sparse block differs from the dense one "
-                          f"by {worst:.2e} relative")
-    print(f"  stage {stage}, every key a candidate: y, dx and {len(pairs) - 2} MLA gradients equal the dense "
-          f"block's, worst rel {worst:.2e} <= 1e-12  yes")
+        raise CheckFailed(f"stage {stage}{', attention only' if alone else ''}, every key a candidate: the "
+                          f"sparse block differs from the dense one by {worst:.2e} relative")
+    print(f"  stage {stage}{', attention only' if alone else ''}, every key a candidate: y, dx and "
+          f"{len(pairs) - 2} MLA gradients equal the dense block's, worst rel {worst:.2e} <= 1e-12  yes")
 
 
 def write_safetensors(path, tensors):
@@ -426,6 +431,8 @@ def self_test():
     for stage in STAGES:
         _self_test_finite_differences(stage)
         _self_test_dense_equivalence(stage)
+    _self_test_finite_differences("sparse", alone=True)
+    _self_test_dense_equivalence("sparse", alone=True)
     with tempfile.TemporaryDirectory(prefix="laga-dsa-self-test.") as tmp:
         for dtype in ("fp32", "bf16"):
             _self_test_synthetic_dump(tmp, dtype)

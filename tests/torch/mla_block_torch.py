@@ -2,7 +2,8 @@
 """The MLA block stack in PyTorch, and an independent check of a laga dump (laga run ... --dump DIR).
 
 The block (Block) is written from docs/design.md §1–§2 alone, not from laga's C++, as a PyTorch user
-writes it: the L-block MLA stack y = x + MLA(RMSNorm(x)) per layer, sequence-first [T, B, D],
+writes it: the L-block MLA stack y = x + MLA(RMSNorm(x)) per layer (with config attention_only, the
+attention alone, Hugging Face's self_attn: y = MLA(x), no attn_norm), sequence-first [T, B, D],
 torch.nn.functional.linear for every projection, RMSNorm with its statistics in fp32 at least (Hugging
 Face's DeepSeek style), RoPE with YaRN as in docs/design.md §1.1 over global positions 0..T-1, and
 explicit causal attention with the scores materialised and the softmax in fp32 at least. It is the one
@@ -100,12 +101,17 @@ def read_safetensors(path):
 # The model, docs/design.md §1–§2.
 
 
+def attention_only(cfg):
+    """The attention alone: no input RMSNorm (no attn_norm weight) and no residual. Absent: off."""
+    return bool(cfg.get("attention_only", False))
+
+
 def layer_shapes(cfg):
     """Weight names and [out, in] shapes of one layer (docs/design.md §1's table)."""
     D, H = cfg["hidden_size"], cfg["num_attention_heads"]
     Lq, Lkv = cfg["q_lora_rank"] or 0, cfg["kv_lora_rank"]
     Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-    s = {"attn_norm": [D]}
+    s = {} if attention_only(cfg) else {"attn_norm": [D]}
     if Lq > 0:
         s.update(wq_a=[Lq, D], q_norm=[Lq], wq_b=[H * (Dn + Dr), Lq])
     else:
@@ -214,14 +220,16 @@ class Block:
         self.scale = softmax_scale(cfg)
 
     def layer(self, x, w, st=_keep):
-        """One layer: x [T, B, D] -> x + MLA(RMSNorm(x)); st(t) models storing t (identity, or bf16)."""
+        """One layer: x [T, B, D] -> x + MLA(RMSNorm(x)), or MLA(x) with attention_only; st(t) models
+        storing t (identity, or bf16)."""
         cfg = self.cfg
         T, B, _ = x.shape
         H, Lkv = cfg["num_attention_heads"], cfg["kv_lora_rank"]
         Dn, Dr, Dv = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
         eps, inter = cfg["rms_norm_eps"], cfg["rope_interleaved"]
 
-        xn = st(rmsnorm(x, w["attn_norm"], eps))
+        alone = attention_only(cfg)
+        xn = x if alone else st(rmsnorm(x, w["attn_norm"], eps))
         if (cfg["q_lora_rank"] or 0) > 0:
             cq = st(F.linear(xn, w["wq_a"]))  # L1
             q = st(F.linear(st(rmsnorm(cq, w["q_norm"], eps)), w["wq_b"]))  # L2, L3
@@ -243,7 +251,8 @@ class Block:
         s = s.masked_fill(self.mask, float("-inf"))
         p = torch.softmax(s, dim=-1, dtype=_wide(s.dtype)).to(qh.dtype)
         o = st(torch.matmul(p, vh).permute(2, 0, 1, 3).reshape(T, B, H * Dv))
-        return st(x + st(F.linear(o, w["wo"])))  # E4, residual
+        y = st(F.linear(o, w["wo"]))  # E4
+        return y if alone else st(x + y)  # residual
 
     def forward(self, x, weights, st=_keep):
         for w in weights:
@@ -373,7 +382,7 @@ def check_dump(d, factor, json_path=None):
 
     print(f"# laga dump {d}: model {cfg.get('model')}, form {cfg.get('form')}, sp {cfg.get('sp')}, "
           f"dtype {cfg['dtype']}, T {cfg['seq_len']}, B {cfg['batch']}, layers {cfg['num_layers']}, "
-          f"rope_interleaved {cfg['rope_interleaved']}")
+          f"rope_interleaved {cfg['rope_interleaved']}, attention_only {attention_only(cfg)}")
     print(f"# reference: torch {torch.__version__} float64 autograd; baseline: the same model in {precision}; "
           f"bound = {factor:g} * baseline_diff + {eps:.3g} * max_abs_ref")
     if cfg.get("index_n_heads"):

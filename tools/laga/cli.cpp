@@ -65,6 +65,9 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
                   "collectives behind compute (the latent all-gather behind the query path, ...): "
                   "on, off")
       ->capture_default_str();
+  app->add_flag("--attention-only", f.attention_only,
+                "the attention alone, Hugging Face's self_attn: y = MLA(x), no input RMSNorm "
+                "(no attn_norm weight) and no residual (also JSON attention_only)");
   app->add_option("--index-heads", f.index_heads,
                   "the lightning indexer's heads H_I (DeepSeek Sparse Attention; default: the "
                   "model's)");
@@ -166,6 +169,7 @@ MlaConfig build_spec(const CommonFlags& f) {
     c = MlaConfig::from_json(j);
   }
   c.seq_len = f.seq, c.sp = f.sp, c.batch = f.batch, c.num_layers = f.layers, c.ulysses = f.ulysses;
+  if (f.attention_only) c.attention_only = true;  // else the --config file's (default false)
   if (f.index_heads) c.index_n_heads = *f.index_heads;
   if (f.index_dim) c.index_head_dim = *f.index_dim;
   if (f.index_topk) c.index_topk = *f.index_topk;
@@ -202,6 +206,10 @@ MlaConfig build_spec(const CommonFlags& f) {
   LAGA_CHECK(f.timeout_s >= 0 && std::isfinite(f.timeout_s),
              "--timeout {} must be a number of seconds ≥ 0", f.timeout_s);
   return c;
+}
+
+std::string attention_only_note(const MlaConfig& c) {
+  return c.attention_only ? " (attention only)" : "";
 }
 
 std::string form_label(const std::string& form, const CommonFlags& f) {

@@ -41,6 +41,7 @@ struct CommonFlags {
   double timeout_s = 0;
   double mpi_progress_us = 500;  // set_mpi_progress_interval
   bool check_finite = false;
+  bool attention_only = false;  // set: the attention alone (MlaConfig::attention_only)
   uint64_t seed = 1234;
   // The lightning indexer's dimensions (none: the model's), the sparse forms' stage and loss scale
   // (none: the defaults)
@@ -50,8 +51,9 @@ struct CommonFlags {
 };
 
 // --model --config --seq --batch --layers --kernel --absorbed-kv --dtype --dlatent-sum
-// --rope-layout --overlap --index-heads --index-dim --index-topk --indexer-stage
-// --indexer-loss-scale --cp-layout --json --seed; with_comm adds --comm, --timeout and --mpi-progress.
+// --rope-layout --overlap --attention-only --index-heads --index-dim --index-topk --indexer-stage
+// --indexer-loss-scale --cp-layout --json --seed; with_comm adds --comm, --timeout and
+// --mpi-progress.
 void add_common(CLI::App* app, CommonFlags& f, bool with_comm);
 Config build_config(const CommonFlags& f);
 // The flags' configuration, not yet validated (for the commands that run every form: forms_at).
@@ -74,6 +76,9 @@ Config named_form_config(const MlaConfig& spec, const std::string& label, const 
 // " (laga-ulysses: Pu × Pr, --ulysses Pu)" after P in a command's header when --ulysses Pu < P is
 // given; "".
 std::string ulysses_note(const MlaConfig& c);
+// " (attention only)" after the model's name in a command's header when the config runs the
+// attention alone (MlaConfig::attention_only); "".
+std::string attention_only_note(const MlaConfig& c);
 // The registered form label a user's form spelling names with f's --absorbed-kv, --ulysses and --sp
 // (resolve_form_label: absorbed and its regime, laga with a --ulysses other than --sp as
 // laga-ulysses); usage error naming the valid spellings.

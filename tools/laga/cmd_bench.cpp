@@ -113,11 +113,11 @@ BenchContext bench_context(const BenchSetup& s, const BenchFlags& b, const std::
 void print_bench_header(const BenchSetup& s, const BenchFlags& b, const BenchContext& x) {
   const MlaConfig& c0 = *s.configs[0];
   fmt::print(
-      "laga bench: model {} P {}{} ({}) B {} L {} kernel {} dtype {}, {} timed iterations after {} "
-      "warm-up; per "
-      "iteration the slowest rank's time of each phase, median and [min, max] over iterations\n",
-      c0.model, s.P, ulysses_note(s.specs[0]), x.backend, c0.batch, c0.num_layers,
-      kernel_name(c0.kernel), dtype_name(s.dtype), b.iters, b.warmup);
+      "laga bench: model {}{} P {}{} ({}) B {} L {} kernel {} dtype {}, {} timed iterations "
+      "after {} warm-up; per iteration the slowest rank's time of each phase, median and [min, "
+      "max] over iterations\n",
+      c0.model, attention_only_note(c0), s.P, ulysses_note(s.specs[0]), x.backend, c0.batch,
+      c0.num_layers, kernel_name(c0.kernel), dtype_name(s.dtype), b.iters, b.warmup);
   fmt::print("# machine: {}\n", x.machine.line());
   fmt::print(
       "# cpu: {}; threads per rank: {} (OpenMP, as each rank's kernels see it); link: {}; dtype "

@@ -128,11 +128,10 @@ nlohmann::json predict_all(const CommonFlags& f, const ModelFlags& m, const Hard
       preds.push_back(predict(Config(std::move(named)), hw));
     }
   fmt::print(
-      "laga model: model {} T {} B {} P {}{} L {} kernel {} dtype {} on '{}' ({}) — per rank, one "
-      "step "
-      "(forward + backward, no grad sync), overlap {}\n",
-      b.model, b.seq_len, b.batch, b.sp, ulysses_note(b), b.num_layers, kernel_name(b.kernel),
-      dtype_name(b.dtype), hw.name, hw.path, b.overlap ? "on" : "off");
+      "laga model: model {}{} T {} B {} P {}{} L {} kernel {} dtype {} on '{}' ({}) — per rank, "
+      "one step (forward + backward, no grad sync), overlap {}\n",
+      b.model, attention_only_note(b), b.seq_len, b.batch, b.sp, ulysses_note(b), b.num_layers,
+      kernel_name(b.kernel), dtype_name(b.dtype), hw.name, hw.path, b.overlap ? "on" : "off");
   fmt::print("# {}\n", rates_line(hw, b.dtype));
   if (b.sp > hw.ranks_per_node)
     fmt::print(

@@ -315,9 +315,10 @@ int cmd_plan(const CommonFlags& f, bool do_sweep, const std::string& mem_limit) 
   FormsAt at;
   const MlaConfig base = spec_for_all_forms(f, at);
   fmt::print(
-      "laga plan: model {} T {} B {} P {}{} L {} kernel {}{} dtype {} dlatent sum {} — per rank\n",
-      base.model, base.seq_len, base.batch, base.sp, ulysses_note(base), base.num_layers,
-      kernel_name(base.kernel),
+      "laga plan: model {}{} T {} B {} P {}{} L {} kernel {}{} dtype {} dlatent sum {} — "
+      "per rank\n",
+      base.model, attention_only_note(base), base.seq_len, base.batch, base.sp, ulysses_note(base),
+      base.num_layers, kernel_name(base.kernel),
       base.kernel == Kernel::fused
           ? fmt::format(" ({} backward)", attn_backward_name(base.attn_backward))
           : "",

@@ -53,9 +53,10 @@ void report(const MlaConfig& c, const std::vector<nlohmann::json>& ranks, const 
                                  ? std::string(kernel_name(c.kernel))
                                  : fmt::format("{} (the form's own; --kernel {} does not apply)",
                                                own, kernel_name(c.kernel));
-  fmt::print("laga run: model {} T {} B {} P {} ({}) L {} form {} kernel {} dtype {} overlap {}\n",
-             c.model, c.seq_len, c.batch, c.sp, backend, c.num_layers, displayed_form(c), kernel,
-             dtype_name(c.dtype), c.overlap ? "on" : "off");
+  fmt::print(
+      "laga run: model {}{} T {} B {} P {} ({}) L {} form {} kernel {} dtype {} overlap {}\n",
+      c.model, attention_only_note(c), c.seq_len, c.batch, c.sp, backend, c.num_layers,
+      displayed_form(c), kernel, dtype_name(c.dtype), c.overlap ? "on" : "off");
   fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "rank", "fwd", "bwd",
              "comm tensor", "comm wire", "activation peak", "saved");
   fmt::print("# {:>4} {:>9} {:>9} {:>14} {:>14} {:>16} {:>16}\n", "", "s", "s", "bytes", "bytes",

@@ -91,9 +91,9 @@ int cmd_train(const CommonFlags& f, const std::vector<std::string>& forms, int64
   std::vector<double> references[2];
   bool pass = true;
   fmt::print(
-      "laga train: model {} T {} B {} P {}{} ({}) L {} kernel {} dtype {} steps {} lr {:g}\n",
-      base.model, base.seq_len, base.batch, base.sp, ulysses_note(base), backend, base.num_layers,
-      kernel_name(base.kernel), dtype_name(base.dtype), steps, lr);
+      "laga train: model {}{} T {} B {} P {}{} ({}) L {} kernel {} dtype {} steps {} lr {:g}\n",
+      base.model, attention_only_note(base), base.seq_len, base.batch, base.sp, ulysses_note(base),
+      backend, base.num_layers, kernel_name(base.kernel), dtype_name(base.dtype), steps, lr);
   fmt::print("# {:<18} {:>12} {:>12} {:>12} {:>16} {:>9}\n", "form", "loss[0]", "loss[mid]",
              "loss[last]", "max rel vs 1st", "seconds");
   for (size_t i = 0; i < configs.size(); ++i) {

@@ -48,9 +48,9 @@ int cmd_verify(const CommonFlags& f, const std::vector<int64_t>& sps,
   });
   if (!root) return 0;
   const MlaConfig& c = *base;
-  fmt::print("laga verify: model {} T {} B {} L {} kernel {} dtype {} ({}; rule: {})\n", c.model,
-             c.seq_len, c.batch, c.num_layers, kernel_name(c.kernel), dtype_name(c.dtype),
-             report.backend, report.rule);
+  fmt::print("laga verify: model {}{} T {} B {} L {} kernel {} dtype {} ({}; rule: {})\n", c.model,
+             attention_only_note(c), c.seq_len, c.batch, c.num_layers, kernel_name(c.kernel),
+             dtype_name(c.dtype), report.backend, report.rule);
   for (const Form* f : registered_forms())
     if (const std::string_view own = kernel_instead(*f, c.kernel); !own.empty())
       fmt::print("# {} runs its own {} attention kernel: --kernel {} does not apply to it\n",

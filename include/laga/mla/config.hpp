@@ -50,6 +50,11 @@ struct ModelDims {
   int64_t index_n_heads = 0;   // H_I
   int64_t index_head_dim = 0;  // D_I
   int64_t index_topk = 0;      // k
+  // The attention alone (Hugging Face's self_attn): y = MLA(x) per layer, no input RMSNorm (xn is
+  // x: no attn_norm weight in the model) and no residual. Off: y = x + MLA(RMSNorm(x)), the
+  // attention half of a decoder layer (docs/block.md). Here, beside the dimensions, because it
+  // decides which weights the model has (the weight table's shapes read ModelDims).
+  bool attention_only = false;
 
   bool has_indexer() const { return index_n_heads > 0; }
   // The indexer's RoPE: the MLA's frequencies and scaling on its first Dr dims, rotate-half pairs.

@@ -77,7 +77,7 @@ struct CoreSaved {
 // forms, Form::sparse): detached inputs, so the indexer's gradient reaches its own weights alone.
 struct QueryPath {
   std::function<Tensor()> run;
-  const Tensor* xn = nullptr;   // [N, B, D]   RMSNorm(x)
+  const Tensor* xn = nullptr;   // [N, B, D]   RMSNorm(x) (x with attention_only)
   const Tensor* cqn = nullptr;  // [N, B, Lq]  RMSNorm(cq): defined once run() has run
   Tensor operator()() const { return run(); }
 };

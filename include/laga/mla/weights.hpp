@@ -16,7 +16,7 @@
 namespace laga {
 
 struct LayerWeights {
-  Tensor attn_norm;  // [D]            RMSNorm before attention
+  Tensor attn_norm;  // [D]            RMSNorm before attention; none with attention_only
   Tensor wq_a;       // [Lq, D]        when q_lora_rank > 0
   Tensor q_norm;     // [Lq]           when q_lora_rank > 0
   Tensor wq_b;       // [H·Dqk, Lq]    when q_lora_rank > 0
@@ -57,7 +57,7 @@ struct WeightSpec {
   const char* shape_doc;  // "[Lq, D]": the shape in the dimension letters of docs/design.md §1
   Tensor LayerWeights::*member;
   // The shape for these dimensions; empty when the weight does not exist (wq_a without
-  // q_lora_rank).
+  // q_lora_rank, attn_norm with attention_only).
   Shape (*shape)(const ModelDims& d);
 };
 const std::vector<WeightSpec>& weight_table();
