@@ -2,6 +2,8 @@
 # Installs laga's Debian packages (Debian 12) and builds it into ./build. Safe to run again.
 # clang, its runtimes (libFuzzer, sanitizers) and its OpenMP are for the sanitizer build (CMake preset
 # `asan`, build-asan/: the tests under ASan + UBSan and the fuzz targets of scripts/fuzz.sh).
+# libtorch-dev, libgloo-dev (the headers torch's ProcessGroupGloo.hpp includes), pybind11-dev and
+# python3-pytest are for the Python package (python/, build/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +14,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   python3-torch python3-numpy python3-matplotlib
+  libtorch-dev libgloo-dev pybind11-dev python3-pytest
   iproute2
   clang libclang-rt-14-dev libomp-dev
 )

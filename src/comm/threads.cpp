@@ -352,6 +352,11 @@ class ThreadsCommunicator final : public Communicator {
 
 }  // namespace
 
+std::unique_ptr<Communicator> one_rank_communicator() {
+  return std::make_unique<ThreadsCommunicator>(std::make_shared<Group>(1, std::make_shared<Family>()),
+                                               0, 0);
+}
+
 void run_threads(int P, const std::function<void(Communicator&)>& fn, double timeout_s) {
   LAGA_CHECK(P >= 1, "run_threads: {} ranks; try 1, 2, 4, 8", P);
   LAGA_CHECK(timeout_s >= 0,

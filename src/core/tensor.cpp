@@ -24,9 +24,15 @@ Storage::Storage(int64_t bytes, std::string tag, MemoryTracker& tracker)
       tag_(std::move(tag)),
       tracker_(&tracker) {}
 
-Storage::~Storage() { tracker_->release(data_, bytes_, tag_); }
+Storage::Storage(void* data, int64_t bytes, std::string tag, std::shared_ptr<void> owner)
+    : data_(data), bytes_(bytes), tag_(std::move(tag)), tracker_(nullptr), owner_(std::move(owner)) {}
+
+Storage::~Storage() {
+  if (tracker_) tracker_->release(data_, bytes_, tag_);
+}
 
 void Storage::hand_over(MemoryTracker& to) {
+  LAGA_CHECK(tracker_, "tensor '{}' is external memory: no tracker to hand it over from", tag_);
   tracker_->hand_over(bytes_, tag_, to);
   tracker_ = &to;
 }
@@ -34,6 +40,18 @@ void Storage::hand_over(MemoryTracker& to) {
 void Tensor::hand_over(MemoryTracker& to) {
   LAGA_CHECK(defined(), "hand_over of an undefined tensor");
   storage_->hand_over(to);
+}
+
+Tensor Tensor::external(void* data, const Shape& shape, DType dtype, const std::string& tag,
+                        std::shared_ptr<void> owner) {
+  for (int64_t d : shape)
+    LAGA_CHECK(d >= 0, "tensor '{}' has a negative dimension in {}", tag, shape_str(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.dtype_ = dtype;
+  t.storage_ = std::make_shared<Storage>(data, shape_numel(shape) * dtype_size(dtype), tag,
+                                         std::move(owner));
+  return t;
 }
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, const std::string& tag) {

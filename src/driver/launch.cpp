@@ -70,7 +70,41 @@ class MpiLauncher final : public Launcher {
   std::map<int, std::unique_ptr<Communicator>> groups_;  // null on the ranks outside a group
 };
 
+thread_local Communicator* host_group = nullptr;
+
+// Every group on the host's first P ranks (the whole group when P is its size); the others wait.
+class HostLauncher final : public Launcher {
+ public:
+  explicit HostLauncher(Communicator& group) : group_(group) {}
+  LaunchKind kind() const override { return LaunchKind::host; }
+  std::string backend() const override { return group_.backend(); }
+  bool is_root() const override { return group_.rank() == 0; }
+  void run(int P, const std::function<void(Communicator&)>& fn, double timeout_s) override {
+    if (P == group_.size()) {
+      group_.set_timeout(timeout_s);
+      fn(group_);
+      return;
+    }
+    auto it = groups_.find(P);
+    if (it == groups_.end()) it = groups_.emplace(P, first_ranks(group_, P)).first;
+    if (Communicator* group = it->second.get()) {
+      group->set_timeout(timeout_s);
+      fn(*group);
+    }
+  }
+
+ private:
+  Communicator& group_;
+  std::map<int, std::unique_ptr<Communicator>> groups_;  // null on the ranks outside a group
+};
+
 }  // namespace
+
+HostGroup::HostGroup(Communicator& group) {
+  LAGA_ASSERT(!host_group, "a HostGroup already lives on this thread");
+  host_group = &group;
+}
+HostGroup::~HostGroup() { host_group = nullptr; }
 
 std::string_view launch_kind_name(LaunchKind k) {
   switch (k) {
@@ -82,12 +116,15 @@ std::string_view launch_kind_name(LaunchKind k) {
       return "stand-in";
     case LaunchKind::meta:
       return "meta";
+    case LaunchKind::host:
+      return "host";
   }
   return "?";
 }
 
 LaunchKind launch_kind(std::string_view comm) {
-  if (comm == "auto") return under_mpi() ? LaunchKind::mpi : LaunchKind::threads;
+  if (comm == "auto")
+    return host_group ? LaunchKind::host : under_mpi() ? LaunchKind::mpi : LaunchKind::threads;
   if (comm == "mpi") {
     LAGA_CHECK(
         under_mpi(),
@@ -107,6 +144,7 @@ LaunchKind launch_kind(std::string_view comm) {
 }
 
 bool is_root_process() {
+  if (host_group) return host_group->rank() == 0;
   for (const char* var : {"OMPI_COMM_WORLD_RANK", "PMIX_RANK"})
     if (const char* v = std::getenv(var)) return std::string(v) == "0";
   return true;
@@ -124,6 +162,12 @@ bool launch(LaunchKind kind, const std::function<void(Launcher&)>& body, int sta
       SoloLauncher l(kind, stand_in_rank);
       body(l);
       return true;
+    }
+    case LaunchKind::host: {
+      LAGA_CHECK(host_group, "no host group on this thread: use --comm threads or mpi");
+      HostLauncher l(*host_group);
+      body(l);
+      return l.is_root();
     }
     case LaunchKind::mpi: {
       bool root = false;

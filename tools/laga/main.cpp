@@ -1,54 +1,8 @@
 // The laga CLI (docs/cli.md): plan, run, verify, bench, bench-comm, train, model, report. Exit
-// status: 0 success, 1 a check failed, 2 bad usage or configuration, 3 an internal error.
-//
-// The command line is parsed and checked (the configuration built and validated) before any work,
-// by parse.cpp; each subcommand then opens its output files up front. The subcommands live in
-// cmd_*.cpp.
-#include <cstdio>
+// status: 0 success, 1 a check failed, 2 bad usage or configuration, 3 an internal error. The
+// command line runs through run_cli (entry.hpp), which the Python package calls too.
 #include <iostream>
 
-#include "cli.hpp"
-#include "commands.hpp"
-#include "laga/comm/communicator.hpp"
-#include "laga/core/error.hpp"
-#include "laga/core/finite.hpp"
-#include "laga/core/isa.hpp"
-#include "laga/core/memory.hpp"
-#include "parse.hpp"
+#include "entry.hpp"
 
-using namespace laga;
-using namespace laga::cli;
-
-int main(int argc, char** argv) {
-  Invocation inv;
-  if (auto status = parse_args(argc, argv, inv, std::cout, std::cerr)) return *status;
-  try {
-    check_allocator_environment();
-    apply_isa_cap();  // LAGA_MAX_ISA checked and applied before any work
-    check_invocation(inv);
-    const CommonFlags& flags = inv.flags;
-    set_check_finite(flags.check_finite);
-    set_mpi_progress_interval(flags.mpi_progress_us * 1e-6);
-    if (inv.command == "run")
-      return cmd_run(flags, inv.dump_dir, inv.weights, inv.mem_limit, inv.stand_in);
-    if (inv.command == "plan") return cmd_plan(flags, inv.sweep, inv.mem_limit);
-    if (inv.command == "verify") return cmd_verify(flags, inv.sps, inv.mem_limit);
-    if (inv.command == "bench")
-      return cmd_bench(flags, {inv.seqs, inv.forms, inv.iters, inv.warmup, !inv.no_validate,
-                               inv.inject_wrong, inv.profile, inv.mem_limit});
-    if (inv.command == "report") return cmd_report(inv.out_dir, inv.quick);
-    if (inv.command == "bench-comm") return cmd_bench_comm(flags, inv.bench_comm);
-    if (inv.command == "model") return cmd_model(flags, inv.model);
-    if (inv.command == "train")
-      return cmd_train(
-          flags, inv.forms, inv.steps, inv.lr,
-          {inv.checkpoint_dir, inv.resume_dir, inv.dump_weights, inv.checkpoint_every});
-    return 2;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "laga: %s\n", e.what());
-    return e.exit_status();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "laga: internal error: %s\n", e.what());
-    return 3;
-  }
-}
+int main(int argc, char** argv) { return laga::cli::run_cli(argc, argv, std::cout, std::cerr); }

@@ -11,7 +11,17 @@
 
 namespace laga::cli {
 
+namespace {
+std::string& self_exe_override() {
+  static std::string path;
+  return path;
+}
+}  // namespace
+
+void set_self_exe(std::string path) { self_exe_override() = std::move(path); }
+
 std::string self_exe() {
+  if (!self_exe_override().empty()) return self_exe_override();
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof buf - 1);
   LAGA_CHECK(n > 0, "laga report: cannot find its own binary (/proc/self/exe: {})",

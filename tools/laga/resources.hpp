@@ -16,8 +16,11 @@
 
 namespace laga::cli {
 
-// The absolute path of this binary (/proc/self/exe).
+// The absolute path of this binary (/proc/self/exe), or the one set_self_exe named.
 std::string self_exe();
+// For a process that runs the commands without being the laga binary (the Python package): the
+// binary whose place defines the resources (build/bin/laga, DIR/bin/laga). Empty: /proc/self/exe.
+void set_self_exe(std::string path);
 // The resource directory of this binary, checked to hold `needed` (a path relative to it); a usage
 // error naming the directory when it does not.
 std::string resource_dir(const std::string& needed);

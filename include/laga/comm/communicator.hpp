@@ -306,6 +306,10 @@ std::unique_ptr<Communicator> first_ranks(Communicator& world, int P);
 // every wait inside a collective.
 void run_threads(int P, const std::function<void(Communicator&)>& fn, double timeout_s = 0);
 
+// The group of this thread alone (the threads backend at P = 1): for a caller with no group, such as
+// the Python package's modules without a torch.distributed group.
+std::unique_ptr<Communicator> one_rank_communicator();
+
 // True when this process was started by mpirun/mpiexec (OpenMPI's environment: OMPI_COMM_WORLD_SIZE
 // or PMIX_RANK is set).
 bool under_mpi();

@@ -27,13 +27,16 @@ int64_t shape_numel(const Shape& s);
 class Storage {
  public:
   Storage(int64_t bytes, std::string tag, MemoryTracker& tracker);
+  // Memory owned elsewhere (a torch tensor's): counted by no tracker, kept alive by `owner` while
+  // this storage lives.
+  Storage(void* data, int64_t bytes, std::string tag, std::shared_ptr<void> owner);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
   void* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
   const std::string& tag() const { return tag_; }
-  bool meta() const { return tracker_->meta(); }
+  bool meta() const { return tracker_ && tracker_->meta(); }
   // This storage counted by `to` from now on, and released there (MemoryTracker::hand_over).
   void hand_over(MemoryTracker& to);
 
@@ -41,7 +44,8 @@ class Storage {
   void* data_;
   int64_t bytes_;
   std::string tag_;
-  MemoryTracker* tracker_;
+  MemoryTracker* tracker_;      // null for external memory
+  std::shared_ptr<void> owner_;  // external memory's owner
 };
 
 class Tensor {
@@ -51,6 +55,10 @@ class Tensor {
   // Uninitialised storage from current_tracker(); the tag names the tensor in memory breakdowns.
   static Tensor empty(const Shape& shape, DType dtype, const std::string& tag);
   static Tensor zeros(const Shape& shape, DType dtype, const std::string& tag);
+  // A view of external memory (data: shape's elements of dtype, contiguous), which `owner` keeps
+  // alive; no tracker counts it. What the Python package wraps a torch tensor in.
+  static Tensor external(void* data, const Shape& shape, DType dtype, const std::string& tag,
+                         std::shared_ptr<void> owner);
   // Values rounded to dtype; values.size() must equal the shape's element count.
   static Tensor from_floats(const Shape& shape, DType dtype, const std::vector<float>& values,
                             const std::string& tag);
@@ -89,6 +97,8 @@ class Tensor {
   // that outlives the rank's tracker.
   void hand_over(MemoryTracker& to);
   Tensor to(DType dtype, const std::string& tag) const;
+  // Keeps this tensor's storage alive while held: how another owner (torch) takes the memory.
+  std::shared_ptr<const void> storage_owner() const { return storage_; }
 
  private:
   std::shared_ptr<Storage> storage_;

@@ -5,6 +5,9 @@
 //             (collective over the world; the others wait), so every command works under mpirun
 //   stand-in  one rank of each group alone, the others' traffic made up (comm/stand_in.hpp)
 //   meta      one rank of each group on meta tensors: recorded, not computed (the planner)
+//   host      the group of a process that runs the commands in-process over a communicator of its
+//             own (the Python package: its torch.distributed group, HostGroup below): a P-rank
+//             group is its first P ranks
 // Rank 0 of every group is the root process's (world rank 0 under MPI), so what a group's rank 0
 // keeps is on the root, which reports.
 #pragma once
@@ -17,7 +20,7 @@
 
 namespace laga {
 
-enum class LaunchKind { threads, mpi, stand_in, meta };
+enum class LaunchKind { threads, mpi, stand_in, meta, host };
 std::string_view launch_kind_name(LaunchKind k);
 
 class Launcher {
@@ -32,7 +35,18 @@ class Launcher {
   virtual void run(int P, const std::function<void(Communicator&)>& fn, double timeout_s = 0) = 0;
 };
 
-// --comm auto|threads|mpi as a kind: auto is mpi under mpirun. Usage error for mpi without mpirun,
+// While one lives, this thread's commands run on `group` (LaunchKind::host): --comm auto picks it,
+// and the root is its rank 0. Not nestable.
+class HostGroup {
+ public:
+  explicit HostGroup(Communicator& group);
+  ~HostGroup();
+  HostGroup(const HostGroup&) = delete;
+  HostGroup& operator=(const HostGroup&) = delete;
+};
+
+// --comm auto|threads|mpi as a kind: auto is the host's group where a HostGroup lives, else mpi
+// under mpirun. Usage error for mpi without mpirun,
 // an unknown name, or threads under an mpirun of more than one process.
 LaunchKind launch_kind(std::string_view comm);
 

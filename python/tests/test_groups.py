@@ -1,0 +1,104 @@
+"""laga.torch over a gloo group: bad input raises a clear error on every rank and leaves no rank
+hanging; grad_reduction="none" leaves partials whose sum over ranks (in rank order, fp32) is the
+"sum" gradient bit for bit; the ledger records the collectives with the CLI's bytes."""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import laga
+import laga.torch as lt
+from ranks import run_ranks, values
+
+SEQ = 32
+
+
+def _block(form="laga", **kw):
+    torch.manual_seed(0)
+    return lt.MLABlock(laga.Config.preset("tiny"), form=form, group=dist.group.WORLD, **kw)
+
+
+def _bad_shape_on_rank_1(rank, size):
+    block = _block()
+    x = torch.randn(1, SEQ // size, 64 if rank == 0 else 65)
+    block(x)
+
+
+def _bad_dtype(rank, size):
+    _block()(torch.randn(1, SEQ // size, 64, dtype=torch.float64))
+
+
+def _heads_not_divided(rank, size):
+    _block()  # tiny has 8 heads: 3 ranks cannot scatter them
+
+
+def _unknown_form(rank, size):
+    _block(form="laga-turbo")
+
+
+def _two_dims(rank, size):
+    _block()(torch.randn(SEQ // size, 64))
+
+
+@pytest.mark.parametrize("fn,size,words", [
+    (_bad_shape_on_rank_1, 2, ["65", "hidden_size 64"]),
+    (_bad_dtype, 2, ["float64", "float32"]),
+    (_heads_not_divided, 3, ["--sp 3", "8"]),
+    (_unknown_form, 2, ["laga-turbo", "laga-recompute"]),
+    (_two_dims, 2, ["[16, 64]", "[B, N, D]"]),
+])
+def test_bad_input_raises_on_every_rank_and_none_hangs(fn, size, words):
+    results = run_ranks(size, fn, timeout=90)
+    assert all(r[0] == "error" for r in results), results
+    # The rank with the bad input names it; the others say the group went down because of it.
+    named = [r for r in results if all(w in r[2] for w in words)]
+    assert named, [r[2] for r in results]
+
+
+def _partials_sum_to_the_whole(rank, size):
+    out = {}
+    for reduction in ("sum", "none"):
+        block = _block(form="laga", grad_reduction=reduction)
+        x = lt.shard(torch.randn(2, SEQ, 64, generator=torch.Generator().manual_seed(1)), "laga",
+                     rank, size, config=block.config)
+        block(x).backward(torch.ones_like(x))
+        out[reduction] = {n: p.grad.clone() for n, p in block.named_parameters()}
+    mismatched = []
+    for n, g in out["none"].items():
+        parts = [torch.empty_like(g) for _ in range(size)]
+        dist.all_gather(parts, g)
+        total = parts[0].clone()
+        for p in parts[1:]:
+            total += p
+        if not torch.equal(total, out["sum"][n]):
+            mismatched.append(n)
+    return mismatched
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_partial_gradients_sum_to_the_reduced_ones(size):
+    for mismatched in values(run_ranks(size, _partials_sum_to_the_whole)):
+        assert not mismatched
+
+
+def _ledger(rank, size):
+    block = _block(form="laga")
+    x = torch.randn(1, SEQ // size, 64)
+    block(x).sum().backward()
+    return block.ledger()
+
+
+def test_ledger_records_what_the_cli_records(tmp_path):
+    import json
+    import subprocess
+    got = values(run_ranks(2, _ledger))[0]
+    path = str(tmp_path / "run.json")
+    subprocess.run([laga._binary(), "run", "--model", "tiny", "--seq", str(SEQ), "--sp", "2",
+                    "--form", "laga", "--dtype", "fp32", "--json", path], check=True,
+                   stdout=subprocess.DEVNULL)
+    with open(path) as f:
+        want = json.load(f)["ranks"][0]["comm"]
+    key = lambda r: (r["op"], r["tensor"], r["dtype"], r["tensor_bytes"], r["wire_bytes"])
+    assert [key(r) for r in got if r["tensor"] != "grad_sync"] == [
+        key(r) for r in want["collectives"]]
+    assert any(r["tensor"] == "grad_sync" and r["op"] == "all_reduce" for r in got)
