@@ -102,3 +102,43 @@ def test_ledger_records_what_the_cli_records(tmp_path):
     assert [key(r) for r in got if r["tensor"] != "grad_sync"] == [
         key(r) for r in want["collectives"]]
     assert any(r["tensor"] == "grad_sync" and r["op"] == "all_reduce" for r in got)
+
+
+def _overlap_on_and_off(rank, size):
+    differ = []
+    for form in ("explicit", "laga", "laga-recompute", "ring-latent", "dsa-gather"):
+        got = []
+        for overlap in (False, True):
+            block = _block(form=form, overlap=overlap)
+            x = lt.shard(torch.randn(1, SEQ, 64, generator=torch.Generator().manual_seed(2)),
+                         form, rank, size, config=block.config).requires_grad_(True)
+            y = block(x)
+            y.backward(torch.ones_like(y))
+            got.append([y.detach(), x.grad] + [p.grad for p in block.parameters()])
+        if not all(torch.equal(a, b) for a, b in zip(*got)):
+            differ.append(form)
+    return differ
+
+
+def test_overlap_on_gives_the_same_bits_over_gloo():
+    for differ in values(run_ranks(2, _overlap_on_and_off)):
+        assert not differ
+
+
+def test_laga_memory_torch_holds_is_released_when_torch_drops_it():
+    import gc
+    block = lt.MLABlock(laga.Config.preset("tiny"), form="laga", sequence_first=True)
+    group = block._group
+    before = group.live_bytes()
+    x = torch.randn(SEQ, 2, 64, requires_grad=True)
+    y = block(x)  # y and the saved activations are laga's
+    assert group.live_bytes() > before
+    y.backward(torch.ones_like(y))  # saved state released; dx and the gradients are laga's
+    held = group.live_bytes()
+    assert held > before
+    assert held - before == sum(p.grad.numel() * 4 for p in block.parameters()) + 2 * y.numel() * 4
+    del y
+    x.grad = None
+    block.zero_grad(set_to_none=True)
+    gc.collect()
+    assert group.live_bytes() == before
