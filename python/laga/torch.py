@@ -274,9 +274,9 @@ def unshard(y_local, form, group=None, config=None, ulysses=None, cp_layout=None
     if size == 1:
         parts = [y_local]
     else:
-        # gloo moves no bfloat16: the bits travel as int16
+        # gloo moves no bfloat16 (nor int16): the bits travel as bytes
         send = y_local.contiguous()
-        wire = send.view(torch.int16) if send.dtype == torch.bfloat16 else send
+        wire = send.view(torch.uint8) if send.dtype == torch.bfloat16 else send
         bufs = [torch.empty_like(wire) for _ in range(size)]
         dist.all_gather(bufs, wire, group=group)
         parts = [b.view(send.dtype) for b in bufs]

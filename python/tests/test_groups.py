@@ -142,3 +142,35 @@ def test_laga_memory_torch_holds_is_released_when_torch_drops_it():
     block.zero_grad(set_to_none=True)
     gc.collect()
     assert group.live_bytes() == before
+
+
+def _unshard_of_shard(rank, size):
+    wrong = []
+    for form in ("laga", "ring-kv", "dsa-gather", "laga-ulysses"):
+        for dtype in (torch.float32, torch.bfloat16):
+            for seq_first in (False, True):
+                x = torch.randn(3, SEQ, 64, generator=torch.Generator().manual_seed(3)).to(dtype)
+                if seq_first:
+                    x = x.transpose(0, 1).contiguous()
+                config = laga.Config.preset("tiny")
+                ulysses = 2 if form == "laga-ulysses" else None
+                local = lt.shard(x, form, rank, size, config=config, ulysses=ulysses,
+                                 sequence_first=seq_first)
+                back = lt.unshard(local, form, dist.group.WORLD, config=config, ulysses=ulysses,
+                                  sequence_first=seq_first)
+                if not torch.equal(back, x):
+                    wrong.append((form, dtype, seq_first))
+    return wrong
+
+
+def test_unshard_inverts_shard_for_every_layout():
+    for wrong in values(run_ranks(4, _unshard_of_shard)):
+        assert not wrong
+
+
+def test_local_positions_cover_the_sequence_once_in_each_layout():
+    for form, size, ulysses in (("laga", 4, None), ("ring-kv", 4, None), ("laga-ulysses", 8, 2)):
+        held = [lt.local_positions(form, 64, r, size, ulysses=ulysses) for r in range(size)]
+        assert sorted(p for h in held for p in h) == list(range(64))
+    assert lt.local_positions("laga", 64, 1, 4) == list(range(16, 32))
+    assert lt.local_positions("ring-kv", 64, 1, 4) == list(range(8, 16)) + list(range(48, 56))
