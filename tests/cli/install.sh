@@ -60,6 +60,24 @@ run model "$bin" model --model deepseek-v3 --seq 4096 --sp 8 --hw "$hw/h100-clas
 run model.grid "$bin" model --grid --hw "$hw/ascend-910b.json"
 run model.published "$bin" model --published "$prefix/share/laga/docs/published.json"
 
+# The Python package, where it was built: DIR/lib/python3/dist-packages/laga (LAGA_PY_INSTALL_DIR),
+# imported from / with no source tree; it runs the installed binary's commands and a torch module.
+pkg=$prefix/lib/python3/dist-packages
+if [ -d "$build/python/laga" ]; then
+  run python /usr/bin/env PYTHONPATH="$pkg" /usr/bin/python3 -c "
+import laga, laga.torch, torch
+assert laga.__file__.startswith('$pkg'), laga.__file__
+assert laga._binary() == '$bin', laga._binary()
+assert laga.plan(laga.Config.preset('tiny', seq=64, sp=2))['forms']['laga']['activation_peak_bytes'] > 0
+y = laga.torch.MLABlock(laga.Config.preset('tiny'))(torch.randn(1, 16, 64))
+assert y.shape == (1, 16, 64)"
+  for tree in "$src" "$build"; do
+    n=$(strings "$pkg"/laga/_C*.so | grep -c -F "$tree")
+    [ "$n" -eq 0 ] && ok "no reference to $tree in the installed extension" ||
+      fail "$n string(s) of the installed extension name $tree: $(strings "$pkg"/laga/_C*.so | grep -F "$tree" | head -3)"
+  done
+fi
+
 # laga report from /, with the installed scripts: until its first two steps (verify, and the PyTorch
 # check, which runs the installed tests/torch/mla_block_torch.py) have ended; then it is stopped.
 out=$d/report
