@@ -99,8 +99,11 @@ void add_common(CLI::App* app, CommonFlags& f, bool with_comm) {
   }
 }
 
-std::string link_description(bool mpi) {
-  std::string link = mpi ? "MPI, one process per rank" : "in-process threads";
+std::string link_description(LaunchKind kind) {
+  const bool mpi = kind == LaunchKind::mpi;
+  std::string link = mpi                         ? "MPI, one process per rank"
+                     : kind == LaunchKind::host ? "the host process's group (c10d), one process per rank"
+                                                : "in-process threads";
   if (const char* l = std::getenv("LAGA_LINK"); l && *l) link = l;
   if (!mpi) return link;
   const double us = mpi_progress_interval() * 1e6;

@@ -16,6 +16,7 @@
 #include "laga/comm/communicator.hpp"
 #include "laga/mla/config.hpp"
 #include "laga/mla/form.hpp"
+#include "laga/driver/launch.hpp"
 #include "laga/driver/plan.hpp"
 #include "laga/mla/form.hpp"
 #include "laga/driver/run.hpp"
@@ -28,8 +29,9 @@ inline constexpr const char* kMpiProgressHelp =
     "collective in flight moves behind it (0: only inside MPI calls; docs/design.md)";
 
 // The link for a benchmark's header and JSON: scripts/link.sh's description (LAGA_LINK) or the
-// backend's, and under MPI how ranks progress collectives in flight (--mpi-progress).
-std::string link_description(bool mpi);
+// launch's (threads, MPI processes, a host process's group), and under MPI how ranks progress
+// collectives in flight (--mpi-progress).
+std::string link_description(LaunchKind kind);
 
 struct CommonFlags {
   std::string model = "tiny";

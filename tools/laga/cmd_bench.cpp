@@ -85,7 +85,9 @@ BenchContext bench_context(const BenchSetup& s, const BenchFlags& b, const std::
   x.threads = x.threads_min == x.threads_max ? fmt::format("{}", x.threads_max)
                                              : fmt::format("{}–{}", x.threads_min, x.threads_max);
   x.backend = backend;
-  x.link = link_description(backend == "mpi");
+  x.link = link_description(backend == "mpi" ? LaunchKind::mpi
+                            : backend == "threads" ? LaunchKind::threads
+                                                   : LaunchKind::host);
   const std::string reference =
       s.ref_P == s.P ? std::string()
                      : fmt::format(" (explicit at P 1 the reference: it cannot run P {}: {})", s.P,

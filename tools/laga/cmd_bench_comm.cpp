@@ -309,7 +309,7 @@ int cmd_bench_comm(const CommonFlags& f, const BenchCommFlags& b) {
   const LaunchKind kind = launch_kind(f.comm);
   check_buffers_fit(ops, dtypes, P, sizes.back(), kind, b.max_bytes);
   auto json_out = is_root_process() ? open_output(f.json_path, "--json") : nullptr;
-  const std::string link = link_description(kind == LaunchKind::mpi);
+  const std::string link = link_description(kind);
   const MachineInfo machine = machine_info();
 
   std::vector<Row> rows;  // on the root
