@@ -2,11 +2,11 @@
 """report.py DIR: DIR/report.md and its plots from the JSON that `laga report` left in DIR.
 
 Reads only what the steps wrote (steps.json, forms.json, verify.json, plan.*.json, plan_sweep.json, bench.*.json,
-bench_comm.*.json, model.*.json, train.json); a missing file makes its section say so, never a made-up
-number. The report opens with a summary and the targets, then one section per measurement (docs/report.md).
-The paper's figures quoted beside the measurements are arXiv 2607.17644's (docs/design.md §5). Sections 7 and
-8 (the model) are in report_model.py, the shared helpers in report_common.py. Runs under /usr/bin/python3 with
-Debian's python3-matplotlib.
+bench_comm.*.json, model.*.json, train.json, train_lm.*.json); a missing file makes its section say so, never a
+made-up number. The report opens with a summary and the targets, then one section per measurement
+(docs/report.md). The paper's figures quoted beside the measurements are arXiv 2607.17644's (docs/design.md §5).
+Sections 7 and 8 (the model) are in report_model.py, section 9's language model in report_train_lm.py, the shared
+helpers in report_common.py. Runs under /usr/bin/python3 with Debian's python3-matplotlib.
 """
 import importlib.util
 import math
@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from report_common import (PAPER, Report, attention_tflops, bench_rows, flops_header, load, mb, machine, plt,  # noqa: E402
                            steps_of, table)
 from report_model import model_headline, model_line, section_model, section_winners, winners_headline  # noqa: E402
+from report_train_lm import section_train_lm, train_lm_headline  # noqa: E402
 
 # Every bench of the fused kernel: (its JSON, where). Overlap rows are against explicit with overlap, same run.
 FUSED_BENCHES = (("bench.threads.fused.json", "one machine, threads"), ("bench.mpi.fused.json", "one machine, MPI"),
@@ -177,6 +178,9 @@ def headline(r):
         down = sum(bool(x["decreased"]) for x in runs)
         rows.append(("training", f"{down} of {len(runs)} forms' loss decreased; the curves within {worst:.1e} of the first's",
                      "—"))
+    lm = train_lm_headline(r)
+    if lm:
+        rows.append(lm)
     return rows
 
 
@@ -203,7 +207,8 @@ def section_summary(r):
             per_step.append(f"{len(f.steps[step])} {what}")
     r.p(f"\n**Measured**: {len(names)} registered forms ({', '.join(names)}) — equivalence against an fp64 reference; "
         "planned memory and traffic at DeepSeek-V3; step time in one machine (P 2, `small`) and across an emulated "
-        "link; the performance model against every measured row and over a grid of configurations; training curves."
+        "link; the performance model against every measured row and over a grid of configurations; training curves; a "
+        "byte-level language model trained with laga and with PyTorch."
         + (f" Forms per step: {', '.join(per_step)} (docs/report.md says why)." if per_step else "")
         + (" Not run at the bench's configuration: " + "; ".join(f"{k} ({v})" for k, v in f.not_run.items()) + "."
            if f.not_run else ""))
@@ -560,7 +565,7 @@ def main():
     r.p("Every figure below comes from the JSON files beside this report; the paper's (arXiv 2607.17644) are quoted "
         "beside them. Compare ratios only within one run.")
     sections = [section_summary, section_targets, section_verify, section_memory, section_comm, section_throughput,
-                section_link, section_comm_bench, section_model, section_winners, section_train]
+                section_link, section_comm_bench, section_model, section_winners, section_train, section_train_lm]
     # --- The published measurements (scripts/report_published.py, section_published(r) reading
     # DIR/model.published.json), when that module is installed beside this one: after section 9.
     published = published_section()

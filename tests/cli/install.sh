@@ -30,7 +30,7 @@ else fail "cmake --install: $(tail -3 "$d/install.log")"; exit 1; fi
 bin=$prefix/bin/laga
 [ -x "$bin" ] && ok "installed $bin" || fail "no executable $bin"
 for f in scripts/report.py scripts/report_common.py scripts/report_model.py scripts/report_published.py \
-  scripts/link.sh tests/torch/mla_block_torch.py tests/torch/dsa_block_torch.py docs/hw/ascend-910b.json \
+  scripts/report_train_lm.py examples/train_lm.py scripts/link.sh tests/torch/mla_block_torch.py tests/torch/dsa_block_torch.py docs/hw/ascend-910b.json \
   docs/hw/h100-class.json docs/published.json; do
   [ -f "$prefix/share/laga/$f" ] || fail "not installed: share/laga/$f"
 done
@@ -71,6 +71,9 @@ assert laga._binary() == '$bin', laga._binary()
 assert laga.plan(laga.Config.preset('tiny', seq=64, sp=2))['forms']['laga']['activation_peak_bytes'] > 0
 y = laga.torch.MLABlock(laga.Config.preset('tiny'))(torch.randn(1, 16, 64))
 assert y.shape == (1, 16, 64)"
+  # laga report's language model: the installed example with the installed package, as its step runs them.
+  run train_lm /usr/bin/env PYTHONPATH="$pkg" /usr/bin/python3 "$prefix/share/laga/examples/train_lm.py" \
+    --steps 2 --seq 32 --batch 1 --eval-every 0 --eval-windows 2 --json "$d/train_lm.json"
   for tree in "$src" "$build"; do
     n=$(strings "$pkg"/laga/_C*.so | grep -c -F "$tree")
     [ "$n" -eq 0 ] && ok "no reference to $tree in the installed extension" ||

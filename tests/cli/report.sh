@@ -5,7 +5,8 @@
 # loss curves), the plots are written, and a step recorded as skipped is reported with its reason
 # instead of a number. Also: `laga report` refuses a missing --out and an unknown flag with exit 2
 # (tests/cli/cli_bad_input.sh). Every registered form is listed under the kernel it runs, and a grid won by
-# a form the script has never heard of is drawn. Usage: report.sh <laga binary> <source dir>
+# a form the script has never heard of is drawn. The language model's section, on two short runs of
+# examples/train_lm.py, where the Python package was built. Usage: report.sh <laga binary> <source dir>
 set -u
 laga=$1
 src=$2
@@ -31,6 +32,18 @@ run model.paper "$laga" model --model deepseek-v3 --seq 4096 --sp 8 --hw "$src/d
 run calibrate "$laga" model --calibrate "$d/hw.here.json" --sp 2 --calibrate-seq 64
 run plan.dsa "$laga" plan --model tiny --seq 64 --sp 4 --json "$d/plan.dsa.t64.p4.json"
 run train "$laga" train --model tiny --seq 32 --sp 2 --steps 40 --lr 1e-2 --forms explicit,laga --dtype fp32 --json "$d/train.json"
+# The language model (examples/train_lm.py) with laga's attention at P 2 under torchrun and with the plain
+# PyTorch MLA, where the Python package was built beside the binary (laga report's steps train_lm.*).
+pkg=$(dirname "$(dirname "$(realpath "$laga")")")/python
+if [ -f "$pkg/laga/__init__.py" ]; then
+  lm=(--steps 6 --seq 32 --batch 2 --eval-every 3 --eval-windows 2)
+  run train_lm.laga env PYTHONPATH="$pkg" /usr/bin/python3 -m torch.distributed.run --standalone --nproc_per_node 2 \
+    -r 1 -t 1 --log_dir "$d/logs/train_lm.ranks" "$src/examples/train_lm.py" "${lm[@]}" --json "$d/train_lm.laga.json"
+  run train_lm.torch env PYTHONPATH="$pkg" /usr/bin/python3 "$src/examples/train_lm.py" --attention torch "${lm[@]}" \
+    --json "$d/train_lm.torch.json"
+else
+  echo "not checked: the language model's section (no Python package in $pkg)"
+fi
 mkdir -p "$d/logs"
 echo "link.sh: refused: not root (a test)" >"$d/logs/bench.link.matched.log"
 cat >"$d/steps.json" <<'EOF'
@@ -74,6 +87,12 @@ expect "^Error of the total over 4 rows: max " "the model's error over every ben
 expect "^\| ascend-910b \| 8 \| [0-9.]+ \| - \| - \| 1.05 / 1.06 / 1.04 \|" "a paper configuration predicted"
 expect "bench across the link: no data \(skipped: link.sh: refused: not root \(a test\)\)" "a skipped step's reason"
 expect "^\| laga \| [0-9.]+ \| [0-9.]+ \| " "a training row"
+if [ -f "$pkg/laga/__init__.py" ]; then
+  expect "^\| laga \(P 2\) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| 6 \| [0-9]+ \|" "the language model's laga row"
+  expect "^\| PyTorch \(P 1\) \| [0-9.]+ \| [0-9.]+ \| [0-9.]+ \| 6 \| [0-9]+ \|" "the language model's PyTorch row"
+  expect "^Train loss \(nats\) between the two: max \|Δ\| " "the language model's loss difference"
+  [ -s "$d/train_lm.png" ] && ok "train_lm.png" || fail "no train_lm.png"
+fi
 expect "^Every rate was read in two rounds; [0-9]+ whose readings differed by more than 10 % were read a third time" \
   "the calibration's rounds"
 

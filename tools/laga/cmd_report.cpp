@@ -1,16 +1,16 @@
 // laga report --out DIR [--quick]: every measurement of the project in one run, written beside the
-// paper's figures. Each step is this binary (or mpirun, or scripts/link.sh) run as a subprocess
-// with its JSON and its log in DIR; steps.json records what ran, how long, and how it ended. Then
-// scripts/report.py (matplotlib, under /usr/bin/python3) writes DIR/report.md and its plots from
-// those JSON files alone. A step that fails is recorded and the report goes on; the exit status is
-// 1 if any step failed. The link steps run only as root with network namespaces; otherwise they are
-// recorded as skipped with link.sh's reason. What each step measures: docs/report.md. The scripts
-// and hardware files come from the binary's resource directory (resources.hpp); the steps run
-// there. The forms come from the registry (forms_at_config): every form that runs a step's
-// configuration, and DIR/forms.json says which step ran which and each form's declared kernel.
-// cmd_report composes: the list of steps (report_steps: the measurements, the link steps, the
-// model's steps, training, the repeated timing), running them (run_steps), and report.py
-// (write_report).
+// paper's figures. Each step is this binary (or mpirun, scripts/link.sh, examples/train_lm.py) run
+// as a subprocess with its JSON and its log in DIR; steps.json records what ran, how long, and how
+// it ended. Then scripts/report.py (matplotlib, under /usr/bin/python3) writes DIR/report.md and
+// its plots from those JSON files alone. A step that fails is recorded and the report goes on; the
+// exit status is 1 if any step failed. The link steps run only as root with network namespaces;
+// otherwise they are recorded as skipped with link.sh's reason. What each step measures:
+// docs/report.md. The scripts and hardware files come from the binary's resource directory
+// (resources.hpp); the steps run there. The forms come from the registry (forms_at_config): every
+// form that runs a step's configuration, and DIR/forms.json says which step ran which and each
+// form's declared kernel. cmd_report composes: the list of steps (report_steps: the measurements,
+// the link steps, the model's steps, training, the language model, the repeated timing), running
+// them (run_steps), and report.py (write_report).
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <spawn.h>
@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -485,6 +486,43 @@ void model_steps(const Report& r, std::vector<Step>& steps) {
                    }});
 }
 
+// A byte-level language model (examples/train_lm.py: tiny, 2 layers, T 256, B 4, fp32) trained
+// twice from the same weights and data: with laga's attention at P 2, two processes under torchrun
+// over gloo, and with the plain PyTorch MLA in one process. Each writes its curves and step times
+// to train_lm.<attention>.json. The package is the one beside this binary (python_package_dir);
+// without it, or without torch, the step fails saying why.
+void train_lm_steps(const Report& r, std::vector<Step>& steps) {
+  for (const char* attention : {"laga", "torch"})
+    steps.push_back(
+        {fmt::format("train_lm.{}", attention),
+         fmt::format("a byte-level LM, attention {} ({})", attention,
+                     std::string(attention) == "laga" ? "P 2, torchrun" : "one process"),
+         [&r, attention] {
+           const std::string pkg = python_package_dir();
+           if (pkg.empty())
+             return Args{"bash", "-c",
+                         fmt::format("echo 'laga report: no laga Python package beside {} (in "
+                                     "../python or ../lib/python3/dist-packages): build the "
+                                     "target laga_python, or install laga'; exit 1",
+                                     r.laga)};
+           std::string path = pkg;  // ahead of the caller's PYTHONPATH, if any
+           if (const char* had = std::getenv("PYTHONPATH"); had && *had)
+             path += ":" + std::string(had);
+           Args argv = {"env", "PYTHONPATH=" + path, "/usr/bin/python3"};
+           // -r 1 -t 1: torchrun's default stream settings do not parse under torch 1.13 with
+           // Python 3.11; --standalone: a free port, whatever else runs on this machine; the
+           // ranks' own logs in DIR/logs.
+           if (std::string(attention) == "laga")
+             argv = cat(argv, {"-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+                               "2", "-r", "1", "-t", "1", "--log_dir", r.J("logs/train_lm.ranks")});
+           const int n = r.quick ? 150 : 300;
+           return cat(
+               argv, {r.res + "/examples/train_lm.py", "--attention", attention, "--form", "laga",
+                      "--steps", std::to_string(n), "--eval-every", std::to_string(n / 6), "--json",
+                      r.J(fmt::format("train_lm.{}.json", attention))});
+         }});
+}
+
 // Every step, in the order it runs.
 std::vector<Step> report_steps(const Report& r) {
   std::vector<Step> steps;
@@ -501,6 +539,7 @@ std::vector<Step> report_steps(const Report& r) {
                                  "--forms", Report::join(r.train_forms),
                                  "--json",  r.J("train.json")};
                    }});
+  train_lm_steps(r, steps);
   steps.push_back(repeat_step(r, "late"));
   return steps;
 }

@@ -41,4 +41,13 @@ std::string resource_dir(const std::string& needed) {
   return dir;
 }
 
+std::string python_package_dir() {
+  const std::filesystem::path root = std::filesystem::path(self_exe()).parent_path().parent_path();
+  std::error_code ec;
+  for (const char* dir : {"python", "lib/python3/dist-packages"})
+    if (std::filesystem::exists(root / dir / "laga" / "__init__.py", ec))
+      return (root / dir).string();
+  return "";
+}
+
 }  // namespace laga::cli
