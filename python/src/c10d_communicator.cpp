@@ -80,6 +80,7 @@ struct Family {
   int failed_rank = -1;  // -1: unknown (the store itself failed)
   std::string reason;
   Clock::time_point last_poll{};  // the epoch: the first check reads the key
+  bool store_gone = false;        // a read failed: the store's host has left
 
   // Takes the key's value "<rank>\n<reason>" as the failure. Caller holds m.
   void adopt(const std::vector<uint8_t>& value) {
@@ -98,13 +99,14 @@ struct Family {
     const auto now = Clock::now();
     if (!force && now - last_poll < kAbortPollInterval) return false;
     last_poll = now;
+    if (store_gone) return false;
     try {
       if (store->check({abort_key})) adopt(store->get(abort_key));
-    } catch (const std::exception& e) {
-      // The store's host (rank 0 of a TCPStore) is gone: so is the group.
-      aborted = true;
-      failed_rank = -1;
-      reason = fmt::format("the store holding '{}' cannot be read: {}", abort_key, error_text(e));
+    } catch (const std::exception&) {
+      // The store's host (rank 0 of a TCPStore) has left: it may simply have finished while this
+      // rank's last collectives complete. Stop reading it; the collectives' own completion or
+      // gloo's error (a peer's connection closed) decides, so no wait is left unbounded.
+      store_gone = true;
     }
     return aborted;
   }

@@ -33,6 +33,7 @@ def _worker(rank, fn, size, port, out_dir, args):
     with open(os.path.join(out_dir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
     if result[0] == "ok" and dist.is_initialized():
+        dist.barrier()  # rank 0 holds the store: it leaves last
         dist.destroy_process_group()
     # A failed rank leaves at once: gloo's teardown may wait on peers that are gone.
     os._exit(0)
